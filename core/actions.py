@@ -1,0 +1,141 @@
+"""What a group state machine asks its owner to do, and the state it is rebuilt from.
+
+The machine (core.group.GroupMachine) is sans-IO: every event method returns a list of
+actions, in the order they must be carried out. The owner (the gateway broker) follows
+three rules:
+
+1. ``RecordDispatch`` actions must be durable before any ``Deliver`` that follows them in
+   the same list is sent (so delivery counts survive a crash, DESIGN.md §4).
+2. ``DeadLetter`` and the ``OffsetUpdate`` that settles it are written in one transaction.
+3. ``OffsetUpdate`` is idempotent full state for one (group, partition): the owner may
+   keep only the newest one per partition and flush in batches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from core.model import DeadLetterReason, FlowState, Message, PartitionState
+
+SeqRanges = tuple[tuple[int, int], ...]
+"""Inclusive, sorted, non-overlapping, non-adjacent (lo, hi) ranges of seqs."""
+
+
+@dataclass(frozen=True, slots=True)
+class Deliver:
+    flow_id: str
+    message: Message
+    delivery_count: int
+    redelivered: bool
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionsChanged:
+    """The flow's assigned partition set changed (pushed to the consumer)."""
+
+    flow_id: str
+    partitions: frozenset[int]
+
+
+@dataclass(frozen=True, slots=True)
+class Fetch:
+    """Load up to ``limit`` messages of ``partition`` with seq > ``after_seq`` from storage
+    and feed them back with ``GroupMachine.loaded``."""
+
+    partition: int
+    after_seq: int
+    limit: int
+
+
+@dataclass(frozen=True, slots=True)
+class RecordDispatch:
+    """Durable before sending: first deliveries up to ``dispatched_seq`` happened, and the
+    listed messages are being (re)delivered with these counts."""
+
+    partition: int
+    dispatched_seq: int
+    # (seq, delivery_count, first_delivery_time) of redeliveries; empty for first sends.
+    redeliveries: tuple[tuple[int, int, float], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetUpdate:
+    """Full ack state of one (group, partition): everything <= committed_seq is done, plus
+    ``acked_above``. Storage drops delivery records of every settled seq."""
+
+    partition: int
+    committed_seq: int
+    acked_above: SeqRanges = ()
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    message: Message
+    reason: DeadLetterReason
+    delivery_count: int
+    first_delivery_time: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Dropped:
+    """A message settled without delivery: expired (and not dead-lettered) or filtered out
+    by the group's tags. Counted by the owner."""
+
+    message: Message
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class AssignmentChanged:
+    """Write-through: the partition's state and owner changed."""
+
+    partition: int
+    state: PartitionState
+    flow_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class FlowChanged:
+    """Write-through: a flow was bound, changed state or exited."""
+
+    flow_id: str
+    client: str
+    state: FlowState
+    window: int
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryRecord:
+    """What storage remembers of a message that was delivered and is not settled yet."""
+
+    seq: int
+    delivery_count: int
+    first_delivery_time: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionSnapshot:
+    committed_seq: int = 0
+    acked_above: SeqRanges = ()
+    dispatched_seq: int = 0
+    deliveries: tuple[DeliveryRecord, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class GroupSnapshot:
+    """A group's durable state, as storage recovers it after a restart."""
+
+    partitions: dict[int, PartitionSnapshot] = field(default_factory=dict)
+
+
+Action = (
+    Deliver
+    | PartitionsChanged
+    | Fetch
+    | RecordDispatch
+    | OffsetUpdate
+    | DeadLetter
+    | Dropped
+    | AssignmentChanged
+    | FlowChanged
+)

@@ -1,0 +1,157 @@
+"""keygate's one error tree.
+
+Every error a user or a peer can see is a ``KeygateError`` with a stable ``code`` (the
+native protocol's ERROR code, also used in the admin API's JSON). Protocol adapters map
+these classes to their own wire codes (AMQP reply codes, MQTT reason codes, STOMP ERROR
+frames); protocol-level framing errors are ``ProtocolError`` subclasses that carry the
+code their wire needs.
+
+    KeygateError
+    ├── InvalidArgument            400  bad name, bad setting, bad request field
+    ├── NotFound                   404
+    │   ├── QueueNotFound
+    │   └── GroupNotFound
+    ├── AlreadyExists              409  queue exists with different settings
+    ├── Conflict                   409  e.g. group mode/tag mismatch on bind
+    │   └── GroupLeased                 the group is held by a Spark job / native flows
+    ├── PublishRejected            the message was refused, nothing stored
+    │   ├── MessageTooLarge        413
+    │   ├── QueueFull              429  max_depth reached
+    │   └── NoRoute                404  a topic publish matched no queue
+    ├── AuthError
+    │   ├── AuthenticationFailed   401
+    │   └── PermissionDenied       403
+    ├── StorageError               503  the database failed; the operation did not happen
+    ├── Unavailable                503  shutting down / standby gateway
+    └── ProtocolError              400  malformed input from a peer (subclassed per protocol)
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+
+class KeygateError(Exception):
+    """Base of every keygate error."""
+
+    code: ClassVar[str] = "error"
+    status: ClassVar[int] = 500
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidArgument(KeygateError):
+    code = "invalid-argument"
+    status = 400
+
+
+class NotFound(KeygateError):
+    code = "not-found"
+    status = 404
+
+
+class QueueNotFound(NotFound):
+    code = "queue-not-found"
+
+    def __init__(self, queue: str) -> None:
+        super().__init__(f"queue {queue!r} does not exist")
+        self.queue = queue
+
+
+class GroupNotFound(NotFound):
+    code = "group-not-found"
+
+    def __init__(self, queue: str, group: str) -> None:
+        super().__init__(f"group {group!r} of queue {queue!r} does not exist")
+        self.queue = queue
+        self.group = group
+
+
+class AlreadyExists(KeygateError):
+    code = "already-exists"
+    status = 409
+
+
+class Conflict(KeygateError):
+    code = "conflict"
+    status = 409
+
+
+class GroupLeased(Conflict):
+    code = "group-leased"
+
+
+class PublishRejected(KeygateError):
+    code = "rejected"
+    status = 400
+
+
+class MessageTooLarge(PublishRejected):
+    code = "message-too-large"
+    status = 413
+
+
+class QueueFull(PublishRejected):
+    code = "queue-full"
+    status = 429
+
+
+class NoRoute(PublishRejected):
+    code = "no-route"
+    status = 404
+
+
+class AuthError(KeygateError):
+    code = "auth"
+    status = 401
+
+
+class AuthenticationFailed(AuthError):
+    code = "authentication-failed"
+    status = 401
+
+
+class PermissionDenied(AuthError):
+    code = "permission-denied"
+    status = 403
+
+
+class StorageError(KeygateError):
+    code = "storage-error"
+    status = 503
+
+
+class Unavailable(KeygateError):
+    code = "unavailable"
+    status = 503
+
+
+class ProtocolError(KeygateError):
+    """Malformed or out-of-order input from a peer. Subclasses add the wire's own code."""
+
+    code = "protocol-error"
+    status = 400
+
+
+__all__ = [
+    "AlreadyExists",
+    "AuthError",
+    "AuthenticationFailed",
+    "Conflict",
+    "GroupLeased",
+    "GroupNotFound",
+    "InvalidArgument",
+    "KeygateError",
+    "MessageTooLarge",
+    "NoRoute",
+    "NotFound",
+    "PermissionDenied",
+    "ProtocolError",
+    "PublishRejected",
+    "QueueFull",
+    "QueueNotFound",
+    "StorageError",
+    "Unavailable",
+]

@@ -1,0 +1,246 @@
+"""The domain model shared by every layer: messages, queues, groups, flows and their states.
+
+Everything here is a frozen, slotted dataclass or an Enum so it can cross task and thread
+boundaries freely. Times are float seconds since the Unix epoch, always passed in by the
+caller (core/ never reads a clock).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Final, TypeAlias
+
+from core.errors import InvalidArgument
+
+PropertyValue: TypeAlias = str | int | float | bool | bytes
+Properties: TypeAlias = Mapping[str, PropertyValue]
+
+MIB: Final = 1024 * 1024
+DEFAULT_MAX_MESSAGE_SIZE: Final = 5 * MIB
+DEFAULT_MAX_DELIVERIES: Final = 16
+DEFAULT_BACKOFF_INITIAL: Final = 1.0
+DEFAULT_BACKOFF_MULTIPLIER: Final = 2.0
+DEFAULT_BACKOFF_MAX: Final = 64.0
+DEFAULT_REBALANCE_DELAY: Final = 5.0
+DEFAULT_MAX_HANDOFF_TIME: Final = 3.0
+DEFAULT_WINDOW: Final = 10_000
+DEFAULT_DEDUP_WINDOW: Final = 300.0
+DLQ_SUFFIX: Final = ".dlq"
+
+# Property names with a meaning of their own (DESIGN.md §3.2, §4 dead letters).
+PARTITION_KEY_PROPERTY: Final = "QUEUE_PARTITION_KEY"
+GROUP_ID_PROPERTY: Final = "JMSXGroupID"
+DEAD_LETTER_REASON: Final = "x-dead-letter-reason"
+ORIGINAL_QUEUE: Final = "x-original-queue"
+ORIGINAL_GROUP: Final = "x-original-group"
+ORIGINAL_PARTITION: Final = "x-original-partition"
+ORIGINAL_SEQ: Final = "x-original-seq"
+DELIVERY_COUNT: Final = "x-delivery-count"
+FIRST_DELIVERY_TIME: Final = "x-first-delivery-time"
+
+# Queue and group names: letters, digits and . _ - ; 1 to 200 characters; not starting with
+# a dot so that "<queue>.dlq" is always derived, never ambiguous with a hidden name.
+_NAME_RE: Final = re.compile(r"^[A-Za-z0-9_\-][A-Za-z0-9_.\-]{0,199}$")
+
+
+def validate_name(kind: str, name: str) -> str:
+    """Return ``name`` if it is a valid queue or group name, else raise InvalidArgument."""
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        raise InvalidArgument(
+            f"invalid {kind} name {name!r}: use 1-200 of letters, digits, '.', '_', '-' "
+            "(not starting with '.')"
+        )
+    return name
+
+
+class GroupMode(StrEnum):
+    PARTITIONED = "partitioned"
+    EXCLUSIVE = "exclusive"
+    SHARED = "shared"
+
+
+class KeyOrder(StrEnum):
+    PARTITION = "partition"
+    STRICT = "strict"
+
+
+class StartPosition(StrEnum):
+    EARLIEST = "earliest"
+    LATEST = "latest"
+
+
+class AckMode(StrEnum):
+    CLIENT = "client"
+    AUTO = "auto"
+
+
+class PartitionState(StrEnum):
+    UNASSIGNED = "unassigned"
+    READY = "ready"
+    PAUSED = "paused"
+    UNBOUND = "unbound"
+
+
+class FlowState(StrEnum):
+    RUNNING = "running"
+    LEAVING = "leaving"
+    EXITED = "exited"
+
+
+class DeadLetterReason(StrEnum):
+    MAX_DELIVERIES = "max-deliveries"
+    REJECTED = "rejected"
+    EXPIRED = "expired"
+
+
+@dataclass(frozen=True, slots=True)
+class QueueConfig:
+    """A queue's settings (DESIGN.md §2). ``partitions == 0`` means one internal partition."""
+
+    name: str
+    partitions: int = 0
+    subscriptions: tuple[str, ...] = ()
+    max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
+    max_depth_messages: int | None = None
+    max_depth_bytes: int | None = None
+    ttl: float | None = None
+    max_deliveries: int = DEFAULT_MAX_DELIVERIES
+    backoff_initial: float = DEFAULT_BACKOFF_INITIAL
+    backoff_multiplier: float = DEFAULT_BACKOFF_MULTIPLIER
+    backoff_max: float = DEFAULT_BACKOFF_MAX
+    # None = "<name>.dlq"; "" = no dead-letter queue (dead letters are dropped and counted).
+    dead_letter_queue: str | None = None
+    rebalance_delay: float = DEFAULT_REBALANCE_DELAY
+    max_handoff_time: float = DEFAULT_MAX_HANDOFF_TIME
+    window: int = DEFAULT_WINDOW
+    dedup_window: float = DEFAULT_DEDUP_WINDOW
+    # Where the partition key comes from when no key property is present:
+    # None, "app_id" (AMQP app_id) or "topic:N" (topic level N, 0-based).
+    key_from: str | None = None
+    dead_letter_expired: bool = False
+
+    def __post_init__(self) -> None:
+        validate_name("queue", self.name)
+        if self.partitions < 0:
+            raise InvalidArgument(f"partitions must be >= 0, got {self.partitions}")
+        if self.partitions > 65_536:
+            raise InvalidArgument(f"partitions must be <= 65536, got {self.partitions}")
+        if self.max_message_size <= 0:
+            raise InvalidArgument("max_message_size must be > 0")
+        for attr in ("max_depth_messages", "max_depth_bytes"):
+            value = getattr(self, attr)
+            if value is not None and value <= 0:
+                raise InvalidArgument(f"{attr} must be > 0 or None")
+        if self.ttl is not None and self.ttl <= 0:
+            raise InvalidArgument("ttl must be > 0 or None")
+        if self.max_deliveries < 0:
+            raise InvalidArgument("max_deliveries must be >= 0 (0 = unlimited)")
+        if self.backoff_initial < 0 or self.backoff_max < 0 or self.backoff_multiplier < 1:
+            raise InvalidArgument("backoff: initial >= 0, max >= 0, multiplier >= 1")
+        if self.rebalance_delay < 0 or self.max_handoff_time < 0:
+            raise InvalidArgument("rebalance_delay and max_handoff_time must be >= 0")
+        if self.window < 1:
+            raise InvalidArgument("window must be >= 1")
+        if self.dedup_window < 0:
+            raise InvalidArgument("dedup_window must be >= 0")
+        if self.dead_letter_queue:
+            validate_name("dead-letter queue", self.dead_letter_queue)
+            if self.dead_letter_queue == self.name:
+                raise InvalidArgument("a queue cannot be its own dead-letter queue")
+        if self.key_from is not None and self.key_from != "app_id":
+            level = self.key_from.removeprefix("topic:")
+            if not (self.key_from.startswith("topic:") and level.isdigit()):
+                raise InvalidArgument(
+                    f"key_from must be 'app_id' or 'topic:N', got {self.key_from!r}"
+                )
+
+    @property
+    def slots(self) -> int:
+        """Number of internal partitions (at least one)."""
+        return max(1, self.partitions)
+
+    @property
+    def dlq_name(self) -> str | None:
+        """The dead-letter queue's name, or None when dead letters are dropped."""
+        if self.dead_letter_queue == "":
+            return None
+        return self.dead_letter_queue or self.name + DLQ_SUFFIX
+
+
+@dataclass(frozen=True, slots=True)
+class GroupConfig:
+    """A consumer group's settings (DESIGN.md §2)."""
+
+    queue: str
+    name: str
+    mode: GroupMode = GroupMode.PARTITIONED
+    key_order: KeyOrder = KeyOrder.PARTITION
+    start: StartPosition = StartPosition.EARLIEST
+    # Property equality filter; messages that do not match are skipped for this group.
+    tags: Mapping[str, str] | None = None
+    # Visibility timeout in seconds: unacked past it -> redelivered. None = no timeout.
+    ack_timeout: float | None = None
+
+    def __post_init__(self) -> None:
+        validate_name("queue", self.queue)
+        validate_name("group", self.name)
+        if self.ack_timeout is not None and self.ack_timeout <= 0:
+            raise InvalidArgument("ack_timeout must be > 0 or None")
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """A stored message. ``seq`` is strictly increasing within (queue, partition)."""
+
+    message_id: str
+    queue: str
+    partition: int
+    seq: int
+    key: str | None
+    payload: bytes
+    properties: Properties = field(default_factory=dict)
+    topic: str | None = None
+    publish_time: float = 0.0
+    deliver_at: float | None = None
+    expire_at: float | None = None
+    producer: str | None = None
+    dedup_id: str | None = None
+    content_type: str | None = None
+    correlation_id: str | None = None
+    reply_to: str | None = None
+
+    @property
+    def size(self) -> int:
+        return len(self.payload)
+
+
+@dataclass(frozen=True, slots=True)
+class Publication:
+    """What a publisher hands to the gateway, before routing (DESIGN.md §3).
+
+    Exactly one of ``queue`` and ``topic`` is set. ``key`` is an explicit key from a
+    protocol field that is not a property (the native KEY field); otherwise the key comes
+    from the properties (see core.keys).
+    """
+
+    payload: bytes
+    queue: str | None = None
+    topic: str | None = None
+    key: str | None = None
+    properties: Properties = field(default_factory=dict)
+    ttl: float | None = None
+    deliver_at: float | None = None
+    expire_at: float | None = None
+    producer: str | None = None
+    dedup_id: str | None = None
+    content_type: str | None = None
+    correlation_id: str | None = None
+    reply_to: str | None = None
+    app_id: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.queue is None) == (self.topic is None):
+            raise InvalidArgument("a publication names exactly one of queue and topic")
