@@ -1,0 +1,366 @@
+"""The message half of GroupMachine: buffers, in-flight and retry records, settling, and
+the pump that turns them into Deliver actions (DESIGN.md §4 Delivery, Settle, per-key order).
+
+How it works. Per partition, due retries go first (seq order), then buffered messages in
+seq order, each only if its key is not held back and a flow has room in its window;
+``RecordDispatch`` precedes the partition's ``Deliver`` actions. A message of key K is
+held back while an earlier message of K waits for redelivery (both key orders) or while a
+message of K is unacked (``strict``). A scheduled message (deliver_at) takes its place in
+its key's order when it becomes due: it does not hold back later messages of its key, and
+once due it waits like any other. Seq gaps between messages read from storage are settled
+as they are seen, so the committed seq advances over them. Recovery counts every unsettled
+seq <= dispatched_seq as possibly seen (one more delivery), including seqs that were
+skipped because their key was held back.
+
+Known limit: a buffer full of held-back or scheduled messages delays later messages of
+other keys of that partition until it drains (or the partition is re-read).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable
+from typing import Final
+
+from core.actions import (
+    Action,
+    DeadLetter,
+    Deliver,
+    Dropped,
+    Fetch,
+    GroupSnapshot,
+    PartitionSnapshot,
+    RecordDispatch,
+)
+from core.backoff import redelivery_delay
+from core.errors import InvalidArgument
+from core.model import (
+    AckMode,
+    DeadLetterReason,
+    GroupConfig,
+    GroupMode,
+    KeyOrder,
+    Message,
+    PartitionState,
+    QueueConfig,
+)
+from core.partition import Flow, Partition, Retry, Sent, property_text
+
+WAKE: Final = 0
+EXPIRE: Final = 1
+ACK_TIMEOUT: Final = 2
+
+Timer = tuple[float, int, int, int, int]  # (time, kind, partition, seq, delivery count)
+
+
+class DeliveryBook:
+    """Per-partition message state shared by every GroupMachine event."""
+
+    def __init__(
+        self,
+        queue: QueueConfig,
+        group: GroupConfig,
+        snapshot: GroupSnapshot | None,
+        buffer_size: int,
+    ) -> None:
+        if buffer_size < 1:
+            raise InvalidArgument("buffer_size must be >= 1")
+        self._queue = queue
+        self._group = group
+        self._buffer_size = buffer_size
+        saved = snapshot.partitions if snapshot else {}
+        self._parts = [Partition(p, saved.get(p, PartitionSnapshot())) for p in range(queue.slots)]
+        self._flows: dict[str, Flow] = {}
+        self._by_id: dict[str, tuple[int, int]] = {}
+        self._timers: list[Timer] = []
+        self._rr = 0
+        self._shared_flows: list[Flow] = []
+        self._out: list[Action] = []
+        self._fetch_check: set[int] = set(range(queue.slots))
+        self._dirty: set[int] = set()
+        self._work: set[int] = set()
+
+    def _running(self) -> list[Flow]:
+        return sorted(self._flows.values(), key=lambda f: f.order)
+
+    # -- message bookkeeping --------------------------------------------------------------
+
+    def _part(self, partition: int) -> Partition:
+        if not 0 <= partition < len(self._parts):
+            raise InvalidArgument(f"partition {partition} out of range 0..{len(self._parts) - 1}")
+        return self._parts[partition]
+
+    def _admit(self, part: Partition, message: Message, now: float) -> None:
+        """Take a message read or appended in seq order after ``part.cursor``."""
+        seq = message.seq
+        if seq <= part.cursor:
+            return
+        # No message has the seqs between the cursor and this one.
+        if seq > part.cursor + 1 and part.ledger.settle_range(part.cursor + 1, seq - 1):
+            self._dirty.add(part.index)
+        part.cursor = seq
+        prior = part.records.pop(seq, None)
+        if part.ledger.is_settled(seq):
+            return
+        if seq <= part.restored_dispatched and prior is None:
+            prior = (1, None)
+        if self._group.tags and not all(
+            key in message.properties and property_text(message.properties[key]) == value
+            for key, value in self._group.tags.items()
+        ):
+            self._out.append(Dropped(message, "filtered"))
+            self._settle(part, seq)
+            return
+        if prior is not None:
+            if self._queue.max_deliveries and prior[0] >= self._queue.max_deliveries:
+                self._dead_letter(part, message, DeadLetterReason.MAX_DELIVERIES, *prior)
+                return
+            part.prior[seq] = prior
+        if message.expire_at is not None and message.expire_at <= now:
+            self._expire(part, message, prior)
+            return
+        part.buffer[seq] = message
+        self._work.add(part.index)
+        if message.deliver_at is not None and message.deliver_at > now:
+            heapq.heappush(self._timers, (message.deliver_at, WAKE, part.index, seq, 0))
+        if message.expire_at is not None:
+            heapq.heappush(self._timers, (message.expire_at, EXPIRE, part.index, seq, 0))
+
+    def _settle(self, part: Partition, seq: int) -> None:
+        if part.ledger.settle(seq):
+            self._dirty.add(part.index)
+
+    def _dead_letter(
+        self,
+        part: Partition,
+        message: Message,
+        reason: DeadLetterReason,
+        count: int,
+        first_time: float | None,
+    ) -> None:
+        self._out.append(DeadLetter(message, reason, count, first_time))
+        self._settle(part, message.seq)
+
+    def _expire(
+        self, part: Partition, message: Message, prior: tuple[int, float | None] | None
+    ) -> None:
+        count, first_time = prior if prior is not None else (0, None)
+        if self._queue.dead_letter_expired and self._queue.dlq_name is not None:
+            self._dead_letter(part, message, DeadLetterReason.EXPIRED, count, first_time)
+        else:
+            self._out.append(Dropped(message, "expired"))
+            self._settle(part, message.seq)
+
+    def _expire_waiting(self, part: Partition, seq: int) -> None:
+        """TTL timer: expire the message if it is still waiting (buffered or for retry)."""
+        if seq in part.buffer:
+            message = part.buffer.pop(seq)
+            self._expire(part, message, part.prior.pop(seq, None))
+            self._fetch_check.add(part.index)
+        elif seq in part.retry:
+            entry = self._remove_retry(part, seq)
+            self._expire(part, entry.message, (entry.count - 1, entry.first_time))
+
+    def _held_by(self, flow_id: str, message_ids: Iterable[str]) -> list[tuple[Partition, int]]:
+        found = []
+        for message_id in message_ids:
+            where = self._by_id.get(message_id)
+            if where is None:
+                continue
+            part = self._parts[where[0]]
+            sent = part.inflight.get(where[1])
+            if sent is not None and sent.flow_id == flow_id:
+                found.append((part, where[1]))
+        return found
+
+    def _remove_inflight(self, part: Partition, seq: int) -> Sent:
+        sent = part.inflight.pop(seq)
+        del self._by_id[sent.message.message_id]
+        part.held[sent.flow_id] -= 1
+        if not part.held[sent.flow_id]:
+            del part.held[sent.flow_id]
+        flow = self._flows.get(sent.flow_id)
+        if flow is not None:
+            flow.pending -= 1
+        key = sent.message.key
+        if key is not None:
+            part.inflight_keys[key] -= 1
+            if not part.inflight_keys[key]:
+                del part.inflight_keys[key]
+        return sent
+
+    def _remove_retry(self, part: Partition, seq: int) -> Retry:
+        entry = part.retry.pop(seq)
+        del self._by_id[entry.message.message_id]
+        key = entry.message.key
+        if key is not None:
+            part.retry_keys[key] -= 1
+            if not part.retry_keys[key]:
+                del part.retry_keys[key]
+        return entry
+
+    def _return_inflight(self, part: Partition, flow_id: str, now: float) -> None:
+        """The flow's unacked messages of the partition come back for immediate redelivery."""
+        for seq in sorted(s for s, sent in part.inflight.items() if sent.flow_id == flow_id):
+            sent = self._remove_inflight(part, seq)
+            self._end_delivery(part, sent.message, sent.count, sent.first_time, now, 0.0)
+
+    def _end_delivery(
+        self,
+        part: Partition,
+        message: Message,
+        count: int,
+        first_time: float,
+        now: float,
+        delay: float | None,
+    ) -> None:
+        """The ``count``-th delivery ended unsettled: retry later, or dead-letter."""
+        if self._queue.max_deliveries and count >= self._queue.max_deliveries:
+            self._dead_letter(part, message, DeadLetterReason.MAX_DELIVERIES, count, first_time)
+            return
+        due = now + redelivery_delay(self._queue, count, delay)
+        part.retry[message.seq] = Retry(message, count + 1, first_time, due)
+        self._by_id[message.message_id] = (part.index, message.seq)
+        if message.key is not None:
+            part.retry_keys[message.key] += 1
+        self._work.add(part.index)
+        if due > now:
+            heapq.heappush(self._timers, (due, WAKE, part.index, message.seq, 0))
+        if message.expire_at is not None:
+            heapq.heappush(self._timers, (message.expire_at, EXPIRE, part.index, message.seq, 0))
+
+    # -- delivery -------------------------------------------------------------------------
+
+    def _pick(self, part: Partition) -> Flow | None:
+        """The flow the partition's next message goes to, None when none has room."""
+        if self._group.mode is not GroupMode.SHARED:
+            if part.state is not PartitionState.READY or part.owner is None:
+                return None
+            flow = self._flows[part.owner]
+            return flow if flow.has_room() else None
+        running = self._shared_flows
+        for i in range(len(running)):
+            flow = running[(self._rr + i) % len(running)]
+            if flow.has_room():
+                self._rr = (self._rr + i + 1) % len(running)
+                return flow
+        return None
+
+    def _pump(self, now: float) -> None:
+        self._shared_flows = self._running()
+        shared = self._group.mode is GroupMode.SHARED
+        if shared and not any(flow.has_room() for flow in self._shared_flows):
+            return
+        for p in sorted(self._work):
+            part = self._parts[p]
+            # Skipping full flows keeps an ack O(partitions with work), not O(backlog).
+            if shared or self._pick(part) is not None:
+                self._pump_partition(part, now)
+            if not part.buffer and not part.retry:
+                self._work.discard(p)
+
+    def _blocked(self, part: Partition, key: str | None, held_back: set[str]) -> bool:
+        if key is None:
+            return False
+        if key in held_back or part.retry_keys[key]:
+            return True
+        return self._group.key_order is KeyOrder.STRICT and part.inflight_keys[key] > 0
+
+    def _pump_partition(self, part: Partition, now: float) -> None:
+        sends: list[Deliver] = []
+        redeliveries: list[tuple[int, int, float]] = []
+        dispatched = part.dispatched
+        held_back: set[str] = set()
+        for seq in sorted(part.retry):
+            entry = part.retry[seq]
+            key = entry.message.key
+            if key is not None and (
+                key in held_back
+                or entry.due > now
+                or (self._group.key_order is KeyOrder.STRICT and part.inflight_keys[key])
+            ):
+                held_back.add(key)
+                continue
+            if entry.due > now:
+                continue
+            if entry.message.expire_at is not None and entry.message.expire_at <= now:
+                self._remove_retry(part, seq)
+                self._expire(part, entry.message, (entry.count - 1, entry.first_time))
+                continue
+            flow = self._pick(part)
+            if flow is None:
+                break
+            self._remove_retry(part, seq)
+            first_time = entry.first_time if entry.first_time is not None else now
+            redeliveries.append((seq, entry.count, first_time))
+            sends.append(self._send(part, flow, entry.message, entry.count, first_time, now))
+        for seq in list(part.buffer):
+            message = part.buffer[seq]
+            if self._blocked(part, message.key, held_back):
+                continue
+            if message.deliver_at is not None and message.deliver_at > now:
+                continue
+            if message.expire_at is not None and message.expire_at <= now:
+                del part.buffer[seq]
+                self._expire(part, message, part.prior.pop(seq, None))
+                continue
+            flow = self._pick(part)
+            if flow is None:
+                break
+            del part.buffer[seq]
+            prior = part.prior.pop(seq, None)
+            if prior is not None:
+                count, first_time = prior[0] + 1, prior[1] if prior[1] is not None else now
+                redeliveries.append((seq, count, first_time))
+            else:
+                count, first_time = 1, now
+                if seq > dispatched:
+                    dispatched = seq
+                else:  # sent out of seq order (held back or scheduled): record it
+                    redeliveries.append((seq, 1, now))
+            sends.append(self._send(part, flow, message, count, first_time, now))
+        if not sends:
+            return
+        self._fetch_check.add(part.index)
+        if dispatched != part.dispatched or redeliveries:
+            part.dispatched = dispatched
+            self._out.append(RecordDispatch(part.index, dispatched, tuple(redeliveries)))
+        self._out.extend(sends)
+        for deliver in sends:
+            if self._flows[deliver.flow_id].ack_mode is AckMode.AUTO:
+                self._settle(part, deliver.message.seq)
+
+    def _send(
+        self,
+        part: Partition,
+        flow: Flow,
+        message: Message,
+        count: int,
+        first_time: float,
+        now: float,
+    ) -> Deliver:
+        if flow.ack_mode is AckMode.CLIENT:
+            seq = message.seq
+            part.inflight[seq] = Sent(message, flow.flow_id, count, first_time)
+            part.held[flow.flow_id] += 1
+            flow.pending += 1
+            self._by_id[message.message_id] = (part.index, seq)
+            if message.key is not None:
+                part.inflight_keys[message.key] += 1
+            if self._group.ack_timeout is not None:
+                deadline = now + self._group.ack_timeout
+                heapq.heappush(self._timers, (deadline, ACK_TIMEOUT, part.index, seq, count))
+        return Deliver(flow.flow_id, message, count, count > 1)
+
+    def _request_fetches(self) -> None:
+        shared_ready = self._group.mode is GroupMode.SHARED and bool(self._flows)
+        for p in sorted(self._fetch_check):
+            part = self._parts[p]
+            wanted = shared_ready or part.owner is not None
+            room = self._buffer_size - len(part.buffer)
+            low = room > 0 and len(part.buffer) <= self._buffer_size // 2
+            if wanted and part.more and not part.fetching and low:
+                part.fetching = True
+                part.fetch_limit = room
+                self._out.append(Fetch(p, part.cursor, room))
+        self._fetch_check.clear()

@@ -1,0 +1,436 @@
+"""GroupMachine: the sans-IO delivery state machine of one (queue, group) (DESIGN.md §4).
+
+How it works. Every event method takes ``now`` and returns the actions the owner carries
+out, in order. Each event first runs the timers that are due (reservation expiry, handoff
+timeouts, ack timeouts, TTL), then applies itself, then:
+
+1. reconciles the assignment if membership changed: core.assignment over the partitions
+   that are not reserved (``unbound``) for a disconnected flow, with the running flows in
+   bind order (exclusive mode: only the active flow). A partition whose owner still holds
+   unacked messages of it is ``paused`` until they are settled or max_handoff_time ends;
+   then the owner's leftovers are queued first for the new owner, with count + 1;
+2. writes through every partition and flow whose assignment changed;
+3. pumps deliveries (core.delivery) and asks storage for more where a buffer ran low;
+4. emits one ``OffsetUpdate`` per partition whose settled state changed.
+
+A flow that unbinds without the shutdown code leaves its partitions reserved for its
+client through the rebalance delay: re-binding with the previous set before it expires
+takes exactly those back (a reclaimed flow also takes the old flow's place in bind order).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Sequence
+
+from core.actions import (
+    Action,
+    AssignmentChanged,
+    FlowChanged,
+    GroupSnapshot,
+    OffsetUpdate,
+    PartitionsChanged,
+)
+from core.assignment import assign
+from core.delivery import ACK_TIMEOUT, EXPIRE, DeliveryBook
+from core.errors import Conflict, InvalidArgument
+from core.model import (
+    AckMode,
+    DeadLetterReason,
+    FlowState,
+    GroupConfig,
+    GroupMode,
+    Message,
+    PartitionState,
+    QueueConfig,
+)
+from core.partition import Flow, GroupStatus, Partition, PartitionStatus, Reservation
+
+
+class GroupMachine(DeliveryBook):
+    def __init__(
+        self,
+        queue: QueueConfig,
+        group: GroupConfig,
+        *,
+        now: float,
+        snapshot: GroupSnapshot | None = None,
+        buffer_size: int = 1000,
+    ) -> None:
+        super().__init__(queue, group, snapshot, buffer_size)
+        self._reservations: dict[str, Reservation] = {}
+        self._next_order = 0
+        self._rebalance = True
+        self._paused: set[int] = set()
+        # Partitions whose write-through state may have changed; all of them at start.
+        self._touched: set[int] = set(range(queue.slots))
+        self._begin(now)
+
+    # -- events ---------------------------------------------------------------------------
+
+    def bind(
+        self,
+        now: float,
+        flow_id: str,
+        client: str,
+        window: int,
+        ack_mode: AckMode,
+        previous: frozenset[int] | None = None,
+    ) -> list[Action]:
+        """Bind a flow; ``previous`` is the partition set its client held before a reconnect.
+
+        Raises Conflict if ``flow_id`` is bound already, InvalidArgument for a negative window.
+        The bound flow's partitions are ``partitions_of(flow_id)`` afterwards.
+        """
+        if flow_id in self._flows:
+            raise Conflict(f"flow {flow_id!r} is already bound")
+        if window < 0:
+            raise InvalidArgument("window must be >= 0")
+        self._begin(now)
+        self._next_order += 1
+        flow = Flow(flow_id, client, window, ack_mode, self._next_order, now)
+        self._flows[flow_id] = flow
+        if previous and self._group.mode is not GroupMode.SHARED:
+            self._reclaim(flow, previous)
+        self._out.append(FlowChanged(flow_id, client, FlowState.RUNNING, window))
+        self._rebalance = True
+        return self._finish(now)
+
+    def reconfigure(self, queue: QueueConfig) -> None:
+        """Apply altered queue settings (delays, backoff, max_deliveries, ...); they take
+        effect at their next use. The partition count cannot change."""
+        if queue.name != self._queue.name or queue.slots != self._queue.slots:
+            raise InvalidArgument("reconfigure cannot change the queue or its partitions")
+        self._queue = queue
+
+    def unbind(self, now: float, flow_id: str, *, shutdown: bool = False) -> list[Action]:
+        """The flow leaves (close, disconnect, nack(shutdown)): its unacked messages return.
+
+        Without ``shutdown`` its partitions stay reserved for its client through the
+        rebalance delay; with it they are reassigned at once. Unknown flows are ignored.
+        """
+        self._begin(now)
+        flow = self._flows.pop(flow_id, None)
+        if flow is None:
+            return self._finish(now)
+        self._out.append(FlowChanged(flow_id, flow.client, FlowState.EXITED, flow.window))
+        for part in self._parts:
+            if part.held[flow_id]:
+                self._return_inflight(part, flow_id, now)
+        keep = not shutdown and self._queue.rebalance_delay > 0
+        reserved: set[int] = set()
+        for p in sorted(flow.partitions):
+            part = self._parts[p]
+            if part.owner != flow_id:
+                continue
+            if part.state is PartitionState.PAUSED:
+                self._transfer(part, part.handoff_to, now)
+            elif keep:
+                reserved.add(p)
+                self._set_owner(part, None, PartitionState.UNBOUND)
+                part.reserved_by = flow_id
+            else:
+                self._set_owner(part, None, PartitionState.UNASSIGNED)
+        if reserved:
+            deadline = now + self._queue.rebalance_delay
+            self._reservations[flow_id] = Reservation(
+                flow_id, flow.client, flow.order, deadline, reserved
+            )
+        self._rebalance = True
+        return self._finish(now)
+
+    def append(self, now: float, messages: Sequence[Message]) -> list[Action]:
+        """Newly committed messages; the owner passes every one, seq-ascending per partition.
+
+        Messages that do not fit the buffer are dropped here and read later through Fetch.
+        """
+        self._begin(now)
+        for message in messages:
+            part = self._part(message.partition)
+            part.known = max(part.known, message.seq)
+            if message.seq <= part.cursor:
+                continue
+            if part.fetching or part.more or len(part.buffer) >= self._buffer_size:
+                part.more = True  # dropped here, read again through Fetch
+                self._fetch_check.add(part.index)
+                continue
+            self._admit(part, message, now)
+        return self._finish(now)
+
+    def loaded(self, now: float, partition: int, messages: Sequence[Message]) -> list[Action]:
+        """The answer to a Fetch: the partition's messages after ``after_seq``, in seq order."""
+        self._begin(now)
+        part = self._part(partition)
+        before = part.cursor
+        part.fetching = False
+        full = len(messages) >= part.fetch_limit
+        for message in messages:
+            if message.partition != partition:
+                raise InvalidArgument(f"loaded message of partition {message.partition}")
+            self._admit(part, message, now)
+        if part.cursor == before:
+            part.known = part.cursor  # storage is authoritative: nothing more to read now
+        part.known = max(part.known, part.cursor)
+        part.more = full or part.known > part.cursor
+        self._fetch_check.add(partition)
+        return self._finish(now)
+
+    def ack(self, now: float, flow_id: str, message_ids: Iterable[str]) -> list[Action]:
+        """Settle messages by id. Unknown or already settled ids are ignored; a late ack of
+        a message that was returned for redelivery settles it too."""
+        self._begin(now)
+        for message_id in message_ids:
+            where = self._by_id.get(message_id)
+            if where is None:
+                continue
+            part = self._parts[where[0]]
+            seq = where[1]
+            if seq in part.inflight:
+                self._remove_inflight(part, seq)
+            else:
+                self._remove_retry(part, seq)
+            self._settle(part, seq)
+        return self._finish(now)
+
+    def ack_cumulative(self, now: float, flow_id: str, partition: int, seq: int) -> list[Action]:
+        """Settle every message of ``partition`` delivered to the flow with seq <= ``seq``.
+
+        Raises InvalidArgument in shared mode or for a partition out of range.
+        """
+        if self._group.mode is GroupMode.SHARED:
+            raise InvalidArgument("cumulative ack is not allowed in shared mode")
+        self._begin(now)
+        part = self._part(partition)
+        done = [s for s, sent in part.inflight.items() if s <= seq and sent.flow_id == flow_id]
+        for s in sorted(done):
+            self._remove_inflight(part, s)
+            self._settle(part, s)
+        return self._finish(now)
+
+    def nack(
+        self,
+        now: float,
+        flow_id: str,
+        message_ids: Iterable[str],
+        delay: float | None = None,
+    ) -> list[Action]:
+        """Redeliver after ``delay`` (default: the queue's backoff) with count + 1, or
+        dead-letter when this was the last allowed delivery."""
+        self._begin(now)
+        for part, seq in self._held_by(flow_id, message_ids):
+            sent = self._remove_inflight(part, seq)
+            self._end_delivery(part, sent.message, sent.count, sent.first_time, now, delay)
+        return self._finish(now)
+
+    def reject(self, now: float, flow_id: str, message_ids: Iterable[str]) -> list[Action]:
+        """Dead-letter the flow's unacked messages now."""
+        self._begin(now)
+        for part, seq in self._held_by(flow_id, message_ids):
+            sent = self._remove_inflight(part, seq)
+            self._dead_letter(
+                part, sent.message, DeadLetterReason.REJECTED, sent.count, sent.first_time
+            )
+        return self._finish(now)
+
+    def credit(self, now: float, flow_id: str, window: int) -> list[Action]:
+        """Set the flow's window (max delivered-unacked; 0 pauses the flow)."""
+        if window < 0:
+            raise InvalidArgument("window must be >= 0")
+        self._begin(now)
+        flow = self._flows.get(flow_id)
+        if flow is not None and flow.window != window:
+            flow.window = window
+            self._out.append(FlowChanged(flow_id, flow.client, FlowState.RUNNING, window))
+        return self._finish(now)
+
+    def tick(self, now: float) -> list[Action]:
+        """Run the timers that are due; call it at ``next_deadline()``."""
+        self._begin(now)
+        return self._finish(now)
+
+    def close(self) -> list[Action]:
+        """Final ack state of every partition, for a clean shutdown."""
+        return [
+            OffsetUpdate(part.index, part.ledger.committed, part.ledger.ranges())
+            for part in self._parts
+        ]
+
+    # -- queries --------------------------------------------------------------------------
+
+    def next_deadline(self) -> float | None:
+        """The earliest time ``tick`` may have something to do (may be early, never late)."""
+        times = [res.deadline for res in self._reservations.values()]
+        times += [self._parts[p].handoff_deadline for p in self._paused]
+        if self._timers:
+            times.append(self._timers[0][0])
+        return min(times, default=None)
+
+    def partitions_of(self, flow_id: str) -> frozenset[int]:
+        flow = self._flows.get(flow_id)
+        return frozenset(flow.partitions) if flow else frozenset()
+
+    def status(self) -> GroupStatus:
+        parts = []
+        for part in self._parts:
+            holder = part.holder
+            client = None
+            if holder in self._flows:
+                client = self._flows[holder].client
+            elif holder in self._reservations:
+                client = self._reservations[holder].client
+            parts.append(
+                PartitionStatus(
+                    part.index,
+                    part.state,
+                    holder,
+                    client,
+                    len(part.inflight),
+                    part.ledger.committed,
+                    len(part.buffer),
+                )
+            )
+        flows = sorted(self._flows.values(), key=lambda f: f.order)
+        return GroupStatus(
+            self._queue.name,
+            self._group.name,
+            self._group.mode,
+            tuple(parts),
+            tuple(flow.status() for flow in flows),
+        )
+
+    # -- event frame ----------------------------------------------------------------------
+
+    def _begin(self, now: float) -> None:
+        self._out = []
+        for res in [r for r in self._reservations.values() if r.deadline <= now]:
+            del self._reservations[res.flow_id]
+            for p in res.partitions:
+                part = self._parts[p]
+                part.reserved_by = None
+                self._set_owner(part, None, PartitionState.UNASSIGNED)
+            self._rebalance = True
+        for p in sorted(self._paused):
+            part = self._parts[p]
+            if part.handoff_deadline <= now:
+                self._transfer(part, part.handoff_to, now)
+        while self._timers and self._timers[0][0] <= now:
+            _, kind, p, seq, count = heapq.heappop(self._timers)
+            part = self._parts[p]
+            if kind == EXPIRE:
+                self._expire_waiting(part, seq)
+            elif kind == ACK_TIMEOUT:
+                sent = part.inflight.get(seq)
+                if sent is not None and sent.count == count:
+                    self._remove_inflight(part, seq)
+                    self._end_delivery(part, sent.message, count, sent.first_time, now, None)
+
+    def _finish(self, now: float) -> list[Action]:
+        if self._rebalance:
+            self._rebalance = False
+            self._reconcile(now)
+        for p in sorted(self._paused):
+            part = self._parts[p]
+            if part.owner is None or not part.held[part.owner]:
+                self._transfer(part, part.handoff_to, now)  # the old owner acked all of it
+        self._announce()
+        self._pump(now)
+        self._request_fetches()
+        for p in sorted(self._dirty):
+            ledger = self._parts[p].ledger
+            self._out.append(OffsetUpdate(p, ledger.committed, ledger.ranges()))
+        self._dirty.clear()
+        out, self._out = self._out, []
+        return out
+
+    # -- assignment -----------------------------------------------------------------------
+
+    def _reclaim(self, flow: Flow, previous: frozenset[int]) -> None:
+        for res in [r for r in self._reservations.values() if r.client == flow.client]:
+            back = res.partitions & previous
+            if not back:
+                continue
+            res.partitions -= back
+            flow.order = min(flow.order, res.order)
+            for p in back:
+                part = self._parts[p]
+                part.reserved_by = None
+                self._set_owner(part, flow.flow_id, PartitionState.READY)
+            if not res.partitions:
+                del self._reservations[res.flow_id]
+
+    def _reconcile(self, now: float) -> None:
+        running = self._running()
+        if self._group.mode is GroupMode.SHARED:
+            state = PartitionState.READY if running else PartitionState.UNASSIGNED
+            for part in self._parts:
+                if part.state is not state:
+                    self._touched.add(part.index)
+                    self._fetch_check.add(part.index)
+                part.state = state
+            return
+        free = [part for part in self._parts if part.state is not PartitionState.UNBOUND]
+        candidates = [flow.flow_id for flow in running]
+        if self._group.mode is GroupMode.EXCLUSIVE:
+            indexes = {part.index for part in free}
+            active = next((f for f in running if f.partitions & indexes), None)
+            candidates = [active.flow_id] if active else candidates[:1]
+        current = {i: part.owner for i, part in enumerate(free) if part.owner in self._flows}
+        desired = assign(len(free), candidates, current)
+        for i, part in enumerate(free):
+            self._move(part, desired[i], now)
+
+    def _move(self, part: Partition, target: str | None, now: float) -> None:
+        owner = part.owner
+        if target == owner:
+            if part.state is PartitionState.PAUSED:
+                part.state = PartitionState.READY
+                part.handoff_to = None
+                self._paused.discard(part.index)
+                self._touched.add(part.index)
+            return
+        if owner is not None and part.held[owner] and self._queue.max_handoff_time > 0:
+            if part.state is not PartitionState.PAUSED:
+                part.state = PartitionState.PAUSED
+                part.handoff_deadline = now + self._queue.max_handoff_time
+                self._paused.add(part.index)
+                self._touched.add(part.index)
+            part.handoff_to = target
+            return
+        self._transfer(part, target, now)
+
+    def _transfer(self, part: Partition, target: str | None, now: float) -> None:
+        """Map the partition to ``target``; the old owner's leftovers go first to it."""
+        if part.owner is not None and part.held[part.owner]:
+            self._return_inflight(part, part.owner, now)
+        part.handoff_to = None
+        self._paused.discard(part.index)
+        state = PartitionState.READY if target is not None else PartitionState.UNASSIGNED
+        self._set_owner(part, target, state)
+
+    def _set_owner(self, part: Partition, owner: str | None, state: PartitionState) -> None:
+        old = self._flows.get(part.owner) if part.owner is not None else None
+        if old is not None:
+            old.partitions.discard(part.index)
+        part.owner = owner
+        part.state = state
+        new = self._flows.get(owner) if owner is not None else None
+        if new is not None:
+            new.partitions.add(part.index)
+        self._touched.add(part.index)
+        self._fetch_check.add(part.index)
+
+    def _announce(self) -> None:
+        for p in sorted(self._touched):
+            part = self._parts[p]
+            now_state = (part.state, part.holder)
+            if part.announced != now_state:
+                part.announced = now_state
+                self._out.append(AssignmentChanged(p, part.state, part.holder))
+        self._touched.clear()
+        for flow in self._running():
+            current = frozenset(flow.partitions)
+            if current != flow.announced:
+                flow.announced = current
+                self._out.append(PartitionsChanged(flow.flow_id, current))
+        if not self._flows:
+            self._rr = 0

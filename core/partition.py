@@ -1,0 +1,156 @@
+"""The mutable records a GroupMachine keeps per partition and per flow, and the frozen
+status views it hands out. Internal to core.group except the status dataclasses."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from core.actions import PartitionSnapshot
+from core.ledger import AckLedger
+from core.model import AckMode, FlowState, GroupMode, Message, PartitionState, PropertyValue
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionStatus:
+    partition: int
+    state: PartitionState
+    # The owner; for an unbound partition the flow it is reserved for.
+    flow_id: str | None
+    client: str | None
+    in_flight: int
+    committed_seq: int
+    buffered: int
+
+
+@dataclass(frozen=True, slots=True)
+class FlowStatus:
+    flow_id: str
+    client: str
+    state: FlowState
+    window: int
+    pending: int
+    ack_mode: AckMode
+    partitions: frozenset[int]
+    bound_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class GroupStatus:
+    queue: str
+    group: str
+    mode: GroupMode
+    partitions: tuple[PartitionStatus, ...]
+    flows: tuple[FlowStatus, ...]
+
+
+@dataclass(slots=True)
+class Sent:
+    """A message delivered to a client-ack flow and not settled yet."""
+
+    message: Message
+    flow_id: str
+    count: int
+    first_time: float
+
+
+@dataclass(slots=True)
+class Retry:
+    """A message waiting for its next delivery (``count`` is that delivery's number)."""
+
+    message: Message
+    count: int
+    first_time: float | None
+    due: float
+
+
+@dataclass(slots=True)
+class Flow:
+    flow_id: str
+    client: str
+    window: int
+    ack_mode: AckMode
+    order: int
+    bound_at: float
+    pending: int = 0
+    partitions: set[int] = field(default_factory=set)
+    announced: frozenset[int] = frozenset()
+
+    def has_room(self) -> bool:
+        if self.ack_mode is AckMode.AUTO:
+            return self.window > 0  # settled when sent: the window only pauses (0) or not
+        return self.pending < self.window
+
+    def status(self) -> FlowStatus:
+        return FlowStatus(
+            flow_id=self.flow_id,
+            client=self.client,
+            state=FlowState.RUNNING,
+            window=self.window,
+            pending=self.pending,
+            ack_mode=self.ack_mode,
+            partitions=frozenset(self.partitions),
+            bound_at=self.bound_at,
+        )
+
+
+@dataclass(slots=True)
+class Reservation:
+    """Partitions kept for a disconnected flow through the rebalance delay."""
+
+    flow_id: str
+    client: str
+    order: int
+    deadline: float
+    partitions: set[int]
+
+
+class Partition:
+    """Delivery state of one partition for one group."""
+
+    def __init__(self, index: int, snapshot: PartitionSnapshot) -> None:
+        self.index = index
+        self.state = PartitionState.UNASSIGNED
+        self.owner: str | None = None
+        self.reserved_by: str | None = None
+        self.handoff_to: str | None = None
+        self.handoff_deadline = 0.0
+        # (state, flow id) last written through; None forces the first write.
+        self.announced: tuple[PartitionState, str | None] | None = None
+        self.ledger = AckLedger(snapshot.committed_seq, snapshot.acked_above)
+        self.dispatched = snapshot.dispatched_seq
+        self.restored_dispatched = snapshot.dispatched_seq
+        self.records: dict[int, tuple[int, float | None]] = {
+            record.seq: (record.delivery_count, record.first_delivery_time)
+            for record in snapshot.deliveries
+        }
+        # Not yet sent, ascending seq (loads and appends arrive in seq order).
+        self.buffer: dict[int, Message] = {}
+        # Deliveries before a restart of buffered seqs: (count, first delivery time).
+        self.prior: dict[int, tuple[int, float | None]] = {}
+        self.inflight: dict[int, Sent] = {}
+        self.held: Counter[str] = Counter()
+        self.retry: dict[int, Retry] = {}
+        self.retry_keys: Counter[str] = Counter()
+        self.inflight_keys: Counter[str] = Counter()
+        # Highest seq loaded into memory (or skipped as settled); loads continue after it.
+        self.cursor = self.ledger.committed
+        self.known = self.cursor
+        self.fetching = False
+        self.fetch_limit = 0
+        # Whether storage may hold messages after ``cursor``; unknown (True) at start.
+        self.more = True
+
+    @property
+    def holder(self) -> str | None:
+        """The flow id shown for this partition: owner, or the flow it is reserved for."""
+        return self.owner if self.owner is not None else self.reserved_by
+
+
+def property_text(value: PropertyValue) -> str:
+    """A property value as the text a tag filter compares with."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)

@@ -1,0 +1,171 @@
+"""A fake owner for GroupMachine tests: executes actions against an in-memory store and
+checks the action contract (RecordDispatch before Deliver, DeadLetter then OffsetUpdate,
+one Fetch at a time per partition)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+
+from core.actions import (
+    Action,
+    AssignmentChanged,
+    DeadLetter,
+    Deliver,
+    Dropped,
+    Fetch,
+    FlowChanged,
+    GroupSnapshot,
+    OffsetUpdate,
+    PartitionsChanged,
+    RecordDispatch,
+)
+from core.group import GroupMachine
+from core.model import AckMode, GroupConfig, Message, PartitionState, QueueConfig
+
+
+class Driver:
+    def __init__(
+        self,
+        queue: QueueConfig,
+        group: GroupConfig,
+        *,
+        snapshot: GroupSnapshot | None = None,
+        buffer_size: int = 1000,
+        store: dict[int, list[Message]] | None = None,
+        auto_fetch: bool = True,
+    ) -> None:
+        self.queue = queue
+        self.now = 0.0
+        self.machine = GroupMachine(
+            queue, group, now=self.now, snapshot=snapshot, buffer_size=buffer_size
+        )
+        self.store: dict[int, list[Message]] = store if store is not None else defaultdict(list)
+        self.auto_fetch = auto_fetch
+        self.pending_fetches: dict[int, Fetch] = {}
+        self.deliveries: list[Deliver] = []
+        self.unacked: dict[str, dict[str, Deliver]] = defaultdict(dict)
+        self.offsets: dict[int, OffsetUpdate] = {}
+        self.dead: list[DeadLetter] = []
+        self.dropped: list[Dropped] = []
+        self.assignment: dict[int, tuple[PartitionState, str | None]] = {}
+        self.partitions: dict[str, frozenset[int]] = {}
+        self.flows: dict[str, FlowChanged] = {}
+        self.dispatched: dict[int, int] = defaultdict(int)
+        self.recorded: set[tuple[int, int, int]] = set()
+        self.counter = 0
+
+    # -- driving ----------------------------------------------------------------------------
+
+    def publish(self, key: str | None, partition: int = 0, **fields: object) -> Message:
+        stored = self.store.setdefault(partition, [])
+        seq = (stored[-1].seq if stored else 0) + 1
+        self.counter += 1
+        message = Message(
+            f"m{self.counter}",
+            self.queue.name,
+            partition,
+            seq,
+            key,
+            b"x",
+            **fields,  # type: ignore[arg-type]
+        )
+        stored.append(message)
+        self.run(self.machine.append(self.now, [message]))
+        return message
+
+    def call(
+        self, method: Callable[..., list[Action]], *args: object, **kw: object
+    ) -> list[Action]:
+        actions = method(self.now, *args, **kw)
+        self.run(actions)
+        return actions
+
+    def bind(
+        self,
+        flow: str,
+        client: str | None = None,
+        window: int = 100,
+        ack_mode: AckMode = AckMode.CLIENT,
+        previous: frozenset[int] | None = None,
+    ) -> list[Action]:
+        return self.call(self.machine.bind, flow, client or flow, window, ack_mode, previous)
+
+    def advance(self, seconds: float) -> list[Action]:
+        self.now += seconds
+        return self.call(self.machine.tick)
+
+    def answer_fetches(self) -> None:
+        while self.pending_fetches:
+            self.answer_one()
+
+    def answer_one(self) -> None:
+        partition, fetch = next(iter(self.pending_fetches.items()))
+        del self.pending_fetches[partition]
+        rows = [m for m in self.store.get(partition, []) if m.seq > fetch.after_seq]
+        self.run(self.machine.loaded(self.now, partition, rows[: fetch.limit]), nested=True)
+
+    def run(self, actions: list[Action], *, nested: bool = False) -> None:
+        owed_offsets: set[tuple[int, int]] = set()
+        for action in actions:
+            if isinstance(action, RecordDispatch):
+                assert action.dispatched_seq >= self.dispatched[action.partition]
+                self.dispatched[action.partition] = action.dispatched_seq
+                for seq, count, _ in action.redeliveries:
+                    self.recorded.add((action.partition, seq, count))
+            elif isinstance(action, Deliver):
+                m = action.message
+                if action.delivery_count == 1 and m.seq > self.dispatched[m.partition]:
+                    raise AssertionError(f"Deliver of {m.seq} before its RecordDispatch")
+                if action.delivery_count > 1:
+                    assert (m.partition, m.seq, action.delivery_count) in self.recorded
+                assert action.redelivered == (action.delivery_count > 1)
+                assert not self.settled(m.partition, m.seq), f"{m.seq} delivered after settle"
+                self.deliveries.append(action)
+                self.unacked[action.flow_id][m.message_id] = action
+            elif isinstance(action, Fetch):
+                assert action.partition not in self.pending_fetches, "second Fetch"
+                self.pending_fetches[action.partition] = action
+            elif isinstance(action, OffsetUpdate):
+                self.offsets[action.partition] = action
+                owed_offsets = {(p, s) for p, s in owed_offsets if not self.settled(p, s)}
+            elif isinstance(action, DeadLetter):
+                self.dead.append(action)
+                owed_offsets.add((action.message.partition, action.message.seq))
+            elif isinstance(action, Dropped):
+                self.dropped.append(action)
+            elif isinstance(action, AssignmentChanged):
+                self.assignment[action.partition] = (action.state, action.flow_id)
+            elif isinstance(action, PartitionsChanged):
+                self.partitions[action.flow_id] = action.partitions
+            elif isinstance(action, FlowChanged):
+                self.flows[action.flow_id] = action
+        assert not owed_offsets, f"DeadLetter without a settling OffsetUpdate: {owed_offsets}"
+        if self.auto_fetch and not nested:
+            self.answer_fetches()
+
+    # -- consumer side ------------------------------------------------------------------
+
+    def ack(self, flow: str, *messages: Message) -> list[Action]:
+        for m in messages:
+            self.unacked[flow].pop(m.message_id, None)
+        return self.call(self.machine.ack, flow, [m.message_id for m in messages])
+
+    def nack(self, flow: str, *messages: Message, delay: float | None = None) -> list[Action]:
+        for m in messages:
+            self.unacked[flow].pop(m.message_id, None)
+        return self.call(self.machine.nack, flow, [m.message_id for m in messages], delay)
+
+    def received(self, flow: str) -> list[Message]:
+        return [d.message for d in self.deliveries if d.flow_id == flow]
+
+    def seqs(self, flow: str) -> list[int]:
+        return [m.seq for m in self.received(flow)]
+
+    def settled(self, partition: int, seq: int) -> bool:
+        update = self.offsets.get(partition)
+        if update is None:
+            return False
+        if seq <= update.committed_seq:
+            return True
+        return any(lo <= seq <= hi for lo, hi in update.acked_above)

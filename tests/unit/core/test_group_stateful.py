@@ -1,0 +1,263 @@
+"""Random binds, unbinds, publishes, settles and time against GroupMachine's invariants.
+
+The checks look at the machine's internal partition records where the invariant is about
+what the machine holds (who has unacked messages of a partition, what waits for retry).
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
+
+from core.model import (
+    AckMode,
+    GroupConfig,
+    GroupMode,
+    KeyOrder,
+    Message,
+    PartitionState,
+    QueueConfig,
+)
+from tests.unit.core.driver import Driver
+
+KEYS = ("A", "B", "C", "D", None)
+CLIENTS = ("c1", "c2", "c3", "c4")
+
+
+class GroupMachineRules(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.d: Driver
+        self.mode = GroupMode.PARTITIONED
+        self.strict = False
+        self.flow_no = 0
+        self.bound: dict[str, str] = {}  # flow id -> client
+        self.last_held: dict[str, frozenset[int]] = {}  # client -> partitions at unbind
+        self.published: list[Message] = []
+        self.settle_log: dict[str | None, list[int]] = defaultdict(list)
+        self.seen = 0  # deliveries already checked
+
+    @initialize(
+        mode=st.sampled_from(GroupMode),
+        strict=st.booleans(),
+        partitions=st.integers(0, 4),
+        max_deliveries=st.sampled_from([0, 3]),
+        handoff=st.sampled_from([0.0, 2.0]),
+        delay=st.sampled_from([0.0, 3.0]),
+        ack_timeout=st.sampled_from([None, 5.0]),
+        buffer_size=st.integers(1, 4),
+        auto_fetch=st.booleans(),
+    )
+    def setup(
+        self,
+        mode: GroupMode,
+        strict: bool,
+        partitions: int,
+        max_deliveries: int,
+        handoff: float,
+        delay: float,
+        ack_timeout: float | None,
+        buffer_size: int,
+        auto_fetch: bool,
+    ) -> None:
+        self.mode = mode
+        self.strict = strict
+        queue = QueueConfig(
+            "q",
+            partitions=partitions,
+            max_deliveries=max_deliveries,
+            max_handoff_time=handoff,
+            rebalance_delay=delay,
+            backoff_initial=0.5,
+            backoff_max=2.0,
+        )
+        order = KeyOrder.STRICT if strict else KeyOrder.PARTITION
+        group = GroupConfig("q", "g", mode=mode, key_order=order, ack_timeout=ack_timeout)
+        self.d = Driver(queue, group, buffer_size=buffer_size, auto_fetch=auto_fetch)
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def partition_of(self, key: str | None, draw: int) -> int:
+        slots = self.d.queue.slots
+        if key is None:
+            return draw % slots
+        return KEYS.index(key) % slots
+
+    def stable(self) -> bool:
+        m = self.d.machine
+        return not m._reservations and not m._paused
+
+    # -- rules ------------------------------------------------------------------------------
+
+    @rule(
+        client=st.sampled_from(CLIENTS),
+        use_previous=st.booleans(),
+        window=st.integers(1, 3),
+        auto=st.integers(0, 9),
+    )
+    def bind(self, client: str, use_previous: bool, window: int, auto: int) -> None:
+        self.flow_no += 1
+        flow = f"f{self.flow_no}"
+        previous = self.last_held.get(client) if use_previous else None
+        before = {f: self.d.machine.partitions_of(f) for f in self.bound}
+        check_moves = (
+            self.mode is GroupMode.PARTITIONED
+            and self.stable()
+            and not previous
+            and 0 < len(self.bound) < self.d.queue.slots
+            and sum(len(p) for p in before.values()) == self.d.queue.slots
+        )
+        mode = AckMode.AUTO if auto == 0 else AckMode.CLIENT
+        self.d.bind(flow, client, window, mode, previous)
+        self.bound[flow] = client
+        if check_moves:
+            parts = self.d.machine._parts
+            moving = [p for p in parts if p.owner == flow or p.handoff_to == flow]
+            assert len(moving) == self.d.queue.slots // (len(self.bound))
+
+    @precondition(lambda self: bool(self.bound))
+    @rule(data=st.data(), shutdown=st.booleans())
+    def unbind(self, data: st.DataObject, shutdown: bool) -> None:
+        flow = data.draw(st.sampled_from(sorted(self.bound)))
+        self.last_held[self.bound.pop(flow)] = self.d.machine.partitions_of(flow)
+        self.d.unacked.pop(flow, None)
+        self.d.call(self.d.machine.unbind, flow, shutdown=shutdown)
+
+    @rule(key=st.sampled_from(KEYS), draw=st.integers(0, 3))
+    def publish(self, key: str | None, draw: int) -> None:
+        self.published.append(self.d.publish(key, partition=self.partition_of(key, draw)))
+
+    @precondition(lambda self: any(self.d.unacked[f] for f in self.bound))
+    @rule(data=st.data(), op=st.sampled_from(["ack", "ack", "ack", "nack", "reject"]))
+    def settle(self, data: st.DataObject, op: str) -> None:
+        flow = data.draw(st.sampled_from([f for f in sorted(self.bound) if self.d.unacked[f]]))
+        held = list(self.d.unacked[flow].values())
+        key = data.draw(st.sampled_from(sorted({repr(x.message.key) for x in held})))
+        # Settle each key in receive order: the oldest unacked delivery of that key.
+        target = next(x.message for x in held if repr(x.message.key) == key)
+        was = self.d.settled(target.partition, target.seq)
+        if op == "ack":
+            self.d.ack(flow, target)
+            if not was and self.d.settled(target.partition, target.seq):
+                self.settle_log[target.key].append(target.seq)
+        elif op == "nack":
+            self.d.nack(flow, target)
+        else:
+            self.d.unacked[flow].pop(target.message_id)
+            self.d.call(self.d.machine.reject, flow, [target.message_id])
+
+    @precondition(lambda self: bool(self.bound))
+    @rule(data=st.data(), window=st.integers(0, 4))
+    def credit(self, data: st.DataObject, window: int) -> None:
+        flow = data.draw(st.sampled_from(sorted(self.bound)))
+        self.d.call(self.d.machine.credit, flow, window)
+
+    @rule(seconds=st.sampled_from([0.5, 1.0, 2.5, 6.0]))
+    def advance(self, seconds: float) -> None:
+        self.d.advance(seconds)
+
+    @precondition(lambda self: bool(self.d.pending_fetches))
+    @rule()
+    def answer_fetch(self) -> None:
+        self.d.answer_one()
+
+    # -- invariants ---------------------------------------------------------------------------
+
+    @invariant()
+    def one_flow_holds_a_partitions_unacked_messages(self) -> None:
+        if self.mode is GroupMode.SHARED:
+            return
+        for part in self.d.machine._parts:
+            holders = {sent.flow_id for sent in part.inflight.values()}
+            assert len(holders) <= 1
+            assert holders <= {part.owner}
+
+    @invariant()
+    def strict_groups_have_one_unacked_message_per_key(self) -> None:
+        if not self.strict:
+            return
+        for part in self.d.machine._parts:
+            keys = Counter(s.message.key for s in part.inflight.values() if s.message.key)
+            assert all(n == 1 for n in keys.values()), keys
+
+    @invariant()
+    def a_retried_message_is_never_overtaken(self) -> None:
+        parts = self.d.machine._parts
+        for action in self.d.deliveries[self.seen :]:
+            if action.delivery_count == 1:
+                m = action.message
+                if m.key is None:
+                    continue
+                waiting = parts[m.partition].retry.values()
+                assert not any(r.message.key == m.key and r.message.seq < m.seq for r in waiting)
+        self.seen = len(self.d.deliveries)
+
+    @invariant()
+    def every_message_is_settled_or_still_known(self) -> None:
+        for m in self.published:
+            part = self.d.machine._parts[m.partition]
+            known = m.seq in part.buffer or m.seq in part.inflight or m.seq in part.retry
+            assert known or m.seq > part.cursor or self.d.settled(m.partition, m.seq), m
+
+    @invariant()
+    def settled_messages_of_a_key_follow_publish_order_in_strict_groups(self) -> None:
+        if self.strict:
+            for key, seqs in self.settle_log.items():
+                if key is not None:
+                    assert seqs == sorted(seqs), (key, seqs)
+
+    def teardown(self) -> None:
+        if not hasattr(self, "d"):
+            return
+        d = self.d
+        d.auto_fetch = True
+        d.answer_fetches()
+        # Once flows stop changing and the delays pass, the assignment is balanced.
+        d.advance(10.0)
+        d.advance(10.0)
+        self.check_balanced()
+        for flow in sorted(self.bound):
+            d.call(d.machine.unbind, flow, shutdown=True)
+        d.unacked.clear()
+        d.bind("drain", "drain", 1000, AckMode.CLIENT)
+        for _ in range(40):
+            d.ack("drain", *[x.message for x in d.unacked["drain"].values()])
+            d.advance(10.0)
+        for m in self.published:
+            assert d.settled(m.partition, m.seq), m
+        dead = Counter(x.message.message_id for x in d.dead)
+        assert all(n == 1 for n in dead.values())
+
+    def check_balanced(self) -> None:
+        status = self.d.machine.status()
+        flows = len(status.flows)
+        if not flows:
+            return
+        assert all(p.state is PartitionState.READY for p in status.partitions)
+        counts = sorted((len(f.partitions) for f in status.flows), reverse=True)
+        slots = self.d.queue.slots
+        if self.mode is GroupMode.PARTITIONED:
+            active = min(flows, slots)
+            low, high = slots // active, -(-slots // active)
+            assert all(low <= c <= high for c in counts[:active])
+            assert not any(counts[active:])
+        elif self.mode is GroupMode.EXCLUSIVE:
+            assert counts[0] == slots and not any(counts[1:])
+
+
+GroupMachineRules.TestCase.settings = settings(
+    max_examples=200,
+    stateful_step_count=50,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+TestGroupMachine = GroupMachineRules.TestCase
