@@ -1,0 +1,305 @@
+"""The asyncio SDK entry point: ``Client`` (producer, admin, consumer factory).
+
+Every call is a coroutine that waits for the gateway's answer. Publishes are pipelined:
+any number may be in flight on the one connection, each awaiting its own PUBLISH_OK, which
+the gateway sends only after the message is committed. While the client is reconnecting,
+new calls wait for the new connection. A publish that was in flight when the connection
+dropped raises ``ConnectionLost`` (it may or may not be stored) — unless it has a
+``dedup_id``, in which case it is resent on the new connection and the gateway's dedup
+window drops the copy.
+"""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import fields, replace
+from types import TracebackType
+from typing import Final
+from urllib.parse import urlsplit
+
+from core.errors import InvalidArgument
+from core.model import AckMode, GroupMode, KeyOrder, PropertyValue, QueueConfig, StartPosition
+from gateway.client.consumer import BindIntent, Consumer
+from gateway.client.errors import ConnectionLost
+from gateway.client.robust import Backoff, Session
+from protocols.native import (
+    DeclareQueue,
+    DeleteQueue,
+    Hello,
+    Publish,
+    PublishOk,
+    QueueOk,
+    SettingValue,
+)
+
+DEFAULT_URL: Final = "keygate://127.0.0.1:55555"
+DEFAULT_PORT: Final = 55555
+_QUEUE_SETTINGS: Final = frozenset(f.name for f in fields(QueueConfig)) - {"name", "subscriptions"}
+
+
+def parse_url(url: str) -> tuple[str, int, bool]:
+    """``keygate://host:port`` (plain) or ``keygates://host:port`` (TLS)."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("keygate", "keygates") or not parts.hostname:
+        raise InvalidArgument(
+            f"service URL must be keygate://host:port or keygates://…, got {url!r}"
+        )
+    return parts.hostname, parts.port or DEFAULT_PORT, parts.scheme == "keygates"
+
+
+class Client:
+    """A connection to a keygate gateway. Use ``async with Client(url) as client``."""
+
+    def __init__(
+        self,
+        service_url: str = DEFAULT_URL,
+        *,
+        client_name: str | None = None,
+        username: str | None = None,
+        password: str | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+        connect_timeout: float = 10.0,
+        heartbeat: float = 15.0,
+        backoff: Backoff | None = None,
+        max_reconnect_attempts: int | None = None,
+        max_frame: int = 0,
+        ack_batch_size: int = 256,
+        ack_flush_interval: float = 0.005,
+    ) -> None:
+        host, port, tls = parse_url(service_url)
+        if tls and ssl_context is None:
+            ssl_context = ssl.create_default_context()
+        hello = Hello(
+            client_name=client_name or "", username=username, password=password, max_frame=max_frame
+        )
+        self._session = Session(
+            host,
+            port,
+            hello,
+            ssl_context=ssl_context,
+            connect_timeout=connect_timeout,
+            heartbeat=heartbeat,
+            backoff=backoff or Backoff(),
+            max_reconnect_attempts=max_reconnect_attempts,
+        )
+        self._ack_batch_size = ack_batch_size
+        self._ack_flush_interval = ack_flush_interval
+        self._consumers: list[Consumer] = []
+
+    @property
+    def session(self) -> Session:
+        """The reconnecting layer (its ``reconnects`` counter, ``session_id``)."""
+        return self._session
+
+    async def connect(self) -> Client:
+        """Connect and handshake; raises OSError/TimeoutError or the gateway's refusal
+        (e.g. AuthenticationFailed). Later connection losses are handled by reconnecting."""
+        await self._session.connect()
+        return self
+
+    async def __aenter__(self) -> Client:
+        return await self.connect()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close every consumer (flushing acks, unbinding), then the connection."""
+        for consumer in list(self._consumers):
+            await consumer.close()
+        self._consumers.clear()
+        await self._session.close()
+
+    def abort(self) -> None:
+        """Drop the connection without CLOSE or UNBIND and stop (does not block).
+
+        What a crash looks like to the gateway (failover drills, tests, the demo):
+        partitions are held through the rebalance delay, unacked messages redelivered.
+        """
+        self._consumers.clear()
+        self._session.abort()
+
+    # ------------------------------------------------------------- admin
+
+    async def declare_queue(
+        self,
+        name: str,
+        *,
+        subscriptions: Iterable[str] | None = None,
+        exist_ok: bool = True,
+        passive: bool = False,
+        **settings: SettingValue | None,
+    ) -> QueueConfig:
+        """Create queue ``name`` (settings named as QueueConfig's fields: partitions,
+        max_deliveries, rebalance_delay, ...; None = default) or check it. Returns the
+        queue as stored. Raises AlreadyExists, QueueNotFound (passive), InvalidArgument."""
+        unknown = set(settings) - _QUEUE_SETTINGS
+        if unknown:
+            raise InvalidArgument(f"unknown queue settings: {sorted(unknown)}")
+        wire = {k: v for k, v in settings.items() if v is not None}
+        subs = tuple(subscriptions) if subscriptions is not None else None
+        conn = await self._session.connection()
+        reply = await conn.request(
+            lambda rid: DeclareQueue(
+                request_id=rid,
+                name=name,
+                settings=wire,
+                subscriptions=subs,
+                exist_ok=exist_ok,
+                passive=passive,
+            )
+        )
+        assert isinstance(reply, QueueOk)
+        return queue_config(reply)
+
+    async def delete_queue(self, name: str) -> None:
+        """Delete a queue and its messages. Raises QueueNotFound."""
+        conn = await self._session.connection()
+        await conn.request(lambda rid: DeleteQueue(request_id=rid, name=name))
+
+    # ------------------------------------------------------------- publishing
+
+    async def publish(
+        self,
+        queue: str,
+        payload: bytes,
+        *,
+        key: str | None = None,
+        properties: Mapping[str, PropertyValue] | None = None,
+        ttl: float | None = None,
+        deliver_at: float | None = None,
+        dedup_id: str | None = None,
+        content_type: str | None = None,
+        correlation_id: str | None = None,
+        reply_to: str | None = None,
+    ) -> str:
+        """Publish to a queue; returns the message id once committed (blocks until then).
+        ``ttl`` in seconds, ``deliver_at`` epoch seconds. Raises QueueNotFound,
+        MessageTooLarge, QueueFull, ConnectionLost (outcome unknown; see module doc)."""
+        ids = await self._publish(
+            Publish(
+                request_id=0,
+                queue=queue,
+                topic=None,
+                key=key,
+                payload=payload,
+                properties=properties or {},
+                ttl=ttl,
+                deliver_at=deliver_at,
+                dedup_id=dedup_id,
+                content_type=content_type,
+                correlation_id=correlation_id,
+                reply_to=reply_to,
+            )
+        )
+        return ids[0] if ids else ""
+
+    async def publish_topic(
+        self,
+        topic: str,
+        payload: bytes,
+        *,
+        key: str | None = None,
+        properties: Mapping[str, PropertyValue] | None = None,
+        ttl: float | None = None,
+        deliver_at: float | None = None,
+        dedup_id: str | None = None,
+        content_type: str | None = None,
+        correlation_id: str | None = None,
+        reply_to: str | None = None,
+    ) -> tuple[str, ...]:
+        """Publish to a topic; returns one message id per queue it was stored in.
+        Raises NoRoute when no queue subscribes to it."""
+        return await self._publish(
+            Publish(
+                request_id=0,
+                queue=None,
+                topic=topic,
+                key=key,
+                payload=payload,
+                properties=properties or {},
+                ttl=ttl,
+                deliver_at=deliver_at,
+                dedup_id=dedup_id,
+                content_type=content_type,
+                correlation_id=correlation_id,
+                reply_to=reply_to,
+            )
+        )
+
+    async def _publish(self, publish: Publish) -> tuple[str, ...]:
+        def make(rid: int) -> Publish:
+            return replace(publish, request_id=rid)
+
+        while True:
+            conn = await self._session.connection()
+            try:
+                reply = await conn.request(make)
+            except ConnectionLost:
+                if publish.dedup_id is None:
+                    raise
+                continue
+            assert isinstance(reply, PublishOk)
+            return reply.message_ids
+
+    # ------------------------------------------------------------- consuming
+
+    async def subscribe(
+        self,
+        queue: str,
+        group: str,
+        *,
+        window: int = 0,
+        ack_mode: AckMode | str = AckMode.CLIENT,
+        tags: Mapping[str, str] | None = None,
+        mode: GroupMode | str | None = None,
+        key_order: KeyOrder | str | None = None,
+        start: StartPosition | str | None = None,
+        ack_timeout: float | None = None,
+        on_partitions_changed: Callable[[frozenset[int]], None] | None = None,
+    ) -> Consumer:
+        """Bind a consumer to (queue, group); returns once the gateway confirmed, with
+        ``consumer.partitions`` set. ``window`` 0 = the queue's default. Group settings
+        left None keep the group's (or the defaults when this creates it). Raises
+        QueueNotFound, Conflict (settings contradict the group), InvalidArgument."""
+        intent = BindIntent(
+            queue=queue,
+            group=group,
+            window=window,
+            ack_mode=AckMode(ack_mode),
+            tags=dict(tags) if tags is not None else None,
+            mode=GroupMode(mode) if mode is not None else None,
+            key_order=KeyOrder(key_order) if key_order is not None else None,
+            start=StartPosition(start) if start is not None else None,
+            ack_timeout=ack_timeout,
+        )
+        consumer = Consumer(
+            self._session,
+            intent,
+            on_partitions_changed=on_partitions_changed,
+            ack_batch_size=self._ack_batch_size,
+            ack_flush_interval=self._ack_flush_interval,
+        )
+        conn = await self._session.connection()
+        await consumer.bind(conn, previous=None)
+        self._session.register(consumer)
+        if not conn.is_open:
+            # Lost between BIND_OK and registration: let the reconnect re-bind it.
+            consumer.connection_lost()
+        self._consumers.append(consumer)
+        return consumer
+
+
+def queue_config(reply: QueueOk) -> QueueConfig:
+    """A QueueConfig from QUEUE_OK, ignoring settings this SDK version does not know."""
+    known = {k: v for k, v in reply.settings.items() if k in _QUEUE_SETTINGS}
+    return QueueConfig(name=reply.name, subscriptions=reply.subscriptions, **known)  # type: ignore[arg-type]
+
+
+__all__ = ["DEFAULT_URL", "Client", "parse_url", "queue_config"]

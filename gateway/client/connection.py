@@ -1,0 +1,245 @@
+"""One native-protocol TCP connection: handshake, pipelined requests, dispatch, heartbeat.
+
+How it works: a reader task feeds socket bytes to the sans-IO ``ClientConnection`` and
+handles each event. Responses resolve the future registered under their request id (after
+running an optional synchronous ``on_response`` hook, so a BIND_OK registers its flow
+before the DELIVERs that follow it are dispatched). DELIVER and PARTITIONS_CHANGED go to
+the ``FlowHandler`` registered for their flow id. A heartbeat task pings the gateway and
+aborts the socket when PONGs stop. Whatever ends the connection — EOF, a socket error, a
+protocol error, CLOSE, ``close()`` — fails every pending future with ``ConnectionLost``
+and calls ``on_lost`` once. This object never reconnects; ``robust.py`` does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ssl
+from collections.abc import Callable
+from typing import Final, Protocol
+
+from core.errors import KeygateError
+from gateway.client.errors import ConnectionLost, error_from_code
+from protocols.native import (
+    ClientConnection,
+    Close,
+    Deliver,
+    Error,
+    Event,
+    Hello,
+    HelloOk,
+    NativeProtocolError,
+    PartitionsChanged,
+    Ping,
+    Pong,
+)
+
+_READ_SIZE: Final = 256 * 1024
+
+
+class FlowHandler(Protocol):
+    def on_deliver(self, event: Deliver) -> None: ...
+
+    def on_partitions_changed(self, event: PartitionsChanged) -> None: ...
+
+
+class Connection:
+    """A connected, handshaken native connection. Create with ``Connection.open``."""
+
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        proto: ClientConnection,
+        on_lost: Callable[[Connection, BaseException], None],
+    ) -> None:
+        self._reader = reader
+        self._writer = writer
+        self._proto = proto
+        self._on_lost = on_lost
+        self._pending: dict[int, tuple[asyncio.Future[Event], Callable[[Event], None] | None]] = {}
+        self.flows: dict[str, FlowHandler] = {}
+        self.lost: BaseException | None = None
+        self._closed = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    @classmethod
+    async def open(
+        cls,
+        host: str,
+        port: int,
+        hello: Hello,
+        *,
+        ssl_context: ssl.SSLContext | None,
+        connect_timeout: float,
+        heartbeat: float,
+        on_lost: Callable[[Connection, BaseException], None],
+    ) -> Connection:
+        """Connect and handshake within ``connect_timeout``. Raises OSError/TimeoutError for the
+        network, the gateway's error (e.g. AuthenticationFailed) when it refuses."""
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection(host, port, ssl=ssl_context, limit=_READ_SIZE),
+            connect_timeout,
+        )
+        proto = ClientConnection(max_frame=hello.max_frame)
+        try:
+            writer.write(proto.send(hello))
+            async with asyncio.timeout(connect_timeout):
+                reply = await cls._handshake(reader, proto)
+        except BaseException:
+            writer.close()
+            raise
+        if isinstance(reply, Error):
+            writer.close()
+            raise error_from_code(reply.code, reply.text)
+        conn = cls(reader, writer, proto, on_lost)
+        conn._tasks.append(asyncio.create_task(conn._read_loop(), name="keygate-reader"))
+        if heartbeat > 0:
+            conn._tasks.append(
+                asyncio.create_task(conn._heartbeat(heartbeat), name="keygate-heartbeat")
+            )
+        return conn
+
+    @staticmethod
+    async def _handshake(reader: asyncio.StreamReader, proto: ClientConnection) -> Event:
+        while True:
+            event = proto.next_event()
+            if isinstance(event, HelloOk | Error):
+                return event
+            if isinstance(event, Close):
+                raise ConnectionLost(f"gateway closed the connection: {event.reason}")
+            data = await reader.read(_READ_SIZE)
+            if not data:
+                raise ConnectionLost("gateway closed the connection during the handshake")
+            proto.receive_data(data)
+
+    @property
+    def session_id(self) -> str | None:
+        return self._proto.session_id
+
+    @property
+    def is_open(self) -> bool:
+        return self.lost is None
+
+    def send(self, event: Event) -> None:
+        """Queue a frame that expects no response (ACK, NACK, CREDIT with id 0)."""
+        if self.lost is not None:
+            raise ConnectionLost(f"connection lost: {self.lost}") from self.lost
+        self._writer.write(self._proto.send(event))
+
+    async def request(
+        self,
+        make: Callable[[int], Event],
+        on_response: Callable[[Event], None] | None = None,
+    ) -> Event:
+        """Send ``make(request_id)`` and wait for its response. Blocks until the response
+        arrives; raises the gateway's error for ERROR, ConnectionLost if the connection
+        ends first. ``on_response`` runs in the reader, before later frames are handled."""
+        if self.lost is not None:
+            raise ConnectionLost(f"connection lost: {self.lost}") from self.lost
+        rid = self._proto.next_request_id()
+        future: asyncio.Future[Event] = asyncio.get_running_loop().create_future()
+        self._pending[rid] = (future, on_response)
+        try:
+            self._writer.write(self._proto.send(make(rid)))
+        except BaseException:
+            del self._pending[rid]
+            raise
+        # A failed drain means the socket died: the reader fails the future for us.
+        with contextlib.suppress(OSError):
+            await self._writer.drain()
+        return await future
+
+    async def drain(self) -> None:
+        await self._writer.drain()
+
+    async def _read_loop(self) -> None:
+        reason: BaseException = ConnectionLost("gateway closed the connection")
+        try:
+            while True:
+                while (event := self._proto.next_event()) is not None:
+                    self._handle(event)
+                data = await self._reader.read(_READ_SIZE)
+                if not data:
+                    break
+                self._proto.receive_data(data)
+        except (OSError, NativeProtocolError, KeygateError) as e:
+            reason = e
+        except asyncio.CancelledError:
+            reason = ConnectionLost("connection closed by the client")
+        self._lose(reason)
+
+    def _handle(self, event: Event) -> None:
+        if isinstance(event, Deliver):
+            flow = self.flows.get(event.flow_id)
+            if flow is not None:
+                flow.on_deliver(event)
+        elif isinstance(event, PartitionsChanged):
+            flow = self.flows.get(event.flow_id)
+            if flow is not None:
+                flow.on_partitions_changed(event)
+        elif isinstance(event, Ping):
+            self._writer.write(self._proto.send(Pong(request_id=event.request_id)))
+        elif isinstance(event, Close):
+            raise ConnectionLost(f"gateway closed the connection: {event.reason}")
+        elif isinstance(event, Error) and event.request_id == 0:
+            raise error_from_code(event.code, event.text)
+        else:
+            future, on_response = self._pending.pop(event.request_id, (None, None))
+            if future is None or future.done():
+                return
+            if isinstance(event, Error):
+                future.set_exception(error_from_code(event.code, event.text))
+                return
+            if on_response is not None:
+                on_response(event)
+            future.set_result(event)
+
+    async def _heartbeat(self, interval: float) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                async with asyncio.timeout(2 * interval):
+                    await self.request(lambda rid: Ping(request_id=rid))
+            except TimeoutError:
+                self._writer.transport.abort()
+                return
+            except KeygateError:
+                return
+
+    def _lose(self, reason: BaseException) -> None:
+        if self.lost is not None:
+            return
+        self.lost = reason
+        error = ConnectionLost(f"connection lost: {reason}")
+        error.__cause__ = reason
+        for future, _ in self._pending.values():
+            if not future.done():
+                future.set_exception(error)
+        self._pending.clear()
+        for task in self._tasks:
+            if task is not asyncio.current_task():
+                task.cancel()
+        self._writer.close()
+        self._closed.set()
+        self._on_lost(self, reason)
+
+    def abort(self) -> None:
+        """Drop the socket at once, no CLOSE: to the gateway this is a network cut."""
+        self._writer.transport.abort()
+
+    async def close(self, reason: str = "client closing") -> None:
+        """Send CLOSE and close the socket; waits until the reader has stopped."""
+        if self.lost is None:
+            with contextlib.suppress(OSError, RuntimeError):
+                self._writer.write(self._proto.send(Close(reason=reason)))
+                await self._writer.drain()
+            for task in self._tasks:
+                task.cancel()
+            self._lose(ConnectionLost("connection closed by the client"))
+        await self._closed.wait()
+        with contextlib.suppress(OSError, ConnectionError):
+            await self._writer.wait_closed()
+
+
+__all__ = ["Connection", "FlowHandler"]
