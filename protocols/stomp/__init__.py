@@ -1,1 +1,53 @@
-"""keygate."""
+"""STOMP 1.0, 1.1 and 1.2 for publishers: sans-IO codec and connection, asyncio listener."""
+
+from protocols.stomp.codec import Codec
+from protocols.stomp.connection import (
+    HEARTBEAT,
+    Commit,
+    Connect,
+    Disconnect,
+    Event,
+    Publish,
+    ReceiptRequest,
+    ServerConnection,
+    State,
+)
+from protocols.stomp.frames import (
+    SUPPORTED_VERSIONS,
+    Frame,
+    FrameTooLarge,
+    InvalidDestination,
+    InvalidFrame,
+    StompProtocolError,
+    TransactionTooLarge,
+    UnsupportedFrame,
+    UnsupportedVersion,
+    Version,
+)
+from protocols.stomp.listener import StompListener
+from protocols.stomp.mapping import publication_from_send
+
+__all__ = [
+    "HEARTBEAT",
+    "SUPPORTED_VERSIONS",
+    "Codec",
+    "Commit",
+    "Connect",
+    "Disconnect",
+    "Event",
+    "Frame",
+    "FrameTooLarge",
+    "InvalidDestination",
+    "InvalidFrame",
+    "Publish",
+    "ReceiptRequest",
+    "ServerConnection",
+    "State",
+    "StompListener",
+    "StompProtocolError",
+    "TransactionTooLarge",
+    "UnsupportedFrame",
+    "UnsupportedVersion",
+    "Version",
+    "publication_from_send",
+]

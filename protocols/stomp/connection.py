@@ -1,0 +1,346 @@
+"""The sans-IO STOMP server connection: frames in, requests for the gateway out.
+
+How it works: ``receive_data`` feeds the codec; ``next_event`` turns the next client frame
+into one of the events below, or buffers it (a SEND inside a transaction), or raises a
+``StompProtocolError`` carrying the ``receipt-id`` the ERROR frame must echo. Which
+commands a state accepts is data (``_ACCEPTS``). The caller answers with the methods that
+return bytes: ``connected`` after authentication, ``receipt`` once the work a frame asked
+for is committed, ``error`` for any failure (the connection is then closed, as STOMP says
+after an ERROR frame), ``HEARTBEAT`` for an idle line.
+
+Transactions live here: BEGIN opens a buffer, transactional SENDs go into it, COMMIT hands
+the whole buffer to the caller as one ``Commit`` (stored with ``Sink.publish_many``, one
+SQL transaction), ABORT and DISCONNECT drop it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Final, TypeAlias
+
+from core.errors import (
+    AuthenticationFailed,
+    AuthError,
+    KeygateError,
+    MessageTooLarge,
+    NoRoute,
+    NotFound,
+    PermissionDenied,
+    QueueFull,
+    StorageError,
+    Unavailable,
+)
+from core.model import Publication
+from protocols.stomp.codec import DEFAULT_MAX_FRAME_SIZE, DEFAULT_MAX_HEADERS, Codec
+from protocols.stomp.frames import (
+    SUPPORTED_VERSIONS,
+    Frame,
+    InvalidFrame,
+    StompProtocolError,
+    TransactionTooLarge,
+    UnsupportedFrame,
+    UnsupportedVersion,
+    Version,
+)
+from protocols.stomp.mapping import publication_from_send
+
+HEARTBEAT: Final = b"\n"
+MAX_OPEN_TRANSACTIONS: Final = 64
+MAX_TRANSACTION_MESSAGES: Final = 10_000
+MAX_TRANSACTION_BYTES: Final = 64 * 1024 * 1024
+# A client is dropped after this many of its negotiated heart-beat intervals of silence
+# (the spec leaves the margin to the implementation; stomp.py itself allows 1.5).
+HEARTBEAT_TOLERANCE: Final = 2.0
+
+
+class State(Enum):
+    AWAITING_CONNECT = "awaiting-connect"
+    AUTHENTICATING = "authenticating"
+    CONNECTED = "connected"
+    CLOSED = "closed"
+
+
+_CONSUMING: Final = frozenset({"SUBSCRIBE", "UNSUBSCRIBE", "ACK", "NACK"})
+_ACCEPTS: Final = {
+    State.AWAITING_CONNECT: frozenset({"CONNECT", "STOMP"}),
+    State.AUTHENTICATING: frozenset[str](),
+    State.CONNECTED: frozenset({"SEND", "BEGIN", "COMMIT", "ABORT", "DISCONNECT"}) | _CONSUMING,
+    State.CLOSED: frozenset[str](),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Connect:
+    """CONNECT or STOMP, version already negotiated; authenticate, then ``connected()``."""
+
+    version: Version
+    login: str | None
+    passcode: str | None
+    host: str | None
+    heartbeat: tuple[int, int]
+    client_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Publish:
+    """A SEND outside any transaction."""
+
+    publication: Publication
+    receipt: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Commit:
+    """COMMIT: every SEND of the transaction, in order, to be stored atomically."""
+
+    transaction: str
+    publications: tuple[Publication, ...]
+    receipt: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ReceiptRequest:
+    """A frame with nothing to store (BEGIN, ABORT, a transactional SEND) asked a receipt."""
+
+    receipt: str
+
+
+@dataclass(frozen=True, slots=True)
+class Disconnect:
+    receipt: str | None
+
+
+Event: TypeAlias = Connect | Publish | Commit | ReceiptRequest | Disconnect
+
+# The ERROR frame's short ``message`` header for each gateway error.
+_ERROR_MESSAGES: Final[tuple[tuple[type[KeygateError], str], ...]] = (
+    (NoRoute, "unknown destination"),
+    (NotFound, "unknown destination"),
+    (AuthenticationFailed, "authentication failed"),
+    (PermissionDenied, "not authorized"),
+    (AuthError, "not authorized"),
+    (MessageTooLarge, "message too large"),
+    (QueueFull, "queue full"),
+    (StorageError, "storage failure"),
+    (Unavailable, "server unavailable"),
+)
+
+
+def _error_message(exc: KeygateError) -> str:
+    if isinstance(exc, StompProtocolError):
+        return exc.stomp_message
+    for cls, text in _ERROR_MESSAGES:
+        if isinstance(exc, cls):
+            return text
+    return "rejected"
+
+
+def _negotiate(frame: Frame) -> Version:
+    offered = frame.header("accept-version")
+    if offered is None:
+        return Version.V1_0
+    versions = {v.strip() for v in offered.split(",")}
+    for version in reversed(SUPPORTED_VERSIONS):
+        if version.value in versions:
+            return version
+    raise UnsupportedVersion(
+        f"none of the offered versions {offered!r} is supported",
+        headers=(("version", ",".join(SUPPORTED_VERSIONS)),),
+    )
+
+
+def _heartbeat(frame: Frame, version: Version) -> tuple[int, int]:
+    raw = frame.header("heart-beat")
+    if raw is None or version is Version.V1_0:
+        return 0, 0
+    parts = raw.split(",")
+    if len(parts) != 2 or not all(p.strip().isascii() and p.strip().isdigit() for p in parts):
+        raise InvalidFrame(f"invalid heart-beat header {raw[:40]!r}: want 'cx,cy'")
+    return int(parts[0]), int(parts[1])
+
+
+class ServerConnection:
+    """One client connection's protocol state. No I/O: see ``protocols.stomp.listener``."""
+
+    def __init__(
+        self,
+        *,
+        server: str = "keygate",
+        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+        max_headers: int = DEFAULT_MAX_HEADERS,
+        heartbeat: tuple[int, int] = (10_000, 10_000),
+    ) -> None:
+        self.server = server
+        self.heartbeat = heartbeat
+        self.state = State.AWAITING_CONNECT
+        self.version = Version.V1_0
+        self.codec = Codec(max_frame_size=max_frame_size, max_headers=max_headers)
+        self.producer = "stomp"
+        # Seconds between our heart-beats / of client silence tolerated; None = off.
+        self.send_interval: float | None = None
+        self.receive_timeout: float | None = None
+        self._client_heartbeat = (0, 0)
+        self._client_id: str | None = None
+        self._transactions: dict[str, list[Publication]] = {}
+        self._transaction_bytes = 0
+
+    def receive_data(self, data: bytes) -> None:
+        self.codec.receive_data(data)
+
+    def next_event(self) -> Event | None:
+        """The next event, None when more bytes are needed, or a StompProtocolError."""
+        while self.state in (State.AWAITING_CONNECT, State.CONNECTED):
+            frame = self.codec.next_event()
+            if frame is None:
+                return None
+            event = self._handle(frame)
+            if event is not None:
+                return event
+        return None
+
+    def _handle(self, frame: Frame) -> Event | None:
+        receipt = frame.header("receipt")
+        if frame.command not in _ACCEPTS[self.state]:
+            raise InvalidFrame(
+                f"{frame.command} frame not allowed in state {self.state.value!r}",
+                receipt_id=receipt,
+            )
+        if frame.command in _CONSUMING:
+            raise UnsupportedFrame(
+                f"{frame.command}: consuming over STOMP is not offered; keygate accepts "
+                "SEND, BEGIN, COMMIT, ABORT and DISCONNECT (consume with the native SDK)",
+                receipt_id=receipt,
+            )
+        if frame.command in ("CONNECT", "STOMP"):
+            return self._connect(frame)
+        if frame.command == "DISCONNECT":
+            self.state = State.CLOSED
+            self._drop_transactions()
+            return Disconnect(receipt)
+        if frame.command == "SEND":
+            return self._send(frame, receipt)
+        transaction = frame.header("transaction")
+        if transaction is None:
+            raise InvalidFrame(
+                f"{frame.command} frame without a transaction header", receipt_id=receipt
+            )
+        if frame.command == "BEGIN":
+            if transaction in self._transactions:
+                raise InvalidFrame(f"transaction {transaction!r} already begun", receipt_id=receipt)
+            if len(self._transactions) >= MAX_OPEN_TRANSACTIONS:
+                raise TransactionTooLarge(
+                    f"more than {MAX_OPEN_TRANSACTIONS} open transactions", receipt_id=receipt
+                )
+            self._transactions[transaction] = []
+            return ReceiptRequest(receipt) if receipt is not None else None
+        publications = self._end_transaction(transaction, receipt)
+        if frame.command == "COMMIT":
+            return Commit(transaction, tuple(publications), receipt)
+        return ReceiptRequest(receipt) if receipt is not None else None
+
+    def _connect(self, frame: Frame) -> Connect:
+        version = _negotiate(frame)
+        heartbeat = _heartbeat(frame, version)
+        self.version = version
+        self.codec.version = version
+        self._client_heartbeat = heartbeat
+        self._client_id = frame.header("client-id")
+        self.state = State.AUTHENTICATING
+        return Connect(
+            version,
+            frame.header("login"),
+            frame.header("passcode"),
+            frame.header("host"),
+            heartbeat,
+            frame.header("client-id"),
+        )
+
+    def _send(self, frame: Frame, receipt: str | None) -> Event | None:
+        publication = publication_from_send(frame, self.producer)
+        transaction = frame.header("transaction")
+        if transaction is None:
+            return Publish(publication, receipt)
+        buffered = self._transactions.get(transaction)
+        if buffered is None:
+            raise InvalidFrame(f"unknown transaction {transaction!r}", receipt_id=receipt)
+        self._transaction_bytes += len(publication.payload)
+        if (
+            len(buffered) >= MAX_TRANSACTION_MESSAGES
+            or self._transaction_bytes > MAX_TRANSACTION_BYTES
+        ):
+            raise TransactionTooLarge(
+                f"transactions may buffer up to {MAX_TRANSACTION_MESSAGES} messages and "
+                f"{MAX_TRANSACTION_BYTES} bytes per connection",
+                receipt_id=receipt,
+            )
+        buffered.append(publication)
+        return ReceiptRequest(receipt) if receipt is not None else None
+
+    def _end_transaction(self, transaction: str, receipt: str | None) -> list[Publication]:
+        publications = self._transactions.pop(transaction, None)
+        if publications is None:
+            raise InvalidFrame(f"unknown transaction {transaction!r}", receipt_id=receipt)
+        self._transaction_bytes -= sum(len(p.payload) for p in publications)
+        return publications
+
+    def _drop_transactions(self) -> None:
+        self._transactions.clear()
+        self._transaction_bytes = 0
+
+    def connected(self, session: str) -> bytes:
+        """The CONNECTED frame; fixes the heart-beat intervals both ways.
+
+        The producer of every message is ``stomp:<client-id>`` when CONNECT named one (so
+        that ``message-id`` dedup spans reconnects), else ``stomp:<session>``.
+        """
+        if self.state is not State.AUTHENTICATING:
+            raise RuntimeError(f"connected() in state {self.state}")
+        self.state = State.CONNECTED
+        self.producer = f"stomp:{self._client_id or session}"
+        headers = [("version", self.version.value), ("server", self.server), ("session", session)]
+        if self.version is not Version.V1_0:
+            sx, sy = self.heartbeat
+            cx, cy = self._client_heartbeat
+            headers.append(("heart-beat", f"{sx},{sy}"))
+            if sx and cy:
+                self.send_interval = max(sx, cy) / 1000.0
+            if cx and sy:
+                self.receive_timeout = max(cx, sy) * HEARTBEAT_TOLERANCE / 1000.0
+        return self.codec.send(Frame("CONNECTED", tuple(headers)))
+
+    def receipt(self, receipt_id: str) -> bytes:
+        return self.codec.send(Frame("RECEIPT", (("receipt-id", receipt_id),)))
+
+    def error(self, exc: KeygateError, receipt_id: str | None = None) -> bytes:
+        """The ERROR frame for ``exc``; the connection is closed from now on."""
+        self.state = State.CLOSED
+        self._drop_transactions()
+        if isinstance(exc, StompProtocolError):
+            receipt_id = receipt_id or exc.receipt_id
+            extra = exc.headers
+        else:
+            extra = ()
+        body = f"{exc.code}: {exc.message}\n".encode()
+        headers = [("message", _error_message(exc))]
+        if receipt_id is not None:
+            headers.append(("receipt-id", receipt_id))
+        headers += [
+            *extra,
+            ("content-type", "text/plain"),
+            ("content-length", str(len(body))),
+        ]
+        return self.codec.send(Frame("ERROR", tuple(headers), body))
+
+
+__all__ = [
+    "HEARTBEAT",
+    "Commit",
+    "Connect",
+    "Disconnect",
+    "Event",
+    "Publish",
+    "ReceiptRequest",
+    "ServerConnection",
+    "State",
+]

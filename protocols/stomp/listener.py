@@ -1,0 +1,432 @@
+"""The asyncio STOMP listener: sockets around ``ServerConnection``.
+
+How it works, per connection (``_Session``), four tasks owned by the session and cancelled
+together when it ends:
+
+- the reader feeds bytes to the connection and pushes each event into an ordered
+  pipeline. CONNECT is handled inline (nothing may follow it until it is accepted).
+- the worker takes events from the pipeline in order. A run of consecutive plain SENDs
+  that piled up while the previous write was committing is stored together with one
+  ``Sink.publish_many``, so the reader never waits for a commit before reading the next
+  frame (pipelining) while the store order is the send order: there is never more than
+  one write of a connection in flight. RECEIPTs are written after the write returned,
+  i.e. after commit. If a batch is rejected, its SENDs are retried one by one so that
+  those before the culprit are stored and receipted and the culprit gets the ERROR.
+  COMMIT is one ``publish_many`` of the transaction's SENDs.
+- the writer drains a bounded queue of frames to the socket.
+- the heart-beat task sends EOLs when we have been silent and drops a client silent for
+  longer than its negotiated interval times ``HEARTBEAT_TOLERANCE``.
+
+The pipeline is bounded (messages and bytes): when it is full the reader stops reading,
+which pushes back on the client through TCP. Every failure becomes an ERROR frame
+written after the work queued before it, and then the connection is closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import ssl
+from collections import deque
+from typing import Final, TypeAlias
+
+from core.errors import KeygateError, StorageError, Unavailable
+from core.model import Publication
+from protocols.sink import Principal, Sink
+from protocols.stomp.codec import DEFAULT_MAX_HEADERS
+from protocols.stomp.connection import (
+    HEARTBEAT,
+    Commit,
+    Connect,
+    Disconnect,
+    Publish,
+    ReceiptRequest,
+    ServerConnection,
+    State,
+)
+
+log = logging.getLogger(__name__)
+
+READ_SIZE: Final = 256 * 1024
+HEADER_ALLOWANCE: Final = 64 * 1024  # frame size beyond the largest message body
+MAX_PENDING_OPS: Final = 4096
+MAX_PENDING_BYTES: Final = 16 * 1024 * 1024
+MAX_BATCH: Final = 1024
+MAX_BATCH_BYTES: Final = 4 * 1024 * 1024
+WRITE_QUEUE_DEPTH: Final = 1024
+CLOSE_TIMEOUT: Final = 5.0
+LINGER: Final = 1.0
+DEFAULT_HEARTBEAT: Final = (10_000, 10_000)
+DEFAULT_CONNECT_TIMEOUT: Final = 30.0
+
+
+class _Fatal:
+    """Pipeline marker: write this ERROR after everything queued before it, then close."""
+
+    __slots__ = ("error", "receipt")
+
+    def __init__(self, error: KeygateError, receipt: str | None = None) -> None:
+        self.error = error
+        self.receipt = receipt
+
+
+class _End:
+    """Pipeline marker: the client went away; finish what is queued and close."""
+
+    __slots__ = ()
+
+
+_Op: TypeAlias = Publish | Commit | ReceiptRequest | Disconnect | _Fatal | _End
+
+
+def _op_size(op: _Op) -> int:
+    if isinstance(op, Publish):
+        return len(op.publication.payload)
+    if isinstance(op, Commit):
+        return sum(len(p.payload) for p in op.publications)
+    return 0
+
+
+class _Pipeline:
+    """The ordered, bounded queue between a session's reader and its worker."""
+
+    def __init__(self) -> None:
+        self._ops: deque[_Op] = deque()
+        self._bytes = 0
+        self._ready = asyncio.Event()
+        self._space = asyncio.Event()
+
+    async def put(self, op: _Op) -> None:
+        while self._ops and (len(self._ops) >= MAX_PENDING_OPS or self._bytes >= MAX_PENDING_BYTES):
+            self._space.clear()
+            await self._space.wait()
+        self.put_nowait(op)
+
+    def put_nowait(self, op: _Op) -> None:
+        self._ops.append(op)
+        self._bytes += _op_size(op)
+        self._ready.set()
+
+    async def take(self) -> list[_Op]:
+        """The next op, or the longest run of plain SENDs within the batch bounds."""
+        while not self._ops:
+            self._ready.clear()
+            await self._ready.wait()
+        batch: list[_Op] = [self._ops.popleft()]
+        size = _op_size(batch[0])
+        if isinstance(batch[0], Publish):
+            while (
+                self._ops
+                and isinstance(self._ops[0], Publish)
+                and len(batch) < MAX_BATCH
+                and size < MAX_BATCH_BYTES
+            ):
+                op = self._ops.popleft()
+                batch.append(op)
+                size += _op_size(op)
+        self._bytes -= size
+        self._space.set()
+        return batch
+
+
+class _Session:
+    def __init__(
+        self,
+        listener: StompListener,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+    ) -> None:
+        self._listener = listener
+        self._sink = listener.sink
+        self._reader = reader
+        self._writer = writer
+        self._conn = ServerConnection(
+            server=listener.server_name,
+            max_frame_size=listener.max_frame_size,
+            max_headers=listener.max_headers,
+            heartbeat=listener.heartbeat,
+        )
+        self._pipeline = _Pipeline()
+        self._writes: asyncio.Queue[bytes | None] = asyncio.Queue(WRITE_QUEUE_DEPTH)
+        self._principal = Principal(None, "stomp")
+        self._loop = asyncio.get_running_loop()
+        self._last_received = self._loop.time()
+        self._last_sent = self._loop.time()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._reader_task: asyncio.Task[None] | None = None
+        self._broken = False  # the socket failed: frames for the client are dropped
+        peer = writer.get_extra_info("peername")
+        self._peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+
+    async def run(self) -> None:
+        """Serve the connection until it ends; every task it started is ended with it."""
+        writer_task = asyncio.create_task(self._write_loop())
+        self._reader_task = asyncio.create_task(self._read_loop())
+        self._tasks += [writer_task, self._reader_task]
+        try:
+            await self._work_loop()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(CLOSE_TIMEOUT):
+                    await self._writes.put(None)
+                    await writer_task
+            await self._linger()
+        finally:
+            for task in self._tasks:
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            self._writer.close()
+            with contextlib.suppress(OSError, TimeoutError):
+                async with asyncio.timeout(CLOSE_TIMEOUT):
+                    await self._writer.wait_closed()
+
+    async def _linger(self) -> None:
+        """Half-close, then discard input until the client closes (STOMP "Connection
+        Lingering"): closing a socket with unread input sends a reset, which can make the
+        client drop the ERROR or RECEIPT frame it has not read yet."""
+        if self._reader_task is not None:
+            self._reader_task.cancel()
+            await asyncio.gather(self._reader_task, return_exceptions=True)
+        if self._broken or not self._writer.can_write_eof():
+            return
+        with contextlib.suppress(OSError, TimeoutError):
+            self._writer.write_eof()
+            async with asyncio.timeout(LINGER):
+                while await self._reader.read(READ_SIZE):
+                    pass
+
+    def stop(self) -> None:
+        """Stop reading; what is already queued is still stored and confirmed."""
+        if self._reader_task is not None:
+            self._reader_task.cancel()
+        self._pipeline.put_nowait(_End())
+
+    async def _read_loop(self) -> None:
+        conn = self._conn
+        try:
+            while conn.state is not State.CLOSED:
+                if conn.state is State.AWAITING_CONNECT:
+                    async with asyncio.timeout(self._listener.connect_timeout):
+                        data = await self._reader.read(READ_SIZE)
+                else:
+                    data = await self._reader.read(READ_SIZE)
+                if not data:
+                    break
+                self._last_received = self._loop.time()
+                conn.receive_data(data)
+                while (event := conn.next_event()) is not None:
+                    if isinstance(event, Connect):
+                        if not await self._connect(event):
+                            return
+                    else:
+                        await self._pipeline.put(event)
+        except KeygateError as e:
+            log.info("stomp %s: protocol error: %s", self._peer, e.message)
+            await self._pipeline.put(_Fatal(e))
+            return
+        except TimeoutError:
+            log.info(
+                "stomp %s: no CONNECT within %.0fs", self._peer, self._listener.connect_timeout
+            )
+        except OSError as e:
+            log.info("stomp %s: read failed: %s", self._peer, e)
+        if conn.state is not State.CLOSED:
+            self._pipeline.put_nowait(_End())
+
+    async def _connect(self, event: Connect) -> bool:
+        session = secrets.token_hex(8)
+        try:
+            self._principal = await self._sink.authenticate(
+                event.login, event.passcode, protocol="stomp", client_id=event.client_id or session
+            )
+        except KeygateError as e:
+            log.info("stomp %s: CONNECT refused: %s", self._peer, e.message)
+            await self._pipeline.put(_Fatal(e))
+            return False
+        await self._write(self._conn.connected(session))
+        if self._conn.send_interval or self._conn.receive_timeout:
+            self._tasks.append(asyncio.create_task(self._heartbeat_loop()))
+        return True
+
+    async def _work_loop(self) -> None:
+        while True:
+            batch = await self._pipeline.take()
+            op = batch[0]
+            if isinstance(op, Publish):
+                if not await self._store(batch):
+                    return
+            elif isinstance(op, Commit):
+                if not await self._commit(op):
+                    return
+            elif isinstance(op, ReceiptRequest):
+                await self._write(self._conn.receipt(op.receipt))
+            elif isinstance(op, Disconnect):
+                if op.receipt is not None:
+                    await self._write(self._conn.receipt(op.receipt))
+                return
+            elif isinstance(op, _Fatal):
+                await self._write(self._conn.error(op.error, op.receipt))
+                return
+            else:
+                return
+
+    async def _store(self, batch: list[_Op]) -> bool:
+        sends = [op for op in batch if isinstance(op, Publish)]
+        try:
+            await self._publish([s.publication for s in sends])
+        except (StorageError, Unavailable) as e:
+            # Nothing of the batch was stored, and retrying one by one would fail alike.
+            return await self._fail(e, next((s.receipt for s in sends if s.receipt), None))
+        except KeygateError as e:
+            if len(sends) == 1:
+                return await self._fail(e, sends[0].receipt)
+            # One SEND spoiled the batch: find it, storing those before it.
+            for send in sends:
+                try:
+                    await self._publish([send.publication])
+                except KeygateError as e2:
+                    return await self._fail(e2, send.receipt)
+                if send.receipt is not None:
+                    await self._write(self._conn.receipt(send.receipt))
+            return True
+        for send in sends:
+            if send.receipt is not None:
+                await self._write(self._conn.receipt(send.receipt))
+        return True
+
+    async def _commit(self, commit: Commit) -> bool:
+        try:
+            if commit.publications:
+                await self._publish(list(commit.publications))
+        except KeygateError as e:
+            return await self._fail(e, commit.receipt)
+        if commit.receipt is not None:
+            await self._write(self._conn.receipt(commit.receipt))
+        return True
+
+    async def _publish(self, publications: list[Publication]) -> None:
+        """Store and commit; any unexpected failure becomes a KeygateError."""
+        try:
+            if len(publications) == 1:
+                await self._sink.publish(self._principal, publications[0])
+            else:
+                await self._sink.publish_many(self._principal, publications)
+        except KeygateError:
+            raise
+        except Exception as e:
+            log.exception("stomp %s: publish failed unexpectedly", self._peer)
+            raise Unavailable("internal server error") from e
+
+    async def _fail(self, error: KeygateError, receipt: str | None) -> bool:
+        log.info("stomp %s: %s: %s", self._peer, error.code, error.message)
+        await self._write(self._conn.error(error, receipt))
+        return False
+
+    async def _write(self, data: bytes) -> None:
+        if not self._broken:
+            await self._writes.put(data)
+
+    async def _write_loop(self) -> None:
+        writer = self._writer
+        try:
+            while (data := await self._writes.get()) is not None:
+                writer.write(data)
+                while not self._writes.empty():
+                    more = self._writes.get_nowait()
+                    if more is None:
+                        await writer.drain()
+                        return
+                    writer.write(more)
+                self._last_sent = self._loop.time()
+                await writer.drain()
+        except OSError as e:
+            log.info("stomp %s: write failed: %s", self._peer, e)
+            self._broken = True
+            self.stop()
+
+    async def _heartbeat_loop(self) -> None:
+        send_every = self._conn.send_interval
+        timeout = self._conn.receive_timeout
+        tick = min(x for x in (send_every, timeout) if x) / 4
+        while True:
+            await asyncio.sleep(tick)
+            now = self._loop.time()
+            if timeout is not None and now - self._last_received > timeout:
+                log.info("stomp %s: no heart-beat for %.1fs, closing", self._peer, timeout)
+                self.stop()
+                return
+            if send_every is not None and now - self._last_sent + tick >= send_every:
+                self._last_sent = now
+                await self._write(HEARTBEAT)
+
+
+class StompListener:
+    """A STOMP 1.0/1.1/1.2 server for publishers (``protocols.sink.Listener``).
+
+    ``max_frame_size`` None = the sink's largest message plus 64 KiB of headers.
+    ``heartbeat`` is the server's (sx, sy) in milliseconds, as in the CONNECTED frame.
+    """
+
+    def __init__(
+        self,
+        sink: Sink,
+        *,
+        max_frame_size: int | None = None,
+        max_headers: int = DEFAULT_MAX_HEADERS,
+        name: str = "stomp",
+        heartbeat: tuple[int, int] = DEFAULT_HEARTBEAT,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        server_name: str = "keygate",
+    ) -> None:
+        self.sink = sink
+        self.name = name
+        self.max_frame_size = (
+            max_frame_size
+            if max_frame_size is not None
+            else sink.max_message_size + HEADER_ALLOWANCE
+        )
+        self.max_headers = max_headers
+        self.heartbeat = heartbeat
+        self.connect_timeout = connect_timeout
+        self.server_name = server_name
+        self._server: asyncio.Server | None = None
+        self._sessions: dict[_Session, asyncio.Task[None]] = {}
+
+    async def start(self, host: str, port: int, ssl_context: ssl.SSLContext | None) -> int:
+        self._server = await asyncio.start_server(
+            self._serve, host, port, ssl=ssl_context, limit=READ_SIZE
+        )
+        bound: int = self._server.sockets[0].getsockname()[1]
+        log.info("stomp listener %s on %s:%d", self.name, host, bound)
+        return bound
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        session = _Session(self, reader, writer)
+        task = asyncio.current_task()
+        assert task is not None
+        self._sessions[session] = task
+        try:
+            await session.run()
+        except Exception:
+            log.exception("stomp connection failed unexpectedly")
+        finally:
+            self._sessions.pop(session, None)
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        sessions = dict(self._sessions)
+        for session in sessions:
+            session.stop()
+        if sessions:
+            _, pending = await asyncio.wait(sessions.values(), timeout=CLOSE_TIMEOUT * 2)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        if self._server is not None:
+            await self._server.wait_closed()
+            self._server = None
+
+
+__all__ = ["StompListener"]

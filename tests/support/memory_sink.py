@@ -1,0 +1,155 @@
+"""An in-memory ``protocols.sink.Sink`` for unit tests of the protocol listeners.
+
+It stores publications in a list, routes topics with ``core.topics``, and lets a test
+stall commits (to prove a confirm waits for the commit) or make them fail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+from core.errors import (
+    AlreadyExists,
+    AuthenticationFailed,
+    MessageTooLarge,
+    NoRoute,
+    QueueFull,
+    QueueNotFound,
+    StorageError,
+)
+from core.model import DEFAULT_MAX_MESSAGE_SIZE, Publication, QueueConfig
+from core.topics import SubscriptionIndex
+from protocols.sink import Principal, Receipt
+
+
+@dataclass
+class Stored:
+    queue: str
+    publication: Publication
+    message_id: str
+
+
+@dataclass
+class MemorySink:
+    """Set ``users`` to require credentials; ``gate`` (cleared) to stall commits."""
+
+    users: dict[str, str] | None = None
+    queues: dict[str, QueueConfig] = field(default_factory=dict)
+    stored: list[Stored] = field(default_factory=list)
+    fail_writes: bool = False
+    blocked: bool = False
+    max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
+    gate: asyncio.Event = field(default_factory=asyncio.Event)
+    stored_event: asyncio.Event = field(default_factory=asyncio.Event)
+    _index: SubscriptionIndex = field(default_factory=SubscriptionIndex)
+    _ids: itertools.count[int] = field(default_factory=itertools.count)
+
+    def __post_init__(self) -> None:
+        self.gate.set()
+
+    async def authenticate(
+        self, username: str | None, password: str | None, *, protocol: str, client_id: str | None
+    ) -> Principal:
+        if self.users is not None and self.users.get(username or "") != password:
+            raise AuthenticationFailed("bad username or password")
+        return Principal(username, protocol, client_id)
+
+    def _route(self, publication: Publication) -> list[QueueConfig]:
+        if publication.queue is not None:
+            if publication.queue not in self.queues:
+                raise QueueNotFound(publication.queue)
+            return [self.queues[publication.queue]]
+        assert publication.topic is not None
+        names = self._index.match(publication.topic)
+        if not names:
+            raise NoRoute(f"no queue subscribes to topic {publication.topic!r}")
+        return [self.queues[name] for name in sorted(names)]
+
+    async def publish_many(
+        self, principal: Principal, publications: Sequence[Publication]
+    ) -> list[Receipt]:
+        routed = [(pub, self._route(pub)) for pub in publications]
+        for pub, queues in routed:
+            for queue in queues:
+                if len(pub.payload) > queue.max_message_size:
+                    raise MessageTooLarge(f"{len(pub.payload)} bytes > {queue.max_message_size}")
+                depth = sum(1 for s in self.stored if s.queue == queue.name)
+                if queue.max_depth_messages is not None and depth >= queue.max_depth_messages:
+                    raise QueueFull(f"queue {queue.name!r} is full")
+        await self.gate.wait()
+        if self.fail_writes:
+            raise StorageError("the write failed")
+        receipts = []
+        for pub, queues in routed:
+            ids = []
+            for queue in queues:
+                message_id = f"m{next(self._ids)}"
+                self.stored.append(Stored(queue.name, pub, message_id))
+                ids.append(message_id)
+            receipts.append(Receipt(tuple(ids), tuple(q.name for q in queues)))
+        self.stored_event.set()
+        return receipts
+
+    async def publish(self, principal: Principal, publication: Publication) -> Receipt:
+        return (await self.publish_many(principal, [publication]))[0]
+
+    async def declare_queue(
+        self, principal: Principal, config: QueueConfig, *, passive: bool = False
+    ) -> QueueConfig:
+        existing = self.queues.get(config.name)
+        if passive:
+            if existing is None:
+                raise QueueNotFound(config.name)
+            return existing
+        if existing is not None:
+            if existing.partitions != config.partitions:
+                raise AlreadyExists(f"queue {config.name!r} exists with other partitions")
+            return existing
+        self.queues[config.name] = config
+        for pattern in config.subscriptions:
+            self._index.add(pattern, config.name)
+        return config
+
+    def _require(self, name: str) -> QueueConfig:
+        if name not in self.queues:
+            raise QueueNotFound(name)
+        return self.queues[name]
+
+    async def delete_queue(self, principal: Principal, name: str) -> int:
+        self._require(name)
+        count = await self.purge_queue(principal, name)
+        del self.queues[name]
+        self._index.remove_queue(name)
+        return count
+
+    async def purge_queue(self, principal: Principal, name: str) -> int:
+        self._require(name)
+        before = len(self.stored)
+        self.stored = [s for s in self.stored if s.queue != name]
+        return before - len(self.stored)
+
+    async def queue_depth(self, principal: Principal, name: str) -> int:
+        self._require(name)
+        return sum(1 for s in self.stored if s.queue == name)
+
+    async def subscribe(self, principal: Principal, queue: str, pattern: str) -> None:
+        config = self._require(queue)
+        self._index.add(pattern, queue)
+        self.queues[queue] = replace(config, subscriptions=(*config.subscriptions, pattern))
+
+    async def unsubscribe(self, principal: Principal, queue: str, pattern: str) -> None:
+        config = self._require(queue)
+        self._index.remove(pattern, queue)
+        subs = tuple(p for p in config.subscriptions if p != pattern)
+        self.queues[queue] = replace(config, subscriptions=subs)
+
+    async def wait_stored(self, count: int, timeout: float = 10.0) -> list[Stored]:
+        """Wait until at least ``count`` messages are stored (poll with a deadline)."""
+        async with asyncio.timeout(timeout):
+            while len(self.stored) < count:
+                self.stored_event.clear()
+                await self.stored_event.wait()
+        return self.stored
