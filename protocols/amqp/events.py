@@ -1,0 +1,99 @@
+"""What the sans-IO connection asks its adapter to do (each needs the Sink).
+
+Every operation names the channel it came from and that channel's ``serial``: a channel
+number can be closed and reopened, and a late result must not reach the new channel.
+The adapter runs them in the order they were emitted and reports each result back
+(``AmqpConnection.authenticated``, ``operation_done``, ``published``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pamqp import commands
+
+from core.errors import KeygateError
+from core.model import Publication, QueueConfig
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Authenticate:
+    mechanism: str
+    username: str | None
+    password: str | None
+    client_id: str | None
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ChannelOperation:
+    channel: int
+    serial: int
+    nowait: bool
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class DeclareQueue(ChannelOperation):
+    config: QueueConfig
+    passive: bool
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class DeleteQueue(ChannelOperation):
+    queue: str
+    if_unused: bool
+    if_empty: bool
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class PurgeQueue(ChannelOperation):
+    queue: str
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class BindQueue(ChannelOperation):
+    """Queue.Bind (``unbind`` False) or Queue.Unbind as a topic subscription change."""
+
+    queue: str
+    pattern: str
+    unbind: bool
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Publish(ChannelOperation):
+    """A complete message. ``rejected`` is set when the listener refused it itself
+    (too large, unroutable by construction); it still travels in order so that its
+    confirm is sent in sequence."""
+
+    delivery_tag: int | None
+    publication: Publication | None
+    rejected: KeygateError | None
+    mandatory: bool
+    exchange: str
+    routing_key: str
+    properties: commands.Basic.Properties
+    payload: bytes
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ConnectionClosed:
+    """The connection is finished: flush what is pending and close the socket."""
+
+    reply_code: int
+    reply_text: str
+
+
+Operation = DeclareQueue | DeleteQueue | PurgeQueue | BindQueue | Publish
+Event = Authenticate | Operation | ConnectionClosed
+
+__all__ = [
+    "Authenticate",
+    "BindQueue",
+    "ChannelOperation",
+    "ConnectionClosed",
+    "DeclareQueue",
+    "DeleteQueue",
+    "Event",
+    "Operation",
+    "Publish",
+    "PurgeQueue",
+]

@@ -1,0 +1,340 @@
+"""The asyncio adapter: sockets in, ``AmqpConnection`` in the middle, the ``Sink`` out.
+
+How it works: each connection is a ``_Session`` with three tasks it owns and cancels when
+it ends: the reader (the server's connection task) feeds bytes to the sans-IO connection
+and queues the events it yields; one worker performs them in exactly that order; a
+heartbeat task writes heartbeats when the connection has been quiet.
+
+Publish order: the worker takes every contiguous Publish at the head of the queue (up to
+``_BATCH``) and stores them with one ``sink.publish_many`` — one transaction, stored in
+the order the frames arrived — while the reader keeps reading, so publishes are pipelined
+without ever reordering: a connection has at most one batch committing at a time, and the
+next batch, already accumulated, starts the moment it commits. If the batch is refused
+because one message is (no route, too large, queue full) the worker falls back to storing
+that batch one message at a time, in order, so only the refused messages are nacked. A
+failed write (StorageError) nacks the whole batch: nothing of it was stored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import ssl
+from collections import deque
+from typing import Final
+
+from core.errors import InvalidArgument, KeygateError, StorageError, Unavailable
+from protocols.amqp import events as ev
+from protocols.amqp.codec import HEARTBEAT_FRAME
+from protocols.amqp.connection import AmqpConnection, State
+from protocols.amqp.constants import ReplyCode
+from protocols.amqp.errors import AmqpChannelError
+from protocols.amqp.exchanges import Exchanges
+from protocols.sink import Principal, Sink
+
+logger = logging.getLogger("keygate.amqp")
+
+_BATCH: Final = 1000
+# Stop reading from a connection while this much is queued for the worker.
+_MAX_PENDING_OPS: Final = 5000
+_MAX_PENDING_BYTES: Final = 64 * 1024 * 1024
+_READ_SIZE: Final = 256 * 1024
+_HANDSHAKE_TIMEOUT: Final = 30.0
+_CLOSE_TIMEOUT: Final = 3.0
+_DRAIN_TIMEOUT: Final = 30.0
+_BLOCKED_POLL: Final = 0.25
+
+
+class _InternalError(KeygateError):
+    code = "internal-error"
+
+
+class _Session:
+    def __init__(
+        self,
+        sink: Sink,
+        connection: AmqpConnection,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+    ) -> None:
+        self.sink = sink
+        self.connection = connection
+        self._reader = reader
+        self._writer = writer
+        self._ops: deque[ev.Authenticate | ev.Operation] = deque()
+        self._pending_bytes = 0
+        self._wake = asyncio.Event()
+        self._room = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._principal: Principal | None = None
+        self._last_write = 0.0
+        self.peer = writer.get_extra_info("peername")
+
+    def flush(self) -> None:
+        data = self.connection.data_to_send()
+        if data and not self._writer.is_closing():
+            self._writer.write(data)
+            self._last_write = asyncio.get_running_loop().time()
+
+    async def run(self) -> None:
+        worker = asyncio.create_task(self._work(), name=f"amqp-worker {self.peer}")
+        beat = asyncio.create_task(self._heartbeat(), name=f"amqp-heartbeat {self.peer}")
+        try:
+            try:
+                await self._read()
+            except (TimeoutError, ConnectionError, ssl.SSLError) as e:
+                logger.info("amqp connection %s ended: %r", self.peer, e)
+            except Exception:
+                logger.exception("amqp connection %s failed", self.peer)
+            # Publishes already received are stored even if the client left without
+            # waiting for their confirms (or vanished), as a broker that had routed them
+            # would; whatever cannot be written by then is given up.
+            try:
+                async with asyncio.timeout(_DRAIN_TIMEOUT):
+                    await self._idle.wait()
+            except TimeoutError:
+                logger.warning("amqp connection %s: gave up storing its last publishes", self.peer)
+        finally:
+            for task in (worker, beat):
+                task.cancel()
+            await asyncio.gather(worker, beat, return_exceptions=True)
+            self._writer.close()
+            with contextlib.suppress(ConnectionError, ssl.SSLError, TimeoutError):
+                async with asyncio.timeout(_CLOSE_TIMEOUT):
+                    await self._writer.wait_closed()
+
+    def shutdown(self) -> None:
+        """Close with 320 CONNECTION_FORCED; stop reading if Close-Ok does not come."""
+        self.connection.close(ReplyCode.CONNECTION_FORCED, "keygate is shutting down")
+        self.flush()
+        asyncio.get_running_loop().call_later(_CLOSE_TIMEOUT, self._reader.feed_eof)
+
+    def _read_timeout(self) -> float | None:
+        state = self.connection.state
+        if state is State.CLOSING:
+            return _CLOSE_TIMEOUT
+        if state is not State.OPEN:
+            return _HANDSHAKE_TIMEOUT
+        # Two missed heartbeats mean the peer is gone (spec 4.2.7).
+        return 2 * self.connection.heartbeat if self.connection.heartbeat else None
+
+    async def _read(self) -> None:
+        connection = self.connection
+        while connection.state is not State.CLOSED:
+            async with asyncio.timeout(self._read_timeout()):
+                data = await self._reader.read(_READ_SIZE)
+            if not data:
+                return
+            connection.receive_data(data)
+            while (event := connection.next_event()) is not None:
+                if isinstance(event, ev.ConnectionClosed):
+                    logger.debug("amqp connection %s closed: %s", self.peer, event.reply_text)
+                    continue
+                self._ops.append(event)
+                if isinstance(event, ev.Publish):
+                    self._pending_bytes += len(event.payload)
+                self._idle.clear()
+                self._wake.set()
+            self.flush()
+            await self._writer.drain()
+            while len(self._ops) > _MAX_PENDING_OPS or self._pending_bytes > _MAX_PENDING_BYTES:
+                self._room.clear()
+                await self._room.wait()
+
+    async def _heartbeat(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            interval = self.connection.heartbeat / 2 if self.connection.heartbeat else 1.0
+            await asyncio.sleep(interval)
+            if not self.connection.heartbeat or self.connection.state is not State.OPEN:
+                continue
+            if loop.time() - self._last_write >= interval and not self._writer.is_closing():
+                self._writer.write(HEARTBEAT_FRAME)
+                self._last_write = loop.time()
+
+    async def _work(self) -> None:
+        while True:
+            while not self._ops:
+                self._idle.set()
+                self._wake.clear()
+                await self._wake.wait()
+            try:
+                await self._perform_next()
+            except Exception:
+                # A bug of ours must not wedge the connection: fail it, keep the server.
+                logger.exception("amqp connection %s: internal error", self.peer)
+                self._ops.clear()
+                self._pending_bytes = 0
+                self.connection.close(ReplyCode.INTERNAL_ERROR, "internal error")
+            self.flush()
+            self._room.set()
+
+    async def _perform_next(self) -> None:
+        head = self._ops[0]
+        if isinstance(head, ev.Publish):
+            batch: list[ev.Publish] = []
+            while self._ops and len(batch) < _BATCH and isinstance(self._ops[0], ev.Publish):
+                batch.append(self._ops.popleft())  # type: ignore[arg-type]
+            self._pending_bytes -= sum(len(p.payload) for p in batch)
+            self.connection.published(await self._publish(batch))
+        else:
+            self._ops.popleft()
+            await self._perform(head)
+
+    async def _perform(self, op: ev.Authenticate | ev.Operation) -> None:
+        if isinstance(op, ev.Authenticate):
+            try:
+                self._principal = await self.sink.authenticate(
+                    op.username, op.password, protocol="amqp", client_id=op.client_id
+                )
+            except KeygateError as e:
+                logger.info("amqp login refused for %r from %s: %s", op.username, self.peer, e)
+                self.connection.authenticated(e)
+            else:
+                self.connection.authenticated(None)
+            return
+        assert self._principal is not None and not isinstance(op, ev.Publish)
+        if not self.connection.is_current(op):
+            return
+        try:
+            result = await self._queue_operation(self._principal, op)
+        except KeygateError as e:
+            self.connection.operation_done(op, 0, e)
+        except Exception as e:
+            logger.exception("amqp operation %r failed", op)
+            self.connection.operation_done(op, 0, _InternalError(f"internal error: {e!r}"))
+        else:
+            self.connection.operation_done(op, result, None)
+
+    async def _queue_operation(self, principal: Principal, op: ev.Operation) -> int:
+        sink = self.sink
+        if isinstance(op, ev.DeclareQueue):
+            stored = await sink.declare_queue(principal, op.config, passive=op.passive)
+            return await sink.queue_depth(principal, stored.name)
+        if isinstance(op, ev.DeleteQueue):
+            # AMQP consumers do not exist yet, so if-unused always holds here.
+            if op.if_empty and await sink.queue_depth(principal, op.queue) > 0:
+                raise AmqpChannelError(
+                    ReplyCode.PRECONDITION_FAILED, f"queue '{op.queue}' is not empty", 50, 40
+                )
+            return await sink.delete_queue(principal, op.queue)
+        if isinstance(op, ev.PurgeQueue):
+            return await sink.purge_queue(principal, op.queue)
+        if isinstance(op, ev.BindQueue):
+            if op.unbind:
+                await sink.unsubscribe(principal, op.queue, op.pattern)
+            else:
+                await sink.subscribe(principal, op.queue, op.pattern)
+            return 0
+        raise InvalidArgument(f"unexpected operation {op!r}")
+
+    async def _publish(
+        self, batch: list[ev.Publish]
+    ) -> list[tuple[ev.Publish, KeygateError | None]]:
+        assert self._principal is not None
+        results: dict[int, KeygateError | None] = {
+            index: publish.rejected for index, publish in enumerate(batch)
+        }
+        todo = [(i, p) for i, p in enumerate(batch) if p.rejected is None and p.publication]
+        publications = [p.publication for _, p in todo if p.publication is not None]
+        try:
+            await self.sink.publish_many(self._principal, publications)
+        except (StorageError, Unavailable) as e:
+            logger.warning("amqp publish of %d messages failed: %s", len(todo), e)
+            results.update({i: e for i, _ in todo})
+        except KeygateError:
+            for index, publish in todo:
+                results[index] = await self._publish_one(publish)
+        except Exception as e:
+            logger.exception("amqp publish failed")
+            results.update({i: _InternalError(f"internal error: {e!r}") for i, _ in todo})
+        return [(publish, results[index]) for index, publish in enumerate(batch)]
+
+    async def _publish_one(self, publish: ev.Publish) -> KeygateError | None:
+        assert self._principal is not None and publish.publication is not None
+        try:
+            await self.sink.publish(self._principal, publish.publication)
+        except KeygateError as e:
+            return e
+        except Exception as e:
+            logger.exception("amqp publish failed")
+            return _InternalError(f"internal error: {e!r}")
+        return None
+
+
+class AmqpListener:
+    """An AMQP 0-9-1 server publishing into a ``Sink`` (implements ``Listener``)."""
+
+    def __init__(
+        self,
+        sink: Sink,
+        *,
+        frame_max: int = 131072,
+        channel_max: int = 2047,
+        heartbeat: int = 60,
+        name: str = "amqp",
+    ) -> None:
+        self.name = name
+        self.sink = sink
+        self.exchanges = Exchanges()
+        self._frame_max = frame_max
+        self._channel_max = channel_max
+        self._heartbeat = heartbeat
+        self._server: asyncio.Server | None = None
+        self._sessions: set[_Session] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._watcher: asyncio.Task[None] | None = None
+
+    async def start(self, host: str, port: int, ssl_context: ssl.SSLContext | None) -> int:
+        self._server = await asyncio.start_server(self._serve, host, port, ssl=ssl_context)
+        self._watcher = asyncio.create_task(self._watch_blocked(), name=f"{self.name}-blocked")
+        bound: int = self._server.sockets[0].getsockname()[1]
+        logger.info("amqp listening on %s:%d", host, bound)
+        return bound
+
+    async def close(self) -> None:
+        if self._server is None:
+            return
+        self._server.close()
+        if self._watcher is not None:
+            self._watcher.cancel()
+            await asyncio.gather(self._watcher, return_exceptions=True)
+        for session in list(self._sessions):
+            session.shutdown()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._server.wait_closed()
+        self._server = None
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        connection = AmqpConnection(
+            self.exchanges,
+            frame_max=self._frame_max,
+            channel_max=self._channel_max,
+            heartbeat=self._heartbeat,
+            max_message_size=self.sink.max_message_size,
+        )
+        session = _Session(self.sink, connection, reader, writer)
+        self._sessions.add(session)
+        self._tasks.add(task)
+        try:
+            await session.run()
+        finally:
+            self._sessions.discard(session)
+            self._tasks.discard(task)
+
+    async def _watch_blocked(self) -> None:
+        # The Sink exposes backpressure as a property, so it is polled; a few reads of a
+        # bool per second cost nothing and need no callback contract.
+        while True:
+            await asyncio.sleep(_BLOCKED_POLL)
+            blocked = self.sink.blocked
+            for session in list(self._sessions):
+                session.connection.set_blocked(blocked)
+                session.flush()
+
+
+__all__ = ["AmqpListener"]
