@@ -1,0 +1,186 @@
+"""State shared by the store's parts: the engine, the in-memory caches, transactions.
+
+Only one active gateway writes a database (DESIGN.md §8), so the store keeps each queue's
+depth and partition heads in memory, loaded at open and updated after each commit.
+``seq_lock`` serialises everything that assigns seqs or rewrites a queue (appends, dead
+letters, purge, delete), so seqs are handed out in commit order. Seqs themselves are
+assigned from ``kg_partitions.head_seq`` read inside the writing transaction (row-locked
+on PostgreSQL; SQLite's BEGIN IMMEDIATE already excludes other writers): a Spark job
+dead-lettering into the same DLQ cannot make the gateway reuse a seq.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, Final
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from core.errors import QueueNotFound, StorageError
+from core.model import Message, QueueConfig
+from storage.codec import message_values, queue_from_row
+from storage.schema import kg_messages, kg_partitions, kg_queues, kg_subscriptions
+
+MESSAGE_COLUMNS: Final = tuple(column.name for column in kg_messages.columns)
+
+_log = logging.getLogger("keygate.storage")
+
+
+class Allocation:
+    """Seqs handed out by one transaction; applied to the cache only once it commits."""
+
+    def __init__(self, heads: Mapping[tuple[str, int], int]) -> None:
+        self._heads = dict(heads)
+        self.assigned: dict[tuple[str, int], int] = {}
+
+    def next(self, queue: str, partition: int) -> int:
+        key = (queue, partition)
+        seq = self.assigned.get(key, self._heads.get(key, 0)) + 1
+        self.assigned[key] = seq
+        return seq
+
+
+class StoreBase:
+    def __init__(self, url: str, engine: AsyncEngine) -> None:
+        self.url = url
+        self.engine = engine
+        self.seq_lock = asyncio.Lock()
+        self.queues: dict[str, QueueConfig] = {}
+        self.heads: dict[tuple[str, int], int] = {}
+        # queue -> [messages, bytes] currently stored.
+        self.depths: dict[str, list[int]] = {}
+        self.listeners: list[Callable[[Sequence[Message]], None]] = []
+        self._insert_sql: str | None = None
+
+    def add_commit_listener(self, fn: Callable[[Sequence[Message]], None]) -> None:
+        """Call ``fn`` with every committed batch of new messages, in commit order and seq
+        order, before the writers' calls return. ``fn`` must not block or raise."""
+        self.listeners.append(fn)
+
+    async def lock_heads(
+        self, conn: AsyncConnection, partitions: Iterable[tuple[str, int]]
+    ) -> Allocation:
+        """Read (and on PostgreSQL lock) the heads of ``partitions`` for this transaction."""
+        p = kg_partitions
+        query = sa.select(p.c.queue, p.c.partition, p.c.head_seq).where(
+            sa.tuple_(p.c.queue, p.c.partition).in_(sorted(set(partitions)))
+        )
+        if conn.dialect.name == "postgresql":
+            query = query.order_by(p.c.queue, p.c.partition).with_for_update()
+        rows = await conn.execute(query)
+        return Allocation({(queue, partition): head for queue, partition, head in rows})
+
+    async def insert_messages(self, conn: AsyncConnection, messages: Sequence[Message]) -> None:
+        """INSERT into kg_messages through the driver's executemany: SQLAlchemy's per-row
+        bind processing would cost more than the database does (benchmarks/store_append.py).
+        The statement is still compiled by SQLAlchemy for the dialect."""
+        if self._insert_sql is None:
+            insert = sa.insert(kg_messages).compile(
+                dialect=conn.dialect, column_keys=list(MESSAGE_COLUMNS)
+            )
+            self._insert_sql = str(insert)
+        await conn.exec_driver_sql(self._insert_sql, [message_values(m) for m in messages])
+
+    async def write_heads(self, conn: AsyncConnection, allocation: Allocation) -> None:
+        if allocation.assigned:
+            p = kg_partitions
+            await conn.execute(
+                sa.update(p)
+                .where(p.c.queue == sa.bindparam("b_queue"), p.c.partition == sa.bindparam("b_p"))
+                .values(head_seq=sa.bindparam("b_head")),
+                [
+                    {"b_queue": queue, "b_p": partition, "b_head": head}
+                    for (queue, partition), head in allocation.assigned.items()
+                ],
+            )
+
+    def committed(self, allocation: Allocation, messages: Sequence[Message]) -> None:
+        """After COMMIT: advance the caches, then tell the listeners."""
+        self.heads.update(allocation.assigned)
+        for message in messages:
+            depth = self.depths.setdefault(message.queue, [0, 0])
+            depth[0] += 1
+            depth[1] += message.size
+        if messages:
+            for listener in self.listeners:
+                try:
+                    listener(messages)
+                except Exception:
+                    # The data is committed: a faulty listener must not fail the writers.
+                    _log.exception("commit listener %r failed", listener)
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[AsyncConnection]:
+        """One transaction; driver failures become StorageError, keygate errors pass."""
+        try:
+            async with self.engine.begin() as connection:
+                yield connection
+        except (sa.exc.SQLAlchemyError, OSError) as e:
+            raise StorageError(f"database error: {e}") from e
+
+    async def load_caches(self) -> None:
+        async with self.transaction() as conn:
+            queues = await read_queues(conn)
+            heads = await conn.execute(sa.select(kg_partitions))
+            depths = await conn.execute(
+                sa.select(
+                    kg_messages.c.queue,
+                    sa.func.count(),
+                    sa.func.coalesce(sa.func.sum(kg_messages.c.size), 0),
+                ).group_by(kg_messages.c.queue)
+            )
+            self.queues = {q.name: q for q in queues}
+            self.heads = {(r.queue, r.partition): r.head_seq for r in heads}
+            self.depths = {name: [0, 0] for name in self.queues}
+            for queue, count, size in depths:
+                self.depths[queue] = [int(count), int(size)]
+
+    def queue(self, name: str) -> QueueConfig:
+        try:
+            return self.queues[name]
+        except KeyError:
+            raise QueueNotFound(name) from None
+
+    def forget_queue(self, name: str) -> None:
+        config = self.queues.pop(name, None)
+        self.depths.pop(name, None)
+        for partition in range(config.slots if config else 0):
+            self.heads.pop((name, partition), None)
+
+
+async def read_queues(conn: AsyncConnection, name: str | None = None) -> list[QueueConfig]:
+    """Queues as stored (all, or the one named), with their subscriptions."""
+    queues = sa.select(kg_queues).order_by(kg_queues.c.name)
+    subs = sa.select(kg_subscriptions).order_by(kg_subscriptions.c.pattern)
+    if name is not None:
+        queues = queues.where(kg_queues.c.name == name)
+        subs = subs.where(kg_subscriptions.c.queue == name)
+    patterns: dict[str, list[str]] = {}
+    for row in await conn.execute(subs):
+        patterns.setdefault(row.queue, []).append(row.pattern)
+    rows = (await conn.execute(queues)).mappings()
+    return [queue_from_row(row, tuple(patterns.get(row["name"], ()))) for row in rows]
+
+
+def upsert(
+    conn: AsyncConnection,
+    table: sa.Table,
+    keys: Sequence[str],
+    set_: Iterable[str],
+    *,
+    where: sa.ColumnElement[bool] | None = None,
+) -> Any:
+    """INSERT ... ON CONFLICT (keys) DO UPDATE for the connection's dialect.
+
+    The ``set_`` columns take the inserted values; ``where`` limits which existing rows
+    are updated (the others are left alone).
+    """
+    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
+    stmt = dialect.insert(table)
+    values = {name: stmt.excluded[name] for name in set_}
+    return stmt.on_conflict_do_update(index_elements=list(keys), set_=values, where=where)

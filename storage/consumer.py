@@ -1,0 +1,282 @@
+"""Consumer state: dispatch records, offsets, dead letters, assignments and flows.
+
+``record_dispatch`` is group-committed like appends (the broker awaits it before sending,
+DESIGN.md §4 crash semantics) and writes only two things: the partition's dispatched seq
+(never moving backwards) and the delivery records of redeliveries. ``write_offsets``
+takes full, idempotent ack state and drops the delivery records of settled seqs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Mapping, Sequence
+from typing import Final
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from core.actions import AssignmentChanged, DeadLetter, FlowChanged, OffsetUpdate, RecordDispatch
+from core.model import (
+    DEAD_LETTER_REASON,
+    DELIVERY_COUNT,
+    FIRST_DELIVERY_TIME,
+    ORIGINAL_GROUP,
+    ORIGINAL_PARTITION,
+    ORIGINAL_QUEUE,
+    ORIGINAL_SEQ,
+    FlowState,
+    Message,
+    PropertyValue,
+)
+from storage.admin import AdminOps
+from storage.base import Allocation, upsert
+from storage.batcher import GroupCommitter
+from storage.codec import encode_ranges, ranges_count
+from storage.schema import (
+    kg_deliveries,
+    kg_flows,
+    kg_group_offsets,
+    kg_partition_assignments,
+)
+
+DISPATCH_BATCH: Final = 1000
+DispatchCall = tuple[str, str, Sequence[RecordDispatch]]
+
+_o: Final = kg_group_offsets
+_d: Final = kg_deliveries
+_OFFSET_WHERE: Final = sa.and_(
+    _o.c.queue == sa.bindparam("b_queue"),
+    _o.c.group_name == sa.bindparam("b_group"),
+    _o.c.partition == sa.bindparam("b_partition"),
+)
+_DELIVERY_GROUP: Final = sa.and_(
+    _d.c.queue == sa.bindparam("b_queue"),
+    _d.c.group_name == sa.bindparam("b_group"),
+    _d.c.partition == sa.bindparam("b_partition"),
+)
+_ADVANCE_DISPATCHED: Final = (
+    sa.update(_o)
+    .where(_OFFSET_WHERE)
+    .values(
+        dispatched_seq=sa.case(
+            (sa.bindparam("b_seq") > _o.c.dispatched_seq, sa.bindparam("b_seq")),
+            else_=_o.c.dispatched_seq,
+        ),
+        updated_at=sa.bindparam("b_now"),
+    )
+)
+_WRITE_OFFSET: Final = (
+    sa.update(_o)
+    .where(_OFFSET_WHERE)
+    .values(
+        committed_seq=sa.bindparam("b_committed"),
+        acked_above=sa.bindparam("b_ranges", type_=_o.c.acked_above.type),
+        acked_count=sa.bindparam("b_count"),
+        updated_at=sa.bindparam("b_now"),
+    )
+)
+_DROP_SETTLED: Final = sa.delete(_d).where(_DELIVERY_GROUP, _d.c.seq <= sa.bindparam("b_hi"))
+_DROP_ACKED: Final = sa.delete(_d).where(
+    _DELIVERY_GROUP, _d.c.seq.between(sa.bindparam("b_lo"), sa.bindparam("b_hi"))
+)
+
+
+def dead_letter_copy(
+    letter: DeadLetter, group: str, dlq: str, partition: int, seq: int, now: float
+) -> Message:
+    """The message as appended to the dead-letter queue, with its x- properties."""
+    original = letter.message
+    properties: dict[str, PropertyValue] = {
+        **original.properties,
+        DEAD_LETTER_REASON: letter.reason.value,
+        ORIGINAL_QUEUE: original.queue,
+        ORIGINAL_GROUP: group,
+        ORIGINAL_PARTITION: original.partition,
+        ORIGINAL_SEQ: original.seq,
+        DELIVERY_COUNT: letter.delivery_count,
+    }
+    if letter.first_delivery_time is not None:
+        properties[FIRST_DELIVERY_TIME] = letter.first_delivery_time
+    # A dead letter is kept for inspection: no schedule, no expiry.
+    return dataclasses.replace(
+        original,
+        queue=dlq,
+        partition=partition,
+        seq=seq,
+        properties=properties,
+        publish_time=now,
+        deliver_at=None,
+        expire_at=None,
+    )
+
+
+class ConsumerOps(AdminOps):
+    dispatcher: GroupCommitter[DispatchCall, None]
+
+    def start_dispatcher(self, linger: float) -> None:
+        self.dispatcher = GroupCommitter(
+            self._write_dispatches, max_weight=DISPATCH_BATCH, linger=linger, name="kg-dispatch"
+        )
+
+    async def record_dispatch(
+        self, queue: str, group: str, records: Sequence[RecordDispatch]
+    ) -> None:
+        """Persist dispatch records; durable on return (group-committed)."""
+        if records:
+            await self.dispatcher.submit((queue, group, records), len(records))
+
+    async def _write_dispatches(self, calls: list[DispatchCall]) -> list[None]:
+        now = time.time()
+        advances: list[dict[str, object]] = []
+        deliveries: list[dict[str, object]] = []
+        for queue, group, records in calls:
+            for record in records:
+                key = {"b_queue": queue, "b_group": group, "b_partition": record.partition}
+                advances.append({**key, "b_seq": record.dispatched_seq, "b_now": now})
+                deliveries.extend(
+                    {
+                        "queue": queue,
+                        "group_name": group,
+                        "partition": record.partition,
+                        "seq": seq,
+                        "delivery_count": count,
+                        "first_delivery_time": first,
+                    }
+                    for seq, count, first in record.redeliveries
+                )
+        async with self.transaction() as conn:
+            await conn.execute(_ADVANCE_DISPATCHED, advances)
+            if deliveries:
+                keys = ("queue", "group_name", "partition", "seq")
+                stmt = upsert(conn, _d, keys, ("delivery_count", "first_delivery_time"))
+                await conn.execute(stmt, deliveries)
+        return [None] * len(calls)
+
+    async def write_offsets(self, queue: str, group: str, updates: Sequence[OffsetUpdate]) -> None:
+        """Write full ack state per partition and forget the settled delivery records."""
+        if updates:
+            async with self.transaction() as conn:
+                await self._write_offsets(conn, queue, group, updates)
+
+    async def _write_offsets(
+        self, conn: AsyncConnection, queue: str, group: str, updates: Sequence[OffsetUpdate]
+    ) -> None:
+        now = time.time()
+        rows: list[dict[str, object]] = []
+        ranges: list[dict[str, object]] = []
+        for update in updates:
+            key = {"b_queue": queue, "b_group": group, "b_partition": update.partition}
+            rows.append(
+                {
+                    **key,
+                    "b_committed": update.committed_seq,
+                    "b_ranges": encode_ranges(update.acked_above),
+                    "b_count": ranges_count(update.acked_above),
+                    "b_now": now,
+                }
+            )
+            ranges.extend({**key, "b_lo": lo, "b_hi": hi} for lo, hi in update.acked_above)
+        await conn.execute(_WRITE_OFFSET, rows)
+        await conn.execute(_DROP_SETTLED, [{**r, "b_hi": r["b_committed"]} for r in rows])
+        if ranges:
+            await conn.execute(_DROP_ACKED, ranges)
+
+    async def dead_letter(
+        self,
+        queue: str,
+        group: str,
+        letters: Sequence[DeadLetter],
+        offsets: Sequence[OffsetUpdate],
+        *,
+        now: float,
+    ) -> None:
+        """Append copies to the dead-letter queue and write ``offsets``, in one transaction.
+
+        Dead letters bypass the DLQ's max_depth: refusing them would leave the message
+        unsettled forever. With no DLQ configured the letters are dropped.
+        """
+        async with self.seq_lock:
+            config = self.queue(queue)
+            dlq = config.dlq_name
+            allocation = Allocation({})
+            created = []
+            async with self.transaction() as conn:
+                copies: list[Message] = []
+                if dlq is not None and letters:
+                    created = await self._ensure_dlq(conn, config)
+                    allocation = await self.lock_heads(conn, [(dlq, 0)])
+                    copies = [
+                        dead_letter_copy(letter, group, dlq, 0, allocation.next(dlq, 0), now)
+                        for letter in letters
+                    ]
+                    await self.insert_messages(conn, copies)
+                    await self.write_heads(conn, allocation)
+                if offsets:
+                    await self._write_offsets(conn, queue, group, offsets)
+            for created_queue in created:
+                self._remember(created_queue)
+            self.committed(allocation, copies)
+
+    async def write_assignments(
+        self, queue: str, group: str, changes: Sequence[AssignmentChanged], *, now: float
+    ) -> None:
+        if not changes:
+            return
+        keys = ("queue", "group_name", "partition")
+        rows = [
+            {
+                "queue": queue,
+                "group_name": group,
+                "partition": c.partition,
+                "state": c.state.value,
+                "flow_id": c.flow_id,
+                "updated_at": now,
+            }
+            for c in changes
+        ]
+        async with self.transaction() as conn:
+            stmt = upsert(conn, kg_partition_assignments, keys, ("state", "flow_id", "updated_at"))
+            await conn.execute(stmt, rows)
+
+    async def write_flows(
+        self, queue: str, group: str, flows: Sequence[FlowChanged], *, now: float
+    ) -> None:
+        """Upsert running and leaving flows; exited flows are removed."""
+        exited = [{"b_flow": f.flow_id} for f in flows if f.state is FlowState.EXITED]
+        live = [
+            {
+                "flow_id": f.flow_id,
+                "queue": queue,
+                "group_name": group,
+                "client": f.client,
+                "state": f.state.value,
+                "window_size": f.window,
+                "pending": 0,
+                "bound_at": now,
+                "last_seen": now,
+            }
+            for f in flows
+            if f.state is not FlowState.EXITED
+        ]
+        async with self.transaction() as conn:
+            if live:
+                changed = ("client", "state", "window_size", "last_seen")
+                await conn.execute(upsert(conn, kg_flows, ("flow_id",), changed), live)
+            if exited:
+                drop = sa.delete(kg_flows).where(kg_flows.c.flow_id == sa.bindparam("b_flow"))
+                await conn.execute(drop, exited)
+
+    async def update_flow_pending(self, pending: Mapping[str, int], *, now: float) -> None:
+        """Record how many unacked messages each flow holds (for inspection)."""
+        if not pending:
+            return
+        f = kg_flows
+        stmt = (
+            sa.update(f)
+            .where(f.c.flow_id == sa.bindparam("b_flow"))
+            .values(pending=sa.bindparam("b_pending"), last_seen=sa.bindparam("b_now"))
+        )
+        rows = [{"b_flow": k, "b_pending": v, "b_now": now} for k, v in pending.items()]
+        async with self.transaction() as conn:
+            await conn.execute(stmt, rows)

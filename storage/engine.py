@@ -1,0 +1,94 @@
+"""Database URLs and engines: the store's only contact with drivers.
+
+Users give ``sqlite:///path`` or ``postgresql://user@host/db``; the store runs on
+aiosqlite / asyncpg and migrations run on sqlite3 / psycopg. A ``search_path`` query
+parameter on a PostgreSQL URL puts every keygate table in that schema
+(``postgresql://host/db?search_path=keygate``).
+
+SQLite durability: WAL journal with ``synchronous=FULL``, so a commit is on disk (fsync of
+the WAL) before a publish is confirmed; group commit amortises the fsync. Every SQLite
+transaction starts with ``BEGIN IMMEDIATE`` so two writers queue on ``busy_timeout``
+instead of failing with "database is locked" when a read lock cannot be upgraded.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+import sqlalchemy as sa
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from core.errors import InvalidArgument
+
+SQLITE_BUSY_TIMEOUT_MS: Final = 30_000
+_SQLITE_PRAGMAS: Final = (
+    "PRAGMA journal_mode=WAL",
+    "PRAGMA synchronous=FULL",
+    f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}",
+)
+_SEARCH_PATH: Final = "search_path"
+
+
+def _parse(url: str) -> tuple[URL, str | None]:
+    """Split a user URL into a driverless URL and the optional PostgreSQL search_path."""
+    try:
+        parsed = make_url(url)
+    except sa.exc.ArgumentError as e:
+        raise InvalidArgument(f"invalid database URL: {e}") from e
+    backend = parsed.get_backend_name()
+    if backend not in ("sqlite", "postgresql"):
+        raise InvalidArgument(f"unsupported database {backend!r}: use sqlite:// or postgresql://")
+    search_path = parsed.query.get(_SEARCH_PATH)
+    if isinstance(search_path, tuple):
+        raise InvalidArgument("search_path may be given once")
+    return parsed.difference_update_query([_SEARCH_PATH]), search_path
+
+
+def is_sqlite(url: str) -> bool:
+    return _parse(url)[0].get_backend_name() == "sqlite"
+
+
+def _sqlite_setup(engine: sa.Engine) -> None:
+    @sa.event.listens_for(engine, "connect")
+    def _connect(dbapi_connection: Any, _record: Any) -> None:
+        # Let SQLAlchemy's "begin" event, not the driver, decide how transactions start.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        for pragma in _SQLITE_PRAGMAS:
+            cursor.execute(pragma)
+        cursor.close()
+
+    @sa.event.listens_for(engine, "begin")
+    def _begin(connection: sa.Connection) -> None:
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def async_engine(url: str) -> AsyncEngine:
+    """An engine for the store: aiosqlite or asyncpg."""
+    parsed, search_path = _parse(url)
+    if parsed.get_backend_name() == "sqlite":
+        engine = create_async_engine(parsed.set(drivername="sqlite+aiosqlite"))
+        _sqlite_setup(engine.sync_engine)
+        return engine
+    connect_args: dict[str, Any] = {}
+    if search_path:
+        connect_args["server_settings"] = {"search_path": search_path}
+    return create_async_engine(
+        parsed.set(drivername="postgresql+asyncpg"),
+        connect_args=connect_args,
+        pool_size=10,
+    )
+
+
+def sync_engine(url: str) -> sa.Engine:
+    """A blocking engine (sqlite3 or psycopg 3) for migrations, tools and Spark."""
+    parsed, search_path = _parse(url)
+    if parsed.get_backend_name() == "sqlite":
+        engine = sa.create_engine(parsed.set(drivername="sqlite+pysqlite"))
+        _sqlite_setup(engine)
+        return engine
+    connect_args: dict[str, Any] = {}
+    if search_path:
+        connect_args["options"] = "-csearch_path=" + search_path
+    return sa.create_engine(parsed.set(drivername="postgresql+psycopg"), connect_args=connect_args)

@@ -1,0 +1,302 @@
+"""The SQL store: group-committed appends, reads and retention. The rest of its interface
+lives in storage.admin (queues, groups), storage.consumer (dispatch, offsets, dead
+letters, flows), storage.leases and storage.inspection (the views as dicts).
+
+How an append works: the caller's messages (complete, seq 0) are queued for the append
+writer (storage.batcher). The writer takes every pending call (up to ``max_batch``
+messages), rejects calls that break a limit (MessageTooLarge, QueueFull, QueueNotFound:
+that call alone fails, nothing of it stored), resolves dedup ids against ``kg_dedup``,
+assigns seqs from the partitions' heads (read in the same transaction) and writes
+everything in ONE transaction. After COMMIT the cached heads and depths advance, commit
+listeners see the new messages, and only then do the callers' awaits return. If the
+transaction fails, every call in it fails with StorageError and nothing of the batch is
+stored (callers may retry; the broker turns it into a negative confirm).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Final
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from core.errors import InvalidArgument, KeygateError, MessageTooLarge, QueueFull, StorageError
+from core.model import Message
+from storage.base import Allocation, upsert
+from storage.batcher import GroupCommitter
+from storage.codec import message_from_row, with_seq
+from storage.consumer import ConsumerOps
+from storage.engine import async_engine
+from storage.inspection import InspectionOps
+from storage.leases import LeaseOps
+from storage.migrate import migrate
+from storage.schema import kg_dedup, kg_group_offsets, kg_groups, kg_messages
+
+DEFAULT_MAX_BATCH: Final = 1000
+DEFAULT_LINGER: Final = 0.001
+
+AppendCall = tuple[Sequence[Message], float]
+DedupKey = tuple[str, str, str]
+
+
+def _dedup_key(message: Message) -> DedupKey | None:
+    if message.producer is None or message.dedup_id is None:
+        return None
+    return (message.queue, message.producer, message.dedup_id)
+
+
+class SqlStore(InspectionOps, LeaseOps, ConsumerOps):
+    """keygate's durable store. Create it with ``open_store``; one active writer per DB."""
+
+    def __init__(self, url: str, engine: AsyncEngine, *, max_batch: int, linger: float) -> None:
+        super().__init__(url, engine)
+        self.appender: GroupCommitter[AppendCall, list[Message]] = GroupCommitter(
+            self._write_appends, max_weight=max_batch, linger=linger, name="kg-append"
+        )
+        self.start_dispatcher(linger)
+        # (queue, partition) -> seq up to which retention already deleted.
+        self._retained: dict[tuple[str, int], int] = {}
+
+    async def close(self) -> None:
+        """Write every pending append and dispatch record, then release the database."""
+        await self.appender.close()
+        await self.dispatcher.close()
+        await self.engine.dispose()
+
+    async def append(self, messages: Sequence[Message], *, now: float) -> list[Message]:
+        """Store ``messages`` (all or none); return them as stored, with seqs, after COMMIT.
+
+        A message whose (producer, dedup id) was stored within the queue's dedup window
+        is not stored again: the originally stored message is returned in its place.
+        """
+        if not messages:
+            return []
+        return await self.appender.submit((messages, now), len(messages))
+
+    def _check(self, messages: Sequence[Message], pending: dict[str, list[int]]) -> None:
+        added: dict[str, list[int]] = {}
+        for message in messages:
+            config = self.queue(message.queue)
+            if message.size > config.max_message_size:
+                raise MessageTooLarge(
+                    f"message of {message.size} bytes exceeds {config.max_message_size} "
+                    f"allowed by queue {config.name!r}"
+                )
+            if not 0 <= message.partition < config.slots:
+                raise InvalidArgument(f"queue {config.name!r} has no partition {message.partition}")
+            totals = added.setdefault(message.queue, [0, 0])
+            totals[0] += 1
+            totals[1] += message.size
+        for queue, (count, size) in added.items():
+            config = self.queues[queue]
+            stored = self.depths.get(queue, [0, 0])
+            before = pending.get(queue, [0, 0])
+            limit_messages, limit_bytes = config.max_depth_messages, config.max_depth_bytes
+            if limit_messages is not None and stored[0] + before[0] + count > limit_messages:
+                raise QueueFull(f"queue {queue!r} holds its maximum of {limit_messages} messages")
+            if limit_bytes is not None and stored[1] + before[1] + size > limit_bytes:
+                raise QueueFull(f"queue {queue!r} holds its maximum of {limit_bytes} bytes")
+        for queue, (count, size) in added.items():
+            total = pending.setdefault(queue, [0, 0])
+            total[0] += count
+            total[1] += size
+
+    async def _write_appends(self, calls: list[AppendCall]) -> list[list[Message] | BaseException]:
+        # Checked under seq_lock: a queue deleted or altered meanwhile is seen as it is now.
+        async with self.seq_lock:
+            outcomes: list[list[Message] | BaseException] = []
+            accepted: list[int] = []
+            pending: dict[str, list[int]] = {}
+            for index, (messages, _) in enumerate(calls):
+                try:
+                    self._check(messages, pending)
+                except KeygateError as e:
+                    outcomes.append(e)
+                else:
+                    outcomes.append([])
+                    accepted.append(index)
+            if not accepted:
+                return outcomes
+            chosen = [calls[i] for i in accepted]
+            touched = {(m.queue, m.partition) for messages, _ in chosen for m in messages}
+            try:
+                async with self.transaction() as conn:
+                    allocation = await self.lock_heads(conn, touched)
+                    results, new = await self._store(conn, chosen, allocation)
+            except StorageError as e:
+                for index in accepted:
+                    outcomes[index] = e
+                return outcomes
+            self.committed(allocation, new)
+        for index, result in zip(accepted, results, strict=True):
+            outcomes[index] = result
+        return outcomes
+
+    async def _store(
+        self, conn: AsyncConnection, calls: list[AppendCall], allocation: Allocation
+    ) -> tuple[list[list[Message]], list[Message]]:
+        seen = await self._find_duplicates(conn, calls)
+        results: list[list[Message]] = []
+        new: list[Message] = []
+        dedup_rows = []
+        for messages, now in calls:
+            result = []
+            for message in messages:
+                key = _dedup_key(message)
+                if key is not None and key in seen:
+                    result.append(seen[key])
+                    continue
+                seq = allocation.next(message.queue, message.partition)
+                stored = with_seq(message, seq)
+                window = self.queues[message.queue].dedup_window
+                if key is not None and window > 0:
+                    seen[key] = stored
+                    dedup_rows.append(
+                        {
+                            "queue": key[0],
+                            "producer": key[1],
+                            "dedup_id": key[2],
+                            "message_id": stored.message_id,
+                            "partition": stored.partition,
+                            "seq": seq,
+                            "expires_at": now + window,
+                        }
+                    )
+                result.append(stored)
+                new.append(stored)
+            results.append(result)
+        if new:
+            await self.insert_messages(conn, new)
+            await self.write_heads(conn, allocation)
+        if dedup_rows:
+            keys = ("queue", "producer", "dedup_id")
+            changed = ("message_id", "partition", "seq", "expires_at")
+            await conn.execute(upsert(conn, kg_dedup, keys, changed), dedup_rows)
+        return results, new
+
+    async def _find_duplicates(
+        self, conn: AsyncConnection, calls: list[AppendCall]
+    ) -> dict[DedupKey, Message]:
+        """Messages already stored under the dedup keys of ``calls`` (unexpired)."""
+        wanted: dict[DedupKey, Message] = {}
+        for messages, _ in calls:
+            for message in messages:
+                key = _dedup_key(message)
+                if key is not None and self.queues[message.queue].dedup_window > 0:
+                    wanted.setdefault(key, message)
+        if not wanted:
+            return {}
+        now = min(now for _, now in calls)
+        d, m = kg_dedup, kg_messages
+        rows = await conn.execute(
+            sa.select(d.c.queue, d.c.producer, d.c.dedup_id, d.c.message_id, d.c.partition, d.c.seq)
+            .where(sa.tuple_(d.c.queue, d.c.producer, d.c.dedup_id).in_(list(wanted)))
+            .where(d.c.expires_at > now)
+        )
+        found: dict[DedupKey, Message] = {}
+        for queue, producer, dedup_id, message_id, partition, seq in rows:
+            incoming = wanted[(queue, producer, dedup_id)]
+            # Retention may have deleted the original: answer with its identity.
+            found[(queue, producer, dedup_id)] = dataclasses.replace(
+                incoming, message_id=message_id, partition=partition, seq=seq
+            )
+        if found:
+            positions = [(msg.queue, msg.partition, msg.seq) for msg in found.values()]
+            originals = await conn.execute(
+                sa.select(m).where(sa.tuple_(m.c.queue, m.c.partition, m.c.seq).in_(positions))
+            )
+            by_position = {(r["queue"], r["partition"], r["seq"]): r for r in originals.mappings()}
+            for key, msg in found.items():
+                row = by_position.get((msg.queue, msg.partition, msg.seq))
+                if row is not None:
+                    found[key] = message_from_row(row)
+        return found
+
+    async def read(self, queue: str, partition: int, after_seq: int, limit: int) -> list[Message]:
+        """Up to ``limit`` stored messages of the partition with seq > ``after_seq``, in order."""
+        m = kg_messages
+        query = (
+            sa.select(m)
+            .where(m.c.queue == queue, m.c.partition == partition, m.c.seq > after_seq)
+            .order_by(m.c.seq)
+            .limit(limit)
+        )
+        async with self.transaction() as conn:
+            return [message_from_row(row) for row in (await conn.execute(query)).mappings()]
+
+    async def head_seqs(self, queue: str) -> dict[int, int]:
+        """The last committed seq of every partition (0 = nothing stored yet)."""
+        config = self.queue(queue)
+        return {p: self.heads.get((queue, p), 0) for p in range(config.slots)}
+
+    async def depth(self, queue: str) -> tuple[int, int]:
+        """(messages, bytes) currently stored in the queue."""
+        self.queue(queue)
+        messages, size = self.depths.get(queue, [0, 0])
+        return messages, size
+
+    async def retention(self, *, now: float) -> int:
+        """Delete what every group settled, expired messages of queues without groups and
+        expired dedup records. Returns the number of messages deleted."""
+        m, o = kg_messages, kg_group_offsets
+        deleted: dict[str, list[int]] = {}
+        retained: dict[tuple[str, int], int] = {}
+        async with self.transaction() as conn:
+            lows = await conn.execute(
+                sa.select(o.c.queue, o.c.partition, sa.func.min(o.c.committed_seq)).group_by(
+                    o.c.queue, o.c.partition
+                )
+            )
+            for queue, partition, low in lows:
+                if low <= self._retained.get((queue, partition), 0):
+                    continue
+                where = sa.and_(m.c.queue == queue, m.c.partition == partition, m.c.seq <= low)
+                await self._delete(conn, where, deleted)
+                retained[(queue, partition)] = low
+            ungrouped = m.c.queue.not_in(sa.select(kg_groups.c.queue).distinct())
+            await self._delete(conn, sa.and_(m.c.expire_at <= now, ungrouped), deleted)
+            await conn.execute(sa.delete(kg_dedup).where(kg_dedup.c.expires_at <= now))
+        self._retained.update(retained)
+        for queue, (count, size) in deleted.items():
+            depth = self.depths.get(queue)
+            if depth is not None:
+                depth[0] -= count
+                depth[1] -= size
+        return sum(count for count, _ in deleted.values())
+
+    async def _delete(
+        self, conn: AsyncConnection, where: sa.ColumnElement[bool], deleted: dict[str, list[int]]
+    ) -> None:
+        m = kg_messages
+        counts = await conn.execute(
+            sa.select(m.c.queue, sa.func.count(), sa.func.sum(m.c.size))
+            .where(where)
+            .group_by(m.c.queue)
+        )
+        found = False
+        for queue, count, size in counts:
+            total = deleted.setdefault(queue, [0, 0])
+            total[0] += int(count)
+            total[1] += int(size)
+            found = True
+        if found:
+            await conn.execute(sa.delete(m).where(where))
+
+
+async def open_store(
+    url: str, *, max_batch: int = DEFAULT_MAX_BATCH, linger: float = DEFAULT_LINGER
+) -> SqlStore:
+    """Migrate the database at ``url`` (sqlite:///path or postgresql://...) and open it."""
+    try:
+        await migrate(url)
+    except (sa.exc.SQLAlchemyError, OSError) as e:
+        raise StorageError(f"cannot migrate the database: {e}") from e
+    store = SqlStore(url, async_engine(url), max_batch=max_batch, linger=linger)
+    try:
+        await store.load_caches()
+    except BaseException:
+        await store.close()
+        raise
+    return store

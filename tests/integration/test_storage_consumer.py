@@ -1,0 +1,307 @@
+"""Consumer state in SqlStore: dispatch records, offsets, crash recovery, dead letters,
+retention, flows, assignments, the inspection views and leases (SQLite and PostgreSQL)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from core.actions import (
+    AssignmentChanged,
+    DeadLetter,
+    DeliveryRecord,
+    FlowChanged,
+    OffsetUpdate,
+    PartitionSnapshot,
+    RecordDispatch,
+)
+from core.errors import GroupLeased, GroupNotFound, QueueNotFound, StorageError
+from core.model import (
+    DEAD_LETTER_REASON,
+    DELIVERY_COUNT,
+    FIRST_DELIVERY_TIME,
+    ORIGINAL_GROUP,
+    ORIGINAL_PARTITION,
+    ORIGINAL_QUEUE,
+    ORIGINAL_SEQ,
+    DeadLetterReason,
+    FlowState,
+    GroupConfig,
+    Message,
+    PartitionState,
+    QueueConfig,
+)
+from storage import SqlStore, open_store
+from storage.schema import kg_partitions
+
+NOW = 1_700_000_000.0
+MessageFactory = Callable[..., Message]
+
+
+async def _queue_with_messages(
+    store: SqlStore, make_message: MessageFactory, count: int, **settings: Any
+) -> list[Message]:
+    await store.create_queue(QueueConfig("orders", partitions=4, **settings))
+    await store.create_group(GroupConfig("orders", "billing"))
+    return await store.append([make_message("orders", 3) for _ in range(count)], now=NOW)
+
+
+async def _rows(store: SqlStore, query: str, **params: Any) -> list[dict[str, Any]]:
+    async with store.engine.connect() as conn:
+        result = await conn.execute(sa.text(query), params)
+        return [dict(row) for row in result.mappings()]
+
+
+async def test_dispatch_records_and_offsets_are_recovered_after_a_crash(
+    db_url: str, make_message: MessageFactory
+) -> None:
+    crashed = await open_store(db_url)
+    await _queue_with_messages(crashed, make_message, 10)
+    await crashed.record_dispatch("orders", "billing", [RecordDispatch(3, 8)])
+    await crashed.record_dispatch(
+        "orders", "billing", [RecordDispatch(3, 6, redeliveries=((3, 2, NOW), (4, 5, NOW + 1)))]
+    )
+    await crashed.write_offsets("orders", "billing", [OffsetUpdate(3, 2, ((4, 4), (6, 6)))])
+    # Acks of seqs 7 and 8 were still in the broker's flush buffer: the gateway dies here.
+    recovered = await open_store(db_url)
+    try:
+        snapshot = await recovered.load_group("orders", "billing")
+        assert snapshot.partitions[3] == PartitionSnapshot(
+            committed_seq=2,
+            acked_above=((4, 4), (6, 6)),
+            dispatched_seq=8,
+            deliveries=(DeliveryRecord(3, 2, NOW),),
+        )
+        assert snapshot.partitions[0] == PartitionSnapshot()
+    finally:
+        await recovered.close()
+        await crashed.close()
+
+
+async def test_settling_forgets_delivery_records(
+    store: SqlStore, make_message: MessageFactory
+) -> None:
+    await _queue_with_messages(store, make_message, 10)
+    redeliveries = tuple((seq, 2, NOW) for seq in range(1, 9))
+    await store.record_dispatch("orders", "billing", [RecordDispatch(3, 8, redeliveries)])
+    await store.write_offsets("orders", "billing", [OffsetUpdate(3, 3, ((5, 6),))])
+    snapshot = await store.load_group("orders", "billing")
+    assert [d.seq for d in snapshot.partitions[3].deliveries] == [4, 7, 8]
+    with pytest.raises(GroupNotFound):
+        await store.load_group("orders", "nobody")
+
+
+async def test_dead_letter_appends_a_copy_and_settles_in_one_transaction(
+    store: SqlStore, make_message: MessageFactory
+) -> None:
+    [message, *_] = await _queue_with_messages(store, make_message, 3)
+    heard: list[Message] = []
+    store.add_commit_listener(heard.extend)
+    letter = DeadLetter(message, DeadLetterReason.MAX_DELIVERIES, 16, NOW - 60)
+    await store.dead_letter("orders", "billing", [letter], [OffsetUpdate(3, 1)], now=NOW)
+    [copy] = await store.read("orders.dlq", 0, 0, 10)
+    assert heard == [copy]
+    assert copy.payload == message.payload and copy.seq == 1
+    assert {k: v for k, v in copy.properties.items() if k.startswith("x-")} == {
+        DEAD_LETTER_REASON: "max-deliveries",
+        ORIGINAL_QUEUE: "orders",
+        ORIGINAL_GROUP: "billing",
+        ORIGINAL_PARTITION: 3,
+        ORIGINAL_SEQ: 1,
+        DELIVERY_COUNT: 16,
+        FIRST_DELIVERY_TIME: NOW - 60,
+    }
+    assert (await store.load_group("orders", "billing")).partitions[3].committed_seq == 1
+    # A head that went back makes the copy's INSERT hit seq 1 again: the offset written in
+    # the same transaction must not be written either.
+    async with store.engine.begin() as conn:
+        p = kg_partitions
+        await conn.execute(sa.update(p).where(p.c.queue == "orders.dlq").values(head_seq=0))
+    with pytest.raises(StorageError):
+        await store.dead_letter("orders", "billing", [letter], [OffsetUpdate(3, 2)], now=NOW)
+    assert (await store.load_group("orders", "billing")).partitions[3].committed_seq == 1
+    assert await store.depth("orders.dlq") == (1, len(message.payload))
+
+
+async def test_dead_letters_without_a_dlq_are_settled_and_dropped(
+    store: SqlStore, make_message: MessageFactory
+) -> None:
+    [message] = await _queue_with_messages(store, make_message, 1, dead_letter_queue="")
+    letter = DeadLetter(message, DeadLetterReason.REJECTED, 1, None)
+    await store.dead_letter("orders", "billing", [letter], [OffsetUpdate(3, 1)], now=NOW)
+    assert (await store.load_group("orders", "billing")).partitions[3].committed_seq == 1
+    assert [q.name for q in await store.list_queues()] == ["orders"]
+
+
+async def test_retention_deletes_what_every_group_settled(
+    store: SqlStore, make_message: MessageFactory
+) -> None:
+    await _queue_with_messages(store, make_message, 6)
+    await store.create_group(GroupConfig("orders", "audit"))
+    await store.write_offsets("orders", "billing", [OffsetUpdate(3, 5)])
+    await store.write_offsets("orders", "audit", [OffsetUpdate(3, 2, ((4, 6),))])
+    assert await store.retention(now=NOW) == 2
+    assert [m.seq for m in await store.read("orders", 3, 0, 10)] == [3, 4, 5, 6]
+    assert await store.depth("orders") == (4, 4 * len(b"payload"))
+    assert await store.retention(now=NOW) == 0
+
+
+async def test_a_queue_without_groups_keeps_messages_until_they_expire(
+    store: SqlStore, make_message: MessageFactory
+) -> None:
+    await store.create_queue(QueueConfig("events"))
+    await store.append(
+        [make_message("events"), make_message("events", expire_at=NOW + 10)], now=NOW
+    )
+    assert await store.retention(now=NOW + 5) == 0
+    assert await store.retention(now=NOW + 10) == 1
+    assert [m.seq for m in await store.read("events", 0, 0, 10)] == [1]
+
+
+async def test_purge_moves_every_group_to_the_head(
+    store: SqlStore, make_message: MessageFactory
+) -> None:
+    await _queue_with_messages(store, make_message, 4)
+    await store.record_dispatch("orders", "billing", [RecordDispatch(3, 4, ((2, 2, NOW),))])
+    assert await store.purge_queue("orders") == 4
+    assert (await store.load_group("orders", "billing")).partitions[3] == PartitionSnapshot(
+        committed_seq=4, dispatched_seq=4
+    )
+    assert await store.depth("orders") == (0, 0)
+
+
+async def test_views_show_owner_lag_backlog_and_dead_letters(
+    store: SqlStore, make_message: MessageFactory
+) -> None:
+    [first, *_] = await _queue_with_messages(store, make_message, 10)
+    await store.write_flows(
+        "orders", "billing", [FlowChanged("f1", "worker-1", FlowState.RUNNING, 100)], now=NOW
+    )
+    await store.write_assignments(
+        "orders", "billing", [AssignmentChanged(3, PartitionState.READY, "f1")], now=NOW
+    )
+    await store.record_dispatch("orders", "billing", [RecordDispatch(3, 7)])
+    await store.write_offsets("orders", "billing", [OffsetUpdate(3, 2, ((4, 5),))])
+    letter = DeadLetter(first, DeadLetterReason.REJECTED, 1, NOW)
+    await store.dead_letter("orders", "billing", [letter], [], now=NOW)
+    await store.update_flow_pending({"f1": 3}, now=NOW + 1)
+    [status] = await _rows(
+        store,
+        "SELECT s.owner_client, s.lag, s.backlog, s.in_flight, s.state, f.pending "
+        "FROM kg_partition_status s LEFT JOIN kg_flows f ON f.flow_id = s.owner_flow "
+        "WHERE s.queue = :q AND s.group_name = :g AND s.partition = :p",
+        q="orders",
+        g="billing",
+        p=3,
+    )
+    assert status == {
+        "owner_client": "worker-1",
+        "lag": 6,
+        "backlog": 3,
+        "in_flight": 3,
+        "state": "ready",
+        "pending": 3,
+    }
+    [lag] = await _rows(store, "SELECT partitions, lag, in_flight FROM kg_group_lag")
+    assert lag == {"partitions": 4, "lag": 6, "in_flight": 3}
+    [stats] = await _rows(store, "SELECT * FROM kg_queue_stats WHERE queue = 'orders'")
+    assert stats == {
+        "queue": "orders",
+        "partitions": 4,
+        "depth": 10,
+        "bytes": 10 * len(b"payload"),
+        "in_flight": 3,
+        "dead_letters": 1,
+    }
+    assert await store.queue_stats("orders") == {
+        "depth": 10,
+        "bytes": 10 * len(b"payload"),
+        "in_flight": 3,
+        "dead_letters": 1,
+    }
+    rows = await store.partition_status("orders")
+    assert [(r["group_name"], r["partition"], r["lag"]) for r in rows] == [
+        ("billing", 0, 0),
+        ("billing", 1, 0),
+        ("billing", 2, 0),
+        ("billing", 3, 6),
+    ]
+    [group] = await store.group_lag("orders")
+    assert (group["group_name"], group["lag"], group["backlog"]) == ("billing", 6, 3)
+    with pytest.raises(QueueNotFound):
+        await store.queue_stats("nowhere")
+
+
+async def test_exited_flows_are_removed(store: SqlStore) -> None:
+    await store.create_queue(QueueConfig("orders"))
+    flow = FlowChanged("f1", "worker-1", FlowState.RUNNING, 10)
+    await store.write_flows("orders", "g", [flow], now=NOW)
+    await store.write_flows(
+        "orders", "g", [FlowChanged("f1", "worker-1", FlowState.LEAVING, 20)], now=NOW + 1
+    )
+    [row] = await _rows(store, "SELECT state, window_size, bound_at, last_seen FROM kg_flows")
+    assert row == {"state": "leaving", "window_size": 20, "bound_at": NOW, "last_seen": NOW + 1}
+    await store.write_flows("orders", "g", [FlowChanged("f1", "w", FlowState.EXITED, 20)], now=NOW)
+    assert await _rows(store, "SELECT * FROM kg_flows") == []
+
+
+async def test_a_spark_lease_refuses_native_consumers_until_it_expires(store: SqlStore) -> None:
+    await store.create_queue(QueueConfig("orders"))
+    await store.create_group(GroupConfig("orders", "etl"))
+    await store.acquire_group_lease("orders", "etl", "spark", "job-1", ttl=30, now=NOW)
+    await store.acquire_group_lease("orders", "etl", "spark", "job-1", ttl=30, now=NOW + 20)
+    with pytest.raises(GroupLeased):
+        await store.acquire_group_lease("orders", "etl", "native", "gw", ttl=30, now=NOW + 49)
+    await store.acquire_group_lease("orders", "etl", "native", "gw", ttl=30, now=NOW + 50)
+    await store.release_group_lease("orders", "etl", "gw")
+    await store.acquire_group_lease("orders", "etl", "spark", "job-2", ttl=30, now=NOW + 51)
+    [row] = await _rows(store, "SELECT lease_owner, lease_kind FROM kg_group_lag")
+    assert row == {"lease_owner": "job-2", "lease_kind": "spark"}
+    with pytest.raises(GroupNotFound):
+        await store.acquire_group_lease("orders", "nope", "spark", "job-1", ttl=30, now=NOW)
+
+
+async def test_one_gateway_holds_the_lease_until_it_stops_renewing(store: SqlStore) -> None:
+    assert await store.acquire_gateway_lease("main", "gw-a", ttl=10, now=NOW)
+    assert not await store.acquire_gateway_lease("main", "gw-b", ttl=10, now=NOW + 5)
+    assert await store.acquire_gateway_lease("main", "gw-a", ttl=10, now=NOW + 9)
+    assert not await store.acquire_gateway_lease("main", "gw-b", ttl=10, now=NOW + 18)
+    assert await store.acquire_gateway_lease("main", "gw-b", ttl=10, now=NOW + 19)
+    await store.release_gateway_lease("main", "gw-b")
+    assert await store.acquire_gateway_lease("main", "gw-a", ttl=10, now=NOW + 20)
+
+
+async def test_concurrent_dispatch_records_share_one_transaction(
+    store: SqlStore, make_message: MessageFactory
+) -> None:
+    await _queue_with_messages(store, make_message, 8)
+    commits = store.dispatcher.commits
+    await asyncio.gather(
+        *(
+            store.record_dispatch("orders", "billing", [RecordDispatch(3, seq)])
+            for seq in range(1, 9)
+        )
+    )
+    assert store.dispatcher.commits - commits == 1
+    assert (await store.load_group("orders", "billing")).partitions[3].dispatched_seq == 8
+
+
+async def test_close_writes_appends_already_submitted(
+    db_url: str, make_message: MessageFactory
+) -> None:
+    store = await open_store(db_url)
+    await store.create_queue(QueueConfig("orders"))
+    # gather starts its tasks in order: the three appends are submitted before close runs.
+    results = await asyncio.gather(
+        *(store.append([make_message("orders")], now=NOW) for _ in range(3)), store.close()
+    )
+    assert [batch[0].seq for batch in results if batch is not None] == [1, 2, 3]
+    reopened = await open_store(db_url)
+    try:
+        assert await reopened.depth("orders") == (3, 3 * len(b"payload"))
+    finally:
+        await reopened.close()
