@@ -135,7 +135,7 @@ class Consumer:
 
     # ------------------------------------------------------------- receiving
 
-    async def receive(self, timeout: float | None = None) -> Message:  # noqa: ASYNC109
+    async def receive(self, timeout: float | None = None) -> Message:
         """Wait for the next message (blocks up to ``timeout`` seconds; None = forever).
 
         Raises TimeoutError, or ConsumerClosed once the consumer is closed.
@@ -151,7 +151,7 @@ class Consumer:
     async def batch_receive(
         self,
         max_messages: int = 100,
-        timeout: float | None = 0.1,  # noqa: ASYNC109
+        timeout: float | None = 0.1,
     ) -> list[Message]:
         """Up to ``max_messages`` messages: waits until that many are buffered or
         ``timeout`` passes, then returns what is there (possibly none). With ``timeout``

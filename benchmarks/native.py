@@ -1,0 +1,175 @@
+"""Native protocol benchmark: confirmed publish throughput, consume throughput with client
+acks, and end-to-end latency at a fixed offered rate, on SQLite and PostgreSQL.
+
+    .venv/bin/python benchmarks/native.py --messages 20000
+    .venv/bin/python benchmarks/native.py --postgres postgresql://postgres@127.0.0.1:5432/test
+
+The gateway runs in its own process (``keygate serve``), as in production.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import psycopg
+from psycopg import sql
+from sqlalchemy.engine import make_url
+
+from gateway.client import Client
+
+PAYLOAD = os.urandom(1024)
+KEYS = 1000
+IN_FLIGHT = 1000
+
+
+@contextmanager
+def gateway(db: str) -> Iterator[str]:
+    with tempfile.TemporaryDirectory() as tmp:
+        ports = Path(tmp) / "ports.json"
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "gateway.cli",
+                "serve",
+                "--db",
+                db,
+                "--host",
+                "127.0.0.1",
+                "--native-port",
+                "0",
+                "--http-port",
+                "off",
+                "--mqtt-port",
+                "off",
+                "--amqp-port",
+                "off",
+                "--stomp-port",
+                "off",
+                "--ports-file",
+                str(ports),
+            ],
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            deadline = time.monotonic() + 30
+            while not ports.exists():
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("the gateway did not start")
+                time.sleep(0.05)
+            yield f"keygate://127.0.0.1:{json.loads(ports.read_text())['native']}"
+        finally:
+            proc.terminate()
+            proc.wait(30)
+
+
+async def publish_rate(url: str, queue: str, count: int) -> float:
+    async with Client(url) as client:
+        sem = asyncio.Semaphore(IN_FLIGHT)
+
+        async def one(i: int) -> None:
+            async with sem:
+                await client.publish(queue, PAYLOAD, key=f"key-{i % KEYS}")
+
+        started = time.perf_counter()
+        await asyncio.gather(*(one(i) for i in range(count)))
+        return count / (time.perf_counter() - started)
+
+
+async def consume_rate(url: str, queue: str, count: int) -> float:
+    async with Client(url) as client:
+        consumer = await client.subscribe(queue, group="bench", window=2000)
+        started = time.perf_counter()
+        for _ in range(count):
+            msg = await consumer.receive(timeout=30)
+            await consumer.acknowledge(msg)
+        rate = count / (time.perf_counter() - started)
+        await consumer.close()
+        return rate
+
+
+async def latency(url: str, queue: str, rate: int, seconds: float) -> tuple[float, float]:
+    async with Client(url) as producer, Client(url) as consuming:
+        consumer = await consuming.subscribe(queue, group="latency", window=2000, start="latest")
+        samples: list[float] = []
+        total = int(rate * seconds)
+
+        async def receive() -> None:
+            for _ in range(total):
+                msg = await consumer.receive(timeout=30)
+                samples.append(time.time() - float(msg.properties["sent"]))
+                await consumer.acknowledge(msg)
+
+        receiver = asyncio.create_task(receive())
+        start = time.perf_counter()
+        pending = set()
+        for i in range(total):
+            delay = start + i / rate - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            pending.add(
+                asyncio.create_task(
+                    producer.publish(
+                        queue,
+                        PAYLOAD,
+                        key=f"key-{i % KEYS}",
+                        properties={"sent": repr(time.time())},
+                    )
+                )
+            )
+        await asyncio.gather(*pending)
+        await receiver
+        samples.sort()
+        return statistics.median(samples) * 1000, samples[int(len(samples) * 0.99) - 1] * 1000
+
+
+async def run(url: str, messages: int, rate: int) -> dict[str, float]:
+    queue = "bench-" + uuid.uuid4().hex[:8]
+    async with Client(url) as admin:
+        await admin.declare_queue(queue, partitions=16)
+    out = {"publish_msgs_s": await publish_rate(url, queue, messages)}
+    out["consume_msgs_s"] = await consume_rate(url, queue, messages)
+    out["p50_ms"], out["p99_ms"] = await latency(url, queue, rate, 5.0)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--messages", type=int, default=20000)
+    parser.add_argument("--rate", type=int, default=1000, help="offered rate for latency")
+    parser.add_argument("--postgres", default=os.environ.get("KEYGATE_TEST_POSTGRES_URL"))
+    args = parser.parse_args()
+    targets = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        targets["sqlite"] = f"sqlite:///{tmp}/bench.db"
+        if args.postgres:
+            schema = "kg_bench_" + uuid.uuid4().hex[:8]
+            with psycopg.connect(args.postgres, autocommit=True) as conn:
+                conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+            url = make_url(args.postgres).update_query_dict({"search_path": schema})
+            targets["postgresql"] = url.render_as_string(hide_password=False)
+        for name, db in targets.items():
+            with gateway(db) as url:
+                result = asyncio.run(run(url, args.messages, args.rate))
+            print(
+                f"{name:10s} publish {result['publish_msgs_s']:8.0f} msg/s (confirmed, "
+                f"{IN_FLIGHT} in flight) | consume {result['consume_msgs_s']:8.0f} msg/s "
+                f"(client acks) | e2e latency at {args.rate} msg/s: "
+                f"p50 {result['p50_ms']:.1f} ms, p99 {result['p99_ms']:.1f} ms"
+            )
+
+
+if __name__ == "__main__":
+    main()

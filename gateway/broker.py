@@ -1,0 +1,491 @@
+"""The broker: routes publications into queues and runs every consumer group.
+
+It implements ``protocols.sink.Sink`` for the protocol listeners, and the consumer
+operations (bind, ack, nack, ...) the native listener calls. Publishing resolves the
+destination (queue name, or topic through the subscription index), the key and the
+partition, then appends to the store, whose group commit returns after COMMIT. The store's
+commit listener feeds committed messages, in commit order, to the loaded group runtimes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
+from typing import Final
+
+from core.errors import (
+    AuthenticationFailed,
+    Conflict,
+    InvalidArgument,
+    KeygateError,
+    MessageTooLarge,
+    NoRoute,
+    PermissionDenied,
+    QueueNotFound,
+    Unavailable,
+)
+from core.group import GroupMachine
+from core.keys import partition_for, resolve_key
+from core.model import (
+    DEFAULT_MAX_MESSAGE_SIZE,
+    AckMode,
+    GroupConfig,
+    GroupMode,
+    KeyOrder,
+    Message,
+    Publication,
+    QueueConfig,
+    StartPosition,
+)
+from core.topics import SubscriptionIndex, normalize_topic, validate_pattern
+from gateway.config import GatewayConfig
+from gateway.metrics import Metrics, RuntimeMetrics
+from gateway.runtime import FlowOutput, GroupRuntime
+from protocols.sink import Principal, Receipt
+from storage.store import SqlStore
+
+log = logging.getLogger("keygate.broker")
+
+# A group with native flows is leased in SQL (kind "native") so a Spark job refuses it;
+# renewed every retention interval, released when the group's last flow leaves.
+GROUP_LEASE_TTL: Final = 30.0
+
+
+def new_message_id(now: float) -> str:
+    """A time-ordered 128-bit id (48-bit milliseconds + 80 random bits), UUID-formatted."""
+    value = (int(now * 1000) & 0xFFFF_FFFF_FFFF) << 80 | int.from_bytes(os.urandom(10))
+    return str(uuid.UUID(int=value))
+
+
+@dataclass(frozen=True, slots=True)
+class BindResult:
+    flow_id: str
+    partitions: frozenset[int]
+    group: GroupConfig
+
+
+@dataclass(slots=True)
+class _Flow:
+    runtime: GroupRuntime
+    principal: Principal
+
+
+class Broker:
+    def __init__(
+        self,
+        store: SqlStore,
+        config: GatewayConfig,
+        metrics: Metrics,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.config = config
+        self.metrics = metrics
+        self._clock = clock
+        self._queues: dict[str, QueueConfig] = {}
+        self._index = SubscriptionIndex()
+        self._runtimes: dict[tuple[str, str], GroupRuntime] = {}
+        self._loading: dict[tuple[str, str], asyncio.Lock] = {}
+        self._flows: dict[str, _Flow] = {}
+        self._hooks = RuntimeMetrics(metrics)
+        self._appends_in_flight = 0
+        self._flusher: asyncio.Task[None] | None = None
+        self._closing = False
+        self.instance_id = uuid.uuid4().hex
+        self._leased: set[tuple[str, str]] = set()
+        metrics.watch_groups(self._group_gauges)
+
+    async def start(self) -> None:
+        for queue in await self.store.list_queues():
+            self._remember(queue)
+        self.store.add_commit_listener(self._on_commit)
+        self._flusher = asyncio.create_task(self._flush_forever())
+
+    async def close(self) -> None:
+        """Flush every group's acks and stop the runtimes."""
+        self._closing = True
+        if self._flusher is not None:
+            self._flusher.cancel()
+        await asyncio.gather(*(rt.close() for rt in self._runtimes.values()))
+        for queue, group in sorted(self._leased):
+            try:
+                await self.store.release_group_lease(queue, group, self.instance_id)
+            except KeygateError as e:
+                log.warning("releasing the lease of %s/%s failed: %s", queue, group, e)
+        self._leased.clear()
+        self._runtimes.clear()
+        self._flows.clear()
+
+    # --- queues --------------------------------------------------------------------
+
+    def _remember(self, queue: QueueConfig) -> None:
+        old = self._queues.get(queue.name)
+        if old is not None:
+            for pattern in old.subscriptions:
+                self._index.remove(pattern, queue.name)
+        self._queues[queue.name] = queue
+        for pattern in queue.subscriptions:
+            self._index.add(pattern, queue.name)
+
+    def queue(self, name: str) -> QueueConfig:
+        try:
+            return self._queues[name]
+        except KeyError:
+            raise QueueNotFound(name) from None
+
+    def queues(self) -> list[QueueConfig]:
+        return sorted(self._queues.values(), key=lambda q: q.name)
+
+    async def create_queue(self, config: QueueConfig, *, exist_ok: bool = False) -> QueueConfig:
+        for pattern in config.subscriptions:
+            validate_pattern(pattern)
+        stored = await self.store.create_queue(config, exist_ok=exist_ok)
+        self._remember(stored)
+        if stored.dlq_name:
+            self._remember(await self.store.get_queue(stored.dlq_name))
+        return stored
+
+    async def alter_queue(self, name: str, **changes: object) -> QueueConfig:
+        stored = await self.store.alter_queue(name, **changes)
+        self._remember(stored)
+        if stored.dlq_name and stored.dlq_name not in self._queues:
+            self._remember(await self.store.get_queue(stored.dlq_name))
+        for runtime in self.runtimes(name):
+            runtime.machine.reconfigure(stored)
+            runtime.queue = stored
+        return stored
+
+    async def delete_queue_named(self, name: str) -> int:
+        self.queue(name)
+        gone = QueueNotFound(name)
+        for key in [k for k in self._runtimes if k[0] == name]:
+            runtime = self._runtimes.pop(key)
+            for flow_id in list(runtime.outputs):
+                self._flows.pop(flow_id, None)
+            await runtime.close(gone)
+        count = await self.store.delete_queue(name)
+        old = self._queues.pop(name)
+        for pattern in old.subscriptions:
+            self._index.remove(pattern, name)
+        return count
+
+    # --- Sink -----------------------------------------------------------------------
+
+    @property
+    def max_message_size(self) -> int:
+        return max((q.max_message_size for q in self._queues.values()),
+                   default=DEFAULT_MAX_MESSAGE_SIZE)
+
+    @property
+    def blocked(self) -> bool:
+        return self._appends_in_flight > 50_000
+
+    async def authenticate(
+        self, username: str | None, password: str | None, *, protocol: str, client_id: str | None
+    ) -> Principal:
+        users = self.config.users
+        if users and (username is None or users.get(username) != password):
+            raise AuthenticationFailed("bad username or password")
+        return Principal(username, protocol, client_id)
+
+    def _check(self, principal: Principal, action: str, queue: str) -> None:
+        if not self.config.permission(principal.username).allows(action, queue):
+            raise PermissionDenied(f"{principal.username!r} may not {action} on queue {queue!r}")
+
+    def _route(self, publication: Publication) -> list[QueueConfig]:
+        if publication.queue is not None:
+            return [self.queue(publication.queue)]
+        assert publication.topic is not None
+        topic = normalize_topic(publication.topic)
+        names = self._index.match(topic)
+        if not names:
+            raise NoRoute(f"no queue subscribes to topic {topic!r}")
+        return [self._queues[name] for name in sorted(names)]
+
+    def _messages(
+        self, principal: Principal, publication: Publication, now: float
+    ) -> list[Message]:
+        out = []
+        for queue in self._route(publication):
+            self._check(principal, "publish", queue.name)
+            if len(publication.payload) > queue.max_message_size:
+                raise MessageTooLarge(
+                    f"message of {len(publication.payload)} bytes exceeds queue "
+                    f"{queue.name!r} max_message_size {queue.max_message_size}"
+                )
+            key = resolve_key(publication, queue)
+            expire_at = publication.expire_at
+            ttl = publication.ttl if publication.ttl is not None else queue.ttl
+            if expire_at is None and ttl is not None:
+                expire_at = now + ttl
+            out.append(
+                Message(
+                    message_id=new_message_id(now),
+                    queue=queue.name,
+                    partition=partition_for(key, queue.partitions),
+                    seq=0,
+                    key=key,
+                    payload=publication.payload,
+                    properties=publication.properties,
+                    topic=None if publication.topic is None else normalize_topic(publication.topic),
+                    publish_time=now,
+                    deliver_at=publication.deliver_at,
+                    expire_at=expire_at,
+                    producer=publication.producer,
+                    dedup_id=publication.dedup_id,
+                    content_type=publication.content_type,
+                    correlation_id=publication.correlation_id,
+                    reply_to=publication.reply_to,
+                )
+            )
+        return out
+
+    async def publish(self, principal: Principal, publication: Publication) -> Receipt:
+        return (await self.publish_many(principal, [publication]))[0]
+
+    async def publish_many(
+        self, principal: Principal, publications: Sequence[Publication]
+    ) -> list[Receipt]:
+        if self._closing:
+            raise Unavailable("the gateway is shutting down")
+        now = self._clock()
+        try:
+            batches = [self._messages(principal, pub, now) for pub in publications]
+        except KeygateError as e:
+            self.metrics.rejected.labels(e.code).inc()
+            raise
+        flat = [m for batch in batches for m in batch]
+        self._appends_in_flight += len(flat)
+        try:
+            stored = await self.store.append(flat, now=now)
+        except KeygateError as e:
+            self.metrics.rejected.labels(e.code).inc()
+            raise
+        finally:
+            self._appends_in_flight -= len(flat)
+        self.metrics.publish_latency.observe(self._clock() - now)
+        receipts = []
+        position = 0
+        for batch, pub in zip(batches, publications, strict=True):
+            mine = stored[position : position + len(batch)]
+            position += len(batch)
+            duplicate = any(s.message_id != m.message_id for s, m in zip(mine, batch, strict=True))
+            for message in mine:
+                self.metrics.published.labels(message.queue, principal.protocol).inc()
+            receipts.append(
+                Receipt(
+                    tuple(m.message_id for m in mine),
+                    tuple(m.queue for m in mine),
+                    duplicate=duplicate and pub.dedup_id is not None,
+                )
+            )
+        return receipts
+
+    def _on_commit(self, messages: Sequence[Message]) -> None:
+        self.metrics.commit_batch.observe(len(messages))
+        by_queue: dict[str, list[Message]] = {}
+        for message in messages:
+            by_queue.setdefault(message.queue, []).append(message)
+        for (queue, _), runtime in self._runtimes.items():
+            if queue in by_queue:
+                runtime.append(by_queue[queue])
+
+    async def declare_queue(
+        self, principal: Principal, config: QueueConfig, *, passive: bool = False
+    ) -> QueueConfig:
+        if passive:
+            return self.queue(config.name)
+        return await self.create_queue(config, exist_ok=True)
+
+    async def delete_queue(self, principal: Principal, name: str) -> int:
+        return await self.delete_queue_named(name)
+
+    async def purge_queue(self, principal: Principal, name: str) -> int:
+        self.queue(name)
+        return await self.store.purge_queue(name)
+
+    async def queue_depth(self, principal: Principal, name: str) -> int:
+        self.queue(name)
+        return (await self.store.depth(name))[0]
+
+    async def subscribe(self, principal: Principal, queue: str, pattern: str) -> None:
+        self.queue(queue)
+        await self.store.add_subscription(queue, validate_pattern(pattern))
+        self._remember(await self.store.get_queue(queue))
+
+    async def unsubscribe(self, principal: Principal, queue: str, pattern: str) -> None:
+        self.queue(queue)
+        await self.store.remove_subscription(queue, pattern)
+        self._remember(await self.store.get_queue(queue))
+
+    # --- consumers --------------------------------------------------------------------
+
+    async def _runtime(self, wanted: GroupConfig) -> GroupRuntime:
+        key = (wanted.queue, wanted.name)
+        lock = self._loading.setdefault(key, asyncio.Lock())
+        async with lock:
+            runtime = self._runtimes.get(key)
+            if runtime is None:
+                group, snapshot = await self.store.create_group(wanted, exist_ok=True)
+                queue = self.queue(wanted.queue)
+                machine = GroupMachine(
+                    queue, group, now=self._clock(), snapshot=snapshot,
+                    buffer_size=self.config.buffer_size,
+                )
+                runtime = GroupRuntime(
+                    self.store, machine, queue, group, self._hooks, clock=self._clock
+                )
+                runtime.start()
+                self._runtimes[key] = runtime
+        return runtime
+
+    async def bind(
+        self,
+        principal: Principal,
+        queue: str,
+        group: str,
+        *,
+        output: FlowOutput,
+        client: str,
+        window: int | None = None,
+        ack_mode: AckMode = AckMode.CLIENT,
+        tags: dict[str, str] | None = None,
+        mode: GroupMode | None = None,
+        key_order: KeyOrder | None = None,
+        start: StartPosition | None = None,
+        ack_timeout: float | None = None,
+        previous: frozenset[int] | None = None,
+    ) -> BindResult:
+        if self._closing:
+            raise Unavailable("the gateway is shutting down")
+        config = self.queue(queue)
+        self._check(principal, "consume", queue)
+        window = config.window if window is None else window
+        if window < 1:
+            raise InvalidArgument("window must be >= 1")
+        default_mode = GroupMode.PARTITIONED if config.partitions > 0 else GroupMode.SHARED
+        wanted = GroupConfig(
+            queue, group, mode or default_mode, key_order or KeyOrder.PARTITION,
+            start or StartPosition.EARLIEST, tags or None, ack_timeout,
+        )
+        runtime = await self._runtime(wanted)
+        # Raises GroupLeased while a Spark job holds the group.
+        await self.store.acquire_group_lease(
+            queue, group, "native", self.instance_id, ttl=GROUP_LEASE_TTL, now=self._clock()
+        )
+        self._leased.add((queue, group))
+        actual = runtime.group
+        if mode is not None and actual.mode != mode:
+            raise Conflict(f"group {group!r} exists in mode {actual.mode}, not {mode}")
+        if (tags or None) != (dict(actual.tags) if actual.tags else None):
+            raise Conflict(f"group {group!r} has tag filter {actual.tags}, not {tags}")
+        flow_id = uuid.uuid4().hex
+        partitions = runtime.bind(flow_id, client, window, ack_mode, previous, output)
+        self._flows[flow_id] = _Flow(runtime, principal)
+        return BindResult(flow_id, partitions, actual)
+
+    def _runtime_of(self, flow_id: str) -> GroupRuntime | None:
+        """The flow's runtime; None for a flow that is gone (settling it is a no-op:
+        its messages were already returned for redelivery)."""
+        flow = self._flows.get(flow_id)
+        return None if flow is None else flow.runtime
+
+    def unbind(self, flow_id: str, *, shutdown: bool = False) -> None:
+        flow = self._flows.pop(flow_id, None)
+        if flow is not None:
+            flow.runtime.unbind(flow_id, shutdown=shutdown)
+
+    def ack(self, flow_id: str, message_ids: Sequence[str]) -> None:
+        if (runtime := self._runtime_of(flow_id)) is not None:
+            self.metrics.acked.labels(runtime.queue.name, runtime.group.name).inc(
+                len(message_ids)
+            )
+            runtime.ack(flow_id, message_ids)
+
+    def ack_cumulative(self, flow_id: str, partition: int, seq: int) -> None:
+        if (runtime := self._runtime_of(flow_id)) is not None:
+            runtime.ack_cumulative(flow_id, partition, seq)
+
+    def nack(self, flow_id: str, message_ids: Sequence[str], delay: float | None) -> None:
+        if (runtime := self._runtime_of(flow_id)) is not None:
+            self.metrics.nacked.labels(runtime.queue.name, runtime.group.name, "retry").inc(
+                len(message_ids)
+            )
+            runtime.nack(flow_id, message_ids, delay)
+
+    def reject(self, flow_id: str, message_ids: Sequence[str]) -> None:
+        if (runtime := self._runtime_of(flow_id)) is not None:
+            self.metrics.nacked.labels(runtime.queue.name, runtime.group.name, "reject").inc(
+                len(message_ids)
+            )
+            runtime.reject(flow_id, message_ids)
+
+    def credit(self, flow_id: str, window: int) -> None:
+        if window < 1:
+            raise InvalidArgument("window must be >= 1")
+        if (runtime := self._runtime_of(flow_id)) is not None:
+            runtime.credit(flow_id, window)
+
+    # --- inspection ---------------------------------------------------------------------
+
+    def runtimes(self, queue: str | None = None) -> list[GroupRuntime]:
+        return [rt for (q, _), rt in sorted(self._runtimes.items()) if queue in (None, q)]
+
+    def _group_gauges(self) -> Iterable[tuple[str, str, int, int]]:
+        for runtime in self.runtimes():
+            status = runtime.status()
+            in_flight = sum(p.in_flight for p in status.partitions)
+            buffered = sum(p.buffered for p in status.partitions)
+            yield runtime.queue.name, runtime.group.name, buffered, in_flight
+
+    async def _flush_forever(self) -> None:
+        interval = self.config.ack_flush_interval
+        retention_every = max(1, round(self.config.retention_interval / interval))
+        ticks = 0
+        while True:
+            await asyncio.sleep(interval)
+            for runtime in list(self._runtimes.values()):
+                runtime.request_flush()
+            ticks += 1
+            if ticks % retention_every == 0:
+                try:
+                    await self.store.retention(now=self._clock())
+                    await self._write_pending()
+                    await self._renew_leases()
+                except KeygateError as e:
+                    log.warning("housekeeping failed: %s", e)
+
+    async def _renew_leases(self) -> None:
+        for key in sorted(self._leased):
+            runtime = self._runtimes.get(key)
+            if runtime is not None and runtime.outputs:
+                await self.store.acquire_group_lease(
+                    *key, "native", self.instance_id, ttl=GROUP_LEASE_TTL, now=self._clock()
+                )
+            else:
+                self._leased.discard(key)
+                await self.store.release_group_lease(*key, self.instance_id)
+
+    async def _write_pending(self) -> None:
+        pending = {
+            flow.flow_id: flow.pending
+            for runtime in self._runtimes.values()
+            for flow in runtime.status().flows
+        }
+        if pending:
+            await self.store.update_flow_pending(pending, now=self._clock())
+
+
+def with_subscriptions(config: QueueConfig, patterns: Iterable[str]) -> QueueConfig:
+    """``config`` with ``patterns`` added to its subscriptions (validated, deduplicated)."""
+    subs = list(config.subscriptions)
+    for pattern in patterns:
+        if validate_pattern(pattern) not in subs:
+            subs.append(pattern)
+    return replace(config, subscriptions=tuple(subs))

@@ -1,0 +1,260 @@
+"""The ``keygate`` command.
+
+    keygate serve [--config FILE] [--db URL] [--host H] [--native-port N] ...
+    keygate queue create|list|show|delete ...     (admin HTTP API, --url)
+    keygate inspect QUEUE [--json]                (admin HTTP API, --url)
+    keygate publish QUEUE|--topic T PAYLOAD       (admin HTTP API, --url)
+    keygate consume QUEUE --group G               (native protocol, --server)
+    keygate demo                                  (a self-contained end-to-end run)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from core.errors import KeygateError
+from gateway.config import LISTENERS, load_config
+from gateway.server import Gateway
+
+DEFAULT_URL = "http://127.0.0.1:8080"
+QUEUE_FLAGS: dict[str, tuple[str, type]] = {
+    "partitions": ("--partitions", int),
+    "max_deliveries": ("--max-deliveries", int),
+    "rebalance_delay": ("--rebalance-delay", float),
+    "max_handoff_time": ("--max-handoff-time", float),
+    "ttl": ("--ttl", float),
+    "window": ("--window", int),
+    "max_message_size": ("--max-message-size", int),
+    "max_depth_messages": ("--max-depth-messages", int),
+    "max_depth_bytes": ("--max-depth-bytes", int),
+    "backoff_initial": ("--backoff-initial", float),
+    "backoff_multiplier": ("--backoff-multiplier", float),
+    "backoff_max": ("--backoff-max", float),
+    "dedup_window": ("--dedup-window", float),
+    "dead_letter_queue": ("--dead-letter-queue", str),
+    "key_from": ("--key-from", str),
+}
+
+
+class CliError(Exception):
+    pass
+
+
+def _http(url: str, method: str, path: str, body: Any = None) -> Any:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(
+        url.rstrip("/") + path, data=data, method=method,
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return json.loads(response.read() or b"null")
+    except urllib.error.HTTPError as e:
+        try:
+            detail = json.loads(e.read())
+            raise CliError(f"{detail['error']}: {detail['message']}") from e
+        except (ValueError, KeyError):
+            raise CliError(f"HTTP {e.code} from {url}") from e
+    except urllib.error.URLError as e:
+        raise CliError(f"cannot reach the gateway's admin API at {url}: {e.reason}") from e
+
+
+def _print_table(rows: list[dict[str, Any]], columns: Sequence[str]) -> None:
+    widths = [max(len(c), *(len(str(r.get(c, ""))) for r in rows)) for c in columns]
+    print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)))
+    for row in rows:
+        print("  ".join(str(row.get(c, "")).ljust(w) for c, w in zip(columns, widths, strict=True)))
+
+
+def print_inspection(data: dict[str, Any]) -> None:
+    queue = data["queue"]
+    print(
+        f"queue {queue['name']}: {queue['partitions']} partitions, depth {queue['depth']}, "
+        f"in-flight {queue['in_flight']}, dead letters {queue['dead_letters']}"
+    )
+    for group in data["groups"]:
+        print(f"\ngroup {group['group']} ({group['mode']}, key_order {group['key_order']})")
+        _print_table(
+            group["partitions"],
+            ["partition", "state", "owner_client", "owner_flow", "backlog", "in_flight",
+             "committed_seq", "lag"],
+        )
+        if group["flows"]:
+            print()
+            _print_table(
+                group["flows"],
+                ["client", "flow_id", "state", "window", "slots", "pending", "partitions"],
+            )
+
+
+def _serve(args: argparse.Namespace) -> int:
+    overrides: dict[str, Any] = {"db": args.db, "host": args.host, "ports_file": args.ports_file}
+    for name in LISTENERS:
+        overrides[f"{name}_port"] = getattr(args, f"{name}_port")
+    config = load_config(args.config, overrides=overrides)
+    logging.basicConfig(
+        level=config.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
+    # Alembic narrates every migration step at INFO; keygate logs the outcome itself.
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+    loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None
+    try:
+        import uvloop
+
+        loop_factory = uvloop.new_event_loop
+    except ImportError:
+        pass
+    try:
+        with asyncio.Runner(loop_factory=loop_factory) as runner:
+            runner.run(Gateway(config).serve_forever())
+    except KeygateError as e:
+        print(f"keygate: {e.message}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _queue(args: argparse.Namespace) -> int:
+    if args.action == "create":
+        body: dict[str, Any] = {"name": args.name, "subscriptions": args.subscribe or []}
+        for field_name in QUEUE_FLAGS:
+            if (value := getattr(args, field_name)) is not None:
+                body[field_name] = value
+        print(json.dumps(_http(args.url, "POST", "/api/queues", body), indent=2))
+    elif args.action == "list":
+        _print_table(
+            _http(args.url, "GET", "/api/queues"),
+            ["name", "partitions", "depth", "bytes", "in_flight", "dead_letters"],
+        )
+    elif args.action == "show":
+        print(json.dumps(_http(args.url, "GET", f"/api/queues/{args.name}"), indent=2))
+    else:
+        print(json.dumps(_http(args.url, "DELETE", f"/api/queues/{args.name}")))
+    return 0
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    data = _http(args.url, "GET", f"/api/queues/{args.queue}/inspect")
+    if args.json:
+        print(json.dumps(data, indent=2))
+    else:
+        print_inspection(data)
+    return 0
+
+
+def _publish(args: argparse.Namespace) -> int:
+    props = dict(p.split("=", 1) for p in args.property or [])
+    body = {"payload": args.payload, "key": args.key, "properties": props}
+    if not (args.topic or args.queue):
+        raise CliError("name a queue or --topic")
+    if args.topic:
+        path = f"/api/topics/{args.topic}/messages"
+    else:
+        path = f"/api/queues/{args.queue}/messages"
+    print(json.dumps(_http(args.url, "POST", path, body)))
+    return 0
+
+
+def _consume(args: argparse.Namespace) -> int:
+    from gateway.client import BlockingClient
+
+    with BlockingClient(args.server) as client:
+        consumer = client.subscribe(args.queue, group=args.group, window=args.window)
+        received = 0
+        try:
+            while args.count == 0 or received < args.count:
+                try:
+                    msg = consumer.receive(timeout=args.timeout)
+                except TimeoutError:
+                    break
+                print(json.dumps({
+                    "partition": msg.partition, "seq": msg.seq, "key": msg.key,
+                    "message_id": msg.message_id, "delivery_count": msg.delivery_count,
+                    "payload": msg.payload.decode("utf-8", "replace"),
+                }), flush=True)
+                consumer.acknowledge(msg)
+                received += 1
+        finally:
+            consumer.close()
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from gateway.demo import run_demo
+
+    return asyncio.run(run_demo(messages=args.messages))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="keygate", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run a gateway")
+    serve.add_argument("--config", help="TOML configuration file")
+    serve.add_argument("--db", help="SQLAlchemy URL (default sqlite:///keygate.db)")
+    serve.add_argument("--host", help="address to listen on (default 0.0.0.0)")
+    for name in LISTENERS:
+        serve.add_argument(f"--{name}-port", help="port, 0 = any free port, off = disabled")
+    serve.add_argument("--ports-file", help="write the bound ports as JSON here when ready")
+    serve.set_defaults(func=_serve)
+
+    queue = sub.add_parser("queue", help="create, list, show or delete queues")
+    queue.add_argument("action", choices=["create", "list", "show", "delete"])
+    queue.add_argument("name", nargs="?")
+    queue.add_argument("--url", default=DEFAULT_URL, help="admin API URL")
+    queue.add_argument("--subscribe", action="append", metavar="TOPIC")
+    for field_name, (flag, kind) in QUEUE_FLAGS.items():
+        queue.add_argument(flag, dest=field_name, type=kind)
+    queue.set_defaults(func=_queue)
+
+    inspect = sub.add_parser("inspect", help="partitions, owners, backlog and lag of a queue")
+    inspect.add_argument("queue")
+    inspect.add_argument("--url", default=DEFAULT_URL)
+    inspect.add_argument("--json", action="store_true")
+    inspect.set_defaults(func=_inspect)
+
+    publish = sub.add_parser("publish", help="publish one message through the admin API")
+    publish.add_argument("queue", nargs="?")
+    publish.add_argument("payload")
+    publish.add_argument("--topic")
+    publish.add_argument("--key")
+    publish.add_argument("--property", action="append", metavar="NAME=VALUE")
+    publish.add_argument("--url", default=DEFAULT_URL)
+    publish.set_defaults(func=_publish)
+
+    consume = sub.add_parser("consume", help="consume and ack messages (native protocol)")
+    consume.add_argument("queue")
+    consume.add_argument("--group", required=True)
+    consume.add_argument("--server", default="keygate://127.0.0.1:55555")
+    consume.add_argument("--window", type=int, default=100)
+    consume.add_argument("--count", type=int, default=0, help="stop after N (0 = until idle)")
+    consume.add_argument("--timeout", type=float, default=5.0, help="stop when idle this long")
+    consume.set_defaults(func=_consume)
+
+    demo = sub.add_parser("demo", help="run a gateway with real traffic and verify it")
+    demo.add_argument("--messages", type=int, default=3000)
+    demo.set_defaults(func=_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "queue" and args.action != "list" and not args.name:
+        print("keygate: queue name required", file=sys.stderr)
+        return 2
+    try:
+        return int(args.func(args))
+    except (CliError, KeygateError) as e:
+        print(f"keygate: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

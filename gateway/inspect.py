@@ -1,0 +1,80 @@
+"""Queue inspection for the admin API and ``keygate inspect``: the SQL views (what any user
+sees with plain SQL) joined with the live flows of the running state machines."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from core.model import QueueConfig
+from gateway.broker import Broker
+
+
+async def queue_summary(broker: Broker, queue: QueueConfig) -> dict[str, Any]:
+    stats = await broker.store.queue_stats(queue.name)
+    return {
+        "name": queue.name,
+        "partitions": queue.partitions,
+        "subscriptions": list(queue.subscriptions),
+        "dead_letter_queue": queue.dlq_name,
+        "max_deliveries": queue.max_deliveries,
+        "rebalance_delay": queue.rebalance_delay,
+        "max_handoff_time": queue.max_handoff_time,
+        "ttl": queue.ttl,
+        "window": queue.window,
+        "key_from": queue.key_from,
+        **stats,
+    }
+
+
+async def inspect_queue(broker: Broker, name: str) -> dict[str, Any]:
+    """Per group: mode, per-partition state/owner/backlog/in-flight/committed/lag, and the
+    flows with window, slots (free window) and pending (PAI-EAS attributes style)."""
+    queue = broker.queue(name)
+    runtimes = {rt.group.name: rt for rt in broker.runtimes(name)}
+    for runtime in runtimes.values():
+        await runtime.flush()
+    rows = await broker.store.partition_status(name)
+    groups: dict[str, dict[str, Any]] = {}
+    for group in await broker.store.list_groups(name):
+        groups[group.name] = {
+            "group": group.name,
+            "mode": group.mode.value,
+            "key_order": group.key_order.value,
+            "tags": dict(group.tags or {}),
+            "partitions": [],
+            "flows": [],
+        }
+    for row in rows:
+        entry = groups.get(row["group_name"])
+        if entry is not None:
+            entry["partitions"].append(
+                {k: row[k] for k in ("partition", "state", "owner_flow", "owner_client",
+                                     "backlog", "in_flight", "committed_seq", "lag")}
+            )
+    for group_name, runtime in runtimes.items():
+        status = runtime.status()
+        live = {p.partition: p for p in status.partitions}
+        entry = groups[group_name]
+        for part in entry["partitions"]:
+            if (state := live.get(part["partition"])) is not None:
+                part["state"] = state.state.value
+                part["owner_flow"] = state.flow_id
+                part["owner_client"] = state.client
+        entry["flows"] = [
+            {
+                "flow_id": flow.flow_id,
+                "client": flow.client,
+                "state": flow.state.value,
+                "ack_mode": flow.ack_mode.value,
+                "window": flow.window,
+                "pending": flow.pending,
+                "slots": max(0, flow.window - flow.pending),
+                "partitions": sorted(flow.partitions),
+                "bound_at": flow.bound_at,
+            }
+            for flow in status.flows
+        ]
+    return {
+        "queue": await queue_summary(broker, queue),
+        "groups": list(groups.values()),
+    }

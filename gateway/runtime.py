@@ -1,0 +1,343 @@
+"""One consumer group at run time: a ``core.group.GroupMachine`` plus the I/O it asks for.
+
+How it works. Events (bind, ack, appended messages, timer ticks) call the machine
+synchronously — it is pure and fast — and queue the returned action lists. One executor
+task drains that queue in order, merging whatever has piled up into one step:
+
+1. ``RecordDispatch`` records are written (one group-committed write) *before* any
+   ``Deliver`` of the step is handed to a flow, so delivery counts survive a crash.
+2. ``DeadLetter`` copies are written together with the newest offsets in one transaction;
+   otherwise ``OffsetUpdate``\\ s (idempotent full state per partition) are kept in
+   ``_pending_offsets`` and written by the periodic flush, which also runs in this task so
+   an older offset can never overwrite a newer one.
+3. Assignment and flow changes are written through; then deliveries and partition changes
+   are handed to the flows' outputs in the order the machine produced them.
+4. ``Fetch`` starts a read from SQL whose result is fed back with ``machine.loaded``.
+
+A storage failure while persisting is retried with a capped backoff; delivery pauses
+meanwhile rather than sending something whose count is not durable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
+from typing import Any, Final, Protocol
+
+from core.actions import (
+    Action,
+    AssignmentChanged,
+    DeadLetter,
+    Deliver,
+    Dropped,
+    Fetch,
+    FlowChanged,
+    OffsetUpdate,
+    PartitionsChanged,
+    RecordDispatch,
+)
+from core.errors import KeygateError
+from core.group import GroupMachine
+from core.model import AckMode, GroupConfig, Message, QueueConfig
+from core.partition import GroupStatus
+from storage.store import SqlStore
+
+log = logging.getLogger("keygate.runtime")
+
+_FLUSH: Final = "flush"
+_DRAIN: Final = "drain"
+_RETRY_MAX: Final = 2.0
+
+
+class FlowOutput(Protocol):
+    """Where a bound flow's traffic goes (a native connection, for now)."""
+
+    def deliver(self, deliveries: Sequence[Deliver]) -> None:
+        """Queue messages for sending; must not block."""
+
+    def partitions_changed(self, partitions: frozenset[int]) -> None:
+        """Tell the consumer its partition set changed."""
+
+    def terminate(self, error: KeygateError) -> None:
+        """The group went away (queue deleted): end the flow with this error."""
+
+
+class RuntimeHooks(Protocol):
+    def delivered(self, queue: str, group: str, count: int) -> None: ...
+    def dead_lettered(self, queue: str, group: str, count: int) -> None: ...
+    def dropped(self, queue: str, group: str, reason: str) -> None: ...
+
+
+def _merge_dispatch(records: Iterable[RecordDispatch]) -> list[RecordDispatch]:
+    merged: dict[int, RecordDispatch] = {}
+    for rec in records:
+        old = merged.get(rec.partition)
+        if old is None:
+            merged[rec.partition] = rec
+        else:
+            merged[rec.partition] = RecordDispatch(
+                rec.partition,
+                max(old.dispatched_seq, rec.dispatched_seq),
+                old.redeliveries + rec.redeliveries,
+            )
+    return list(merged.values())
+
+
+class GroupRuntime:
+    def __init__(
+        self,
+        store: SqlStore,
+        machine: GroupMachine,
+        queue: QueueConfig,
+        group: GroupConfig,
+        hooks: RuntimeHooks,
+        *,
+        clock: Callable[[], float],
+    ) -> None:
+        self.store = store
+        self.machine = machine
+        self.queue = queue
+        self.group = group
+        self.outputs: dict[str, FlowOutput] = {}
+        self._hooks = hooks
+        self._clock = clock
+        self._actions: asyncio.Queue[list[Action] | str] = asyncio.Queue()
+        self._pending_offsets: dict[int, OffsetUpdate] = {}
+        self._wake = asyncio.Event()
+        self._armed: float | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._drain_waiters: list[asyncio.Future[None]] = []
+        self._closed = False
+
+    # --- lifecycle -----------------------------------------------------------------
+
+    def start(self) -> None:
+        self._spawn(self._execute_forever())
+        self._spawn(self._timer_forever())
+        self.submit(self.machine.tick(self._clock()))
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.error(
+                "group %s/%s task failed", self.queue.name, self.group.name, exc_info=exc
+            )
+
+    async def close(self, error: KeygateError | None = None) -> None:
+        """Flush offsets and stop. With ``error``, every flow is terminated with it."""
+        if self._closed:
+            return
+        self._closed = True
+        self.submit(self.machine.close())
+        await self._drain()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if error is not None:
+            for output in self.outputs.values():
+                output.terminate(error)
+        self.outputs.clear()
+
+    async def flush(self) -> None:
+        """Carry out everything queued so far and write the pending offsets."""
+        await self._drain()
+
+    async def _drain(self) -> None:
+        """Wait until everything queued so far has been carried out."""
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._drain_waiters.append(done)
+        self._actions.put_nowait(_DRAIN)
+        await done
+
+    # --- events ----------------------------------------------------------------------
+
+    def submit(self, actions: list[Action]) -> None:
+        if actions:
+            self._actions.put_nowait(actions)
+        deadline = self.machine.next_deadline()
+        if deadline is not None and (self._armed is None or deadline < self._armed):
+            self._wake.set()
+
+    def bind(
+        self,
+        flow_id: str,
+        client: str,
+        window: int,
+        ack_mode: AckMode,
+        previous: frozenset[int] | None,
+        output: FlowOutput,
+    ) -> frozenset[int]:
+        self.outputs[flow_id] = output
+        self.submit(self.machine.bind(self._clock(), flow_id, client, window, ack_mode, previous))
+        return self.machine.partitions_of(flow_id)
+
+    def unbind(self, flow_id: str, *, shutdown: bool = False) -> None:
+        if self.outputs.pop(flow_id, None) is not None:
+            self.submit(self.machine.unbind(self._clock(), flow_id, shutdown=shutdown))
+
+    def append(self, messages: Sequence[Message]) -> None:
+        self.submit(self.machine.append(self._clock(), messages))
+
+    def ack(self, flow_id: str, message_ids: Sequence[str]) -> None:
+        self.submit(self.machine.ack(self._clock(), flow_id, message_ids))
+
+    def ack_cumulative(self, flow_id: str, partition: int, seq: int) -> None:
+        self.submit(self.machine.ack_cumulative(self._clock(), flow_id, partition, seq))
+
+    def nack(self, flow_id: str, message_ids: Sequence[str], delay: float | None) -> None:
+        self.submit(self.machine.nack(self._clock(), flow_id, message_ids, delay))
+
+    def reject(self, flow_id: str, message_ids: Sequence[str]) -> None:
+        self.submit(self.machine.reject(self._clock(), flow_id, message_ids))
+
+    def credit(self, flow_id: str, window: int) -> None:
+        self.submit(self.machine.credit(self._clock(), flow_id, window))
+
+    def request_flush(self) -> None:
+        if self._pending_offsets:
+            self._actions.put_nowait(_FLUSH)
+
+    def status(self) -> GroupStatus:
+        return self.machine.status()
+
+    # --- the executor ------------------------------------------------------------------
+
+    async def _execute_forever(self) -> None:
+        while True:
+            batch: list[Action] = []
+            flush = False
+            item = await self._actions.get()
+            while True:
+                if isinstance(item, list):
+                    batch.extend(item)
+                elif item == _FLUSH:
+                    flush = True
+                else:
+                    await self._step(batch, flush=True)
+                    batch, flush = [], False
+                    while self._drain_waiters:
+                        self._drain_waiters.pop().set_result(None)
+                try:
+                    item = self._actions.get_nowait()
+                except asyncio.QueueEmpty:
+                    break
+            if batch or flush:
+                await self._step(batch, flush=flush)
+
+    async def _step(self, actions: list[Action], *, flush: bool) -> None:
+        dispatch: list[RecordDispatch] = []
+        letters: list[DeadLetter] = []
+        assignments: list[AssignmentChanged] = []
+        flows: list[FlowChanged] = []
+        sends: list[Deliver | PartitionsChanged] = []
+        fetches: list[Fetch] = []
+        for action in actions:
+            match action:
+                case Deliver() | PartitionsChanged():
+                    sends.append(action)
+                case OffsetUpdate():
+                    self._pending_offsets[action.partition] = action
+                case RecordDispatch():
+                    dispatch.append(action)
+                case DeadLetter():
+                    letters.append(action)
+                case AssignmentChanged():
+                    assignments.append(action)
+                case FlowChanged():
+                    flows.append(action)
+                case Fetch():
+                    fetches.append(action)
+                case Dropped():
+                    self._hooks.dropped(self.queue.name, self.group.name, action.reason)
+        name, group = self.queue.name, self.group.name
+        if dispatch:
+            records = _merge_dispatch(dispatch)
+            await self._persist(lambda: self.store.record_dispatch(name, group, records))
+        if letters or (flush and self._pending_offsets):
+            offsets = list(self._pending_offsets.values())
+            self._pending_offsets.clear()
+            if letters:
+                now = self._clock()
+                await self._persist(
+                    lambda: self.store.dead_letter(name, group, letters, offsets, now=now)
+                )
+                self._hooks.dead_lettered(name, group, len(letters))
+            else:
+                await self._persist(lambda: self.store.write_offsets(name, group, offsets))
+        if assignments:
+            now = self._clock()
+            await self._persist(
+                lambda: self.store.write_assignments(name, group, assignments, now=now)
+            )
+        if flows:
+            now = self._clock()
+            await self._persist(lambda: self.store.write_flows(name, group, flows, now=now))
+        self._send(sends)
+        for fetch in fetches:
+            self._spawn(self._fetch(fetch))
+
+    def _send(self, sends: list[Deliver | PartitionsChanged]) -> None:
+        run: list[Deliver] = []
+        for item in sends:
+            if isinstance(item, Deliver) and (not run or run[-1].flow_id == item.flow_id):
+                run.append(item)
+                continue
+            self._flush_run(run)
+            run = []
+            if isinstance(item, Deliver):
+                run.append(item)
+            elif (output := self.outputs.get(item.flow_id)) is not None:
+                output.partitions_changed(item.partitions)
+        self._flush_run(run)
+
+    def _flush_run(self, run: list[Deliver]) -> None:
+        if run and (output := self.outputs.get(run[0].flow_id)) is not None:
+            output.deliver(run)
+            self._hooks.delivered(self.queue.name, self.group.name, len(run))
+
+    async def _persist(self, write: Callable[[], Awaitable[object]]) -> None:
+        delay = 0.05
+        while True:
+            try:
+                await write()
+                return
+            except KeygateError as e:
+                log.warning(
+                    "group %s/%s: write failed (%s); retrying in %.2fs",
+                    self.queue.name, self.group.name, e, delay,
+                )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, _RETRY_MAX)
+
+    async def _fetch(self, fetch: Fetch) -> None:
+        delay = 0.05
+        while True:
+            try:
+                messages = await self.store.read(
+                    self.queue.name, fetch.partition, fetch.after_seq, fetch.limit
+                )
+                break
+            except KeygateError as e:
+                log.warning("group %s/%s: read failed (%s)", self.queue.name, self.group.name, e)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, _RETRY_MAX)
+        self.submit(self.machine.loaded(self._clock(), fetch.partition, messages))
+
+    async def _timer_forever(self) -> None:
+        while True:
+            deadline = self.machine.next_deadline()
+            self._armed = deadline
+            self._wake.clear()
+            timeout = None if deadline is None else max(0.0, deadline - self._clock())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout)
+            now = self._clock()
+            if deadline is not None and now >= deadline:
+                self.submit(self.machine.tick(now))
