@@ -112,13 +112,15 @@ def _serve(args: argparse.Namespace) -> int:
         loop_factory = uvloop.new_event_loop
     except ImportError:
         pass
+    gateway = Gateway(config)
     try:
         with asyncio.Runner(loop_factory=loop_factory) as runner:
-            runner.run(Gateway(config).serve_forever())
+            runner.run(gateway.serve_forever())
     except KeygateError as e:
         print(f"keygate: {e.message}", file=sys.stderr)
         return 1
-    return 0
+    # Exiting non-zero after losing the lease lets a supervisor restart us as a standby.
+    return 1 if gateway.lost_lease else 0
 
 
 def _queue(args: argparse.Namespace) -> int:

@@ -46,6 +46,8 @@ class GatewayConfig:
     tls_key: str | None = None
     ack_flush_interval: float = 0.05
     retention_interval: float = 5.0
+    # Active/standby: gateways sharing a database elect one active through a lease in SQL.
+    lease_ttl: float = 10.0
     buffer_size: int = 1000
     log_level: str = "INFO"
     log_json: bool = False
@@ -147,6 +149,10 @@ def load_config(
             ports[listener] = parse_port(listener, value)
         elif key in _SCALARS:
             values[key] = _coerce(key, value)
+        elif key == "users":
+            users.update(value)
+        elif key == "permissions":
+            permissions.update(value)
         else:
             raise InvalidArgument(f"unknown setting {key!r}")
     return replace(GatewayConfig(), ports=ports, users=users, permissions=permissions, **values)

@@ -1,5 +1,13 @@
 """The gateway process: opens the store, starts the broker and every enabled listener, and
-shuts down gracefully (stop accepting, drain, flush acks, close the store)."""
+shuts down gracefully (stop accepting, drain, flush acks, close the store).
+
+Active/standby: gateways sharing one database elect the active one through a lease row in
+``kg_gateway_lease`` (named after ``config.name``). A standby opens the store and waits,
+accepting no connections, until the lease is free or has lapsed; the active gateway renews
+every ``lease_ttl / 3`` and, if it cannot renew within ``lease_ttl`` (or finds the lease
+taken), stops itself so two gateways never append at once. A clean stop releases the lease,
+so a standby takes over at once rather than after the TTL.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +17,10 @@ import json
 import logging
 import os
 import signal
+import socket
 import ssl
+import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -72,12 +83,29 @@ class Gateway:
     store: SqlStore | None = None
     broker: Broker | None = None
     ports: dict[str, int] = field(default_factory=dict)
+    holder: str = field(
+        default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+    )
+    lost_lease: bool = False
     _listeners: dict[str, Listener] = field(default_factory=dict)
     _stopped: asyncio.Event = field(default_factory=asyncio.Event)
+    _lease_task: asyncio.Task[None] | None = None
+    _active: bool = False
 
     async def start(self) -> None:
-        """Open storage and start every enabled listener; raise PortInUse naming the port."""
+        """Open storage, wait to be the active gateway, start every enabled listener.
+
+        Raises PortInUse naming the port. While another gateway is active this waits.
+        """
         self.store = await open_store(self.config.db)
+        try:
+            await self._become_active()
+            # Another gateway may have written since the store was opened.
+            await self.store.load_caches()
+        except BaseException:
+            await self.stop()
+            raise
+        self._lease_task = asyncio.create_task(self._keep_lease())
         self.broker = Broker(self.store, self.config, Metrics())
         await self.broker.start()
         context = ssl_context(self.config)
@@ -102,11 +130,52 @@ class Gateway:
             tmp.write_text(json.dumps(self.ports))
             os.replace(tmp, path)
 
+    async def _acquire(self) -> bool:
+        assert self.store is not None
+        return await self.store.acquire_gateway_lease(
+            self.config.name, self.holder, ttl=self.config.lease_ttl, now=time.time()
+        )
+
+    async def _become_active(self) -> None:
+        announced = False
+        while not await self._acquire():
+            if not announced:
+                log.info(
+                    "standby: gateway %r is active elsewhere; taking over when its lease lapses",
+                    self.config.name,
+                )
+                announced = True
+            await asyncio.sleep(self.config.lease_ttl / 3)
+        self._active = True
+        if announced:
+            log.info("took over as the active gateway %r", self.config.name)
+
+    async def _keep_lease(self) -> None:
+        renewed = time.monotonic()
+        while True:
+            await asyncio.sleep(self.config.lease_ttl / 3)
+            try:
+                held = await self._acquire()
+            except KeygateError as e:
+                log.warning("renewing the gateway lease failed: %s", e)
+                held = time.monotonic() - renewed < self.config.lease_ttl
+            else:
+                renewed = time.monotonic() if held else renewed
+            if not held:
+                log.error("lost the gateway lease; stopping so that one gateway stays active")
+                self.lost_lease = True
+                self._active = False
+                asyncio.create_task(self.stop())
+                return
+
     async def stop(self) -> None:
-        """Stop accepting, close connections, flush acks, close the store. Idempotent."""
+        """Stop accepting, close connections, flush acks, release the lease, close the
+        store. Idempotent."""
         if self._stopped.is_set():
             return
         self._stopped.set()
+        if self._lease_task is not None and self._lease_task is not asyncio.current_task():
+            self._lease_task.cancel()
         for name, listener in reversed(list(self._listeners.items())):
             try:
                 await listener.close()
@@ -116,6 +185,11 @@ class Gateway:
         if self.broker is not None:
             await self.broker.close()
         if self.store is not None:
+            if self._active:
+                try:
+                    await self.store.release_gateway_lease(self.config.name, self.holder)
+                except KeygateError as e:
+                    log.warning("releasing the gateway lease failed: %s", e)
             await self.store.close()
         log.info("gateway stopped")
 
@@ -127,7 +201,11 @@ class Gateway:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         try:
-            await stop.wait()
+            stopped = asyncio.create_task(self._stopped.wait())
+            signalled = asyncio.create_task(stop.wait())
+            await asyncio.wait([stopped, signalled], return_when=asyncio.FIRST_COMPLETED)
+            stopped.cancel()
+            signalled.cancel()
         finally:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(sig)

@@ -1,0 +1,94 @@
+"""The ``keygate`` command as a user runs it: a real ``keygate serve`` process and the admin
+commands against it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+KEYGATE = [sys.executable, "-m", "gateway.cli"]
+ALL_PORTS_FREE = [f"--{name}-port=0" for name in ("native", "mqtt", "amqp", "stomp", "http")]
+
+
+def _run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*KEYGATE, *args], capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[dict[str, int]]:
+    ports_file, log = tmp_path / "ports.json", tmp_path / "serve.log"
+    with log.open("w") as output, subprocess.Popen(
+        [*KEYGATE, "serve", "--db", f"sqlite:///{tmp_path / 'kg.db'}", "--host", "127.0.0.1",
+         *ALL_PORTS_FREE, "--ports-file", str(ports_file)],
+        stdout=output, stderr=subprocess.STDOUT,
+    ) as proc:
+        deadline = time.monotonic() + 60
+        while not ports_file.exists():
+            assert proc.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, "keygate serve did not write its ports file"
+            time.sleep(0.05)
+        yield json.loads(ports_file.read_text())
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0, log.read_text()  # graceful shutdown exits cleanly
+    assert "gateway stopped" in log.read_text()
+
+
+def test_serve_writes_every_bound_port_and_admin_commands_work(served: dict[str, int]) -> None:
+    assert set(served) == {"native", "mqtt", "amqp", "stomp", "http"}
+    url = f"--url=http://127.0.0.1:{served['http']}"
+    created = _run("queue", "create", "orders", "--partitions", "4", "--subscribe", "orders/#",
+                   "--max-deliveries", "5", url)
+    assert created.returncode == 0, created.stderr
+    assert json.loads(created.stdout)["max_deliveries"] == 5
+    for i in range(3):
+        sent = _run("publish", "orders", f"hello {i}", "--key", "customer-1", url)
+        assert sent.returncode == 0, sent.stderr
+    listed = _run("queue", "list", url)
+    assert "orders" in listed.stdout and "orders.dlq" in listed.stdout
+    consumed = _run("consume", "orders", "--group", "billing", "--count", "3",
+                    f"--server=keygate://127.0.0.1:{served['native']}")
+    assert consumed.returncode == 0, consumed.stderr
+    lines = [json.loads(line) for line in consumed.stdout.splitlines()]
+    assert [m["payload"] for m in lines] == ["hello 0", "hello 1", "hello 2"]
+    inspected = json.loads(_run("inspect", "orders", "--json", url).stdout)
+    (billing,) = inspected["groups"]
+    assert len(billing["partitions"]) == 4
+    assert sum(p["committed_seq"] for p in billing["partitions"]) == 3
+    table = _run("inspect", "orders", url).stdout
+    assert "group billing" in table and "committed_seq" in table
+
+
+def test_a_taken_port_fails_fast_naming_the_port_and_the_flag(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = _run("serve", "--db", f"sqlite:///{tmp_path / 'kg.db'}", "--host", "127.0.0.1",
+                      *ALL_PORTS_FREE, f"--stomp-port={port}")
+    assert result.returncode == 1
+    assert f"127.0.0.1:{port} is already in use" in result.stderr
+    assert "--stomp-port" in result.stderr
+
+
+def test_admin_commands_explain_an_unreachable_gateway() -> None:
+    result = _run("queue", "list", "--url=http://127.0.0.1:9")
+    assert result.returncode == 1
+    assert "cannot reach the gateway's admin API" in result.stderr
+
+
+def test_demo_runs_and_verifies(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [*KEYGATE, "demo", "--messages", "400"], capture_output=True, text=True, timeout=300,
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])},
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "verification: per-key order held" in result.stdout

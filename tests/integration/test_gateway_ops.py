@@ -1,0 +1,144 @@
+"""Operations: active/standby failover, authentication, TLS, metrics and the admin API."""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+import subprocess
+from pathlib import Path
+
+import aiohttp
+import pytest
+import sqlalchemy as sa
+
+from core.errors import AuthenticationFailed, PermissionDenied
+from gateway.client import Client
+from gateway.config import Permission
+from gateway.server import Gateway
+from storage.engine import async_engine
+from storage.schema import kg_gateway_lease
+from tests.integration.conftest import native_url, start_gateway
+from tests.support.wait import eventually
+
+
+async def test_standby_gateway_takes_over_when_the_active_one_stops(db_url: str) -> None:
+    first = await start_gateway(db_url, lease_ttl=1.0)
+    async with Client(native_url(first)) as client:
+        await client.declare_queue("orders", partitions=2)
+        for i in range(10):
+            await client.publish("orders", b"%d" % i, key=f"k{i}")
+    standby = asyncio.create_task(start_gateway(db_url, lease_ttl=1.0))
+    try:
+        # While the active gateway renews its lease the standby opens no listener.
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(standby), 1.5)
+        await first.stop()
+        second = await asyncio.wait_for(standby, 10)
+    finally:
+        await first.stop()
+    try:
+        async with Client(native_url(second)) as client:
+            consumer = await client.subscribe("orders", group="g")
+            got = {(await consumer.receive(timeout=5)).payload for _ in range(10)}
+            assert got == {b"%d" % i for i in range(10)}
+    finally:
+        await second.stop()
+
+
+async def test_a_gateway_that_stops_renewing_is_replaced_after_the_lease_ttl(db_url: str) -> None:
+    first = await start_gateway(db_url, lease_ttl=1.0)
+    try:
+        assert first._lease_task is not None
+        first._lease_task.cancel()  # a hung process: it no longer renews
+        second = await asyncio.wait_for(start_gateway(db_url, lease_ttl=1.0), 10)
+        await second.stop()
+    finally:
+        await first.stop()
+
+
+async def test_a_gateway_that_finds_its_lease_taken_stops_itself(db_url: str) -> None:
+    gateway = await start_gateway(db_url, lease_ttl=0.6)
+    engine = async_engine(db_url)
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(
+                sa.update(kg_gateway_lease).values(holder="someone-else", expires_at=1e12)
+            )
+        await eventually(lambda: gateway.lost_lease, timeout=5)
+        await eventually(lambda: gateway._stopped.is_set(), timeout=5)
+        with pytest.raises(OSError):
+            await asyncio.open_connection("127.0.0.1", gateway.ports["native"])
+    finally:
+        await engine.dispose()
+        await gateway.stop()
+
+
+async def test_wrong_credentials_and_missing_permissions_are_refused(sqlite_url: str) -> None:
+    gateway = await start_gateway(
+        sqlite_url,
+        users={"alice": "secret", "bob": "pw"},
+        permissions={"bob": Permission(publish=("public-*",), consume=())},
+    )
+    try:
+        with pytest.raises(AuthenticationFailed):
+            await Client(native_url(gateway), username="alice", password="wrong").connect()
+        async with Client(native_url(gateway), username="alice", password="secret") as alice:
+            await alice.declare_queue("orders", partitions=1)
+            await alice.declare_queue("public-news", partitions=1)
+        async with Client(native_url(gateway), username="bob", password="pw") as bob:
+            assert await bob.publish("public-news", b"ok")
+            with pytest.raises(PermissionDenied):
+                await bob.publish("orders", b"no")
+            with pytest.raises(PermissionDenied):
+                await bob.subscribe("public-news", group="g")
+    finally:
+        await gateway.stop()
+
+
+def _self_signed(tmp_path: Path) -> tuple[str, str]:
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+         "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )
+    return str(cert), str(key)
+
+
+async def test_listeners_speak_tls_when_given_a_certificate(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    cert, key = _self_signed(tmp_path)
+    gateway = await start_gateway(sqlite_url, tls_cert=cert, tls_key=key)
+    try:
+        context = ssl.create_default_context(cafile=cert)
+        async with Client(native_url(gateway), ssl_context=context) as client:
+            await client.declare_queue("orders", partitions=1)
+            assert await client.publish("orders", b"over tls")
+        with pytest.raises((ConnectionError, OSError)):  # plain TCP is not served
+            plain = Client(native_url(gateway), connect_timeout=2, max_reconnect_attempts=0)
+            await plain.connect()
+    finally:
+        await gateway.stop()
+
+
+async def test_metrics_count_publishes_and_the_admin_api_inspects_queues(
+    gateway: Gateway,
+) -> None:
+    base = f"http://127.0.0.1:{gateway.ports['http']}"
+    async with aiohttp.ClientSession() as http:
+        created = await http.post(f"{base}/api/queues", json={"name": "orders", "partitions": 4})
+        assert created.status == 201
+        bad = await http.post(f"{base}/api/queues", json={"name": "bad name!"})
+        assert bad.status == 400 and (await bad.json())["error"] == "invalid-argument"
+        missing = await http.get(f"{base}/api/queues/nope")
+        assert missing.status == 404
+        sent = await http.post(
+            f"{base}/api/queues/orders/messages", json={"payload": "hi", "key": "k1"}
+        )
+        assert sent.status == 201
+        metrics = await (await http.get(f"{base}/metrics")).text()
+        assert 'keygate_published_total{protocol="http",queue="orders"} 1.0' in metrics
+        shown = await (await http.get(f"{base}/api/queues/orders")).json()
+        assert shown["depth"] == 1 and shown["partitions"] == 4

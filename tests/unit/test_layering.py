@@ -1,0 +1,46 @@
+"""DESIGN.md §1: dependencies point downward, and core/ does no I/O."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parents[2]
+OURS = {"core", "storage", "protocols", "gateway", "spark"}
+ALLOWED = {
+    "core": {"core"},
+    "storage": {"core", "storage"},
+    "protocols": {"core", "protocols"},
+    "spark": {"core", "storage", "spark"},
+    "gateway": OURS - {"spark"},
+}
+IO_MODULES = {"asyncio", "socket", "sqlalchemy", "sqlite3", "asyncpg", "aiosqlite", "psycopg",
+              "ssl", "selectors", "threading", "subprocess"}
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), str(path))
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+@pytest.mark.parametrize("package", sorted(ALLOWED))
+def test_each_package_imports_only_the_layers_below_it(package: str) -> None:
+    for path in sorted((ROOT / package).rglob("*.py")):
+        if "examples" in path.parts:
+            continue
+        ours = _imports(path) & OURS
+        assert ours <= ALLOWED[package], f"{path.relative_to(ROOT)} imports {ours - ALLOWED[package]}"
+
+
+def test_core_does_no_io() -> None:
+    for path in sorted((ROOT / "core").rglob("*.py")):
+        io = _imports(path) & IO_MODULES
+        assert not io, f"{path.relative_to(ROOT)} imports {io}"
