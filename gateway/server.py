@@ -90,6 +90,7 @@ class Gateway:
     _listeners: dict[str, Listener] = field(default_factory=dict)
     _stopped: asyncio.Event = field(default_factory=asyncio.Event)
     _lease_task: asyncio.Task[None] | None = None
+    _stopping: asyncio.Task[None] | None = None
     _active: bool = False
 
     async def start(self) -> None:
@@ -165,7 +166,8 @@ class Gateway:
                 log.error("lost the gateway lease; stopping so that one gateway stays active")
                 self.lost_lease = True
                 self._active = False
-                asyncio.create_task(self.stop())
+                # stop() cancels the lease task, so it must not run inside it.
+                self._stopping = asyncio.create_task(self.stop())
                 return
 
     async def stop(self) -> None:
