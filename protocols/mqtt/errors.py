@@ -1,0 +1,54 @@
+"""MQTT protocol errors: each carries the MQTT 5 reason code the server answers with.
+
+A decoder or state-machine failure is raised as one of these; the listener turns it into a
+DISCONNECT with ``reason_code`` (MQTT 5, after a successful CONNECT) or a closed socket
+(MQTT 3.1.1, or before CONNECT).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from core.errors import ProtocolError
+from protocols.mqtt.packets import ReasonCode
+
+
+class MqttProtocolError(ProtocolError):
+    """Bad MQTT input. ``reason_code`` is the MQTT 5 reason code for the DISCONNECT."""
+
+    code = "mqtt-protocol-error"
+    default_reason: ClassVar[ReasonCode] = ReasonCode.PROTOCOL_ERROR
+
+    def __init__(self, message: str, reason_code: ReasonCode | None = None) -> None:
+        super().__init__(message)
+        self.reason_code: ReasonCode = reason_code or self.default_reason
+
+
+class MalformedPacket(MqttProtocolError):
+    """The bytes do not form a valid packet (0x81)."""
+
+    default_reason = ReasonCode.MALFORMED_PACKET
+
+
+class PacketTooLarge(MqttProtocolError):
+    """The packet is larger than the Maximum Packet Size we advertised (0x95)."""
+
+    default_reason = ReasonCode.PACKET_TOO_LARGE
+
+
+class UnsupportedProtocolVersion(MqttProtocolError):
+    """CONNECT named a protocol level other than 4 (3.1.1) or 5 (0x84)."""
+
+    default_reason = ReasonCode.UNSUPPORTED_PROTOCOL_VERSION
+
+    def __init__(self, level: int) -> None:
+        super().__init__(f"unsupported MQTT protocol level {level}")
+        self.level = level
+
+
+__all__ = [
+    "MalformedPacket",
+    "MqttProtocolError",
+    "PacketTooLarge",
+    "UnsupportedProtocolVersion",
+]

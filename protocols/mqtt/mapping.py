@@ -1,0 +1,65 @@
+"""From an MQTT PUBLISH (or Will) to a keygate ``Publication`` — see docs/protocols/mqtt.md.
+
+Correlation Data is binary in MQTT and a string in keygate: it becomes ``correlation_id``
+as UTF-8 text when it decodes as UTF-8, else as lowercase hex; the exact bytes are always
+kept in the ``x-mqtt-correlation-data`` property. A user property name repeated in one
+packet keeps its first value (keygate properties are a mapping).
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from core.model import PropertyValue, Publication
+from protocols.mqtt.packets import MqttProperties
+
+CORRELATION_DATA_PROPERTY: Final = "x-mqtt-correlation-data"
+PAYLOAD_FORMAT_PROPERTY: Final = "x-mqtt-payload-format-indicator"
+RETAIN_PROPERTY: Final = "x-mqtt-retain"
+
+
+def payload_format_valid(payload: bytes, properties: MqttProperties) -> bool:
+    """False when the Payload Format Indicator says UTF-8 and the payload is not (0x99)."""
+    if properties.payload_format_indicator != 1:
+        return True
+    try:
+        payload.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def correlation_id(data: bytes) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return data.hex()
+
+
+def to_publication(
+    topic: str, payload: bytes, properties: MqttProperties, *, retain: bool, client_id: str
+) -> Publication:
+    props: dict[str, PropertyValue] = {}
+    for name, value in properties.user_properties:
+        props.setdefault(name, value)
+    if properties.correlation_data is not None:
+        props[CORRELATION_DATA_PROPERTY] = properties.correlation_data
+    if properties.payload_format_indicator is not None:
+        props[PAYLOAD_FORMAT_PROPERTY] = properties.payload_format_indicator
+    if retain:
+        props[RETAIN_PROPERTY] = True
+    expiry = properties.message_expiry_interval
+    return Publication(
+        payload=payload,
+        topic=topic,
+        properties=props,
+        ttl=float(expiry) if expiry is not None else None,
+        producer=f"mqtt:{client_id}",
+        content_type=properties.content_type,
+        correlation_id=(
+            correlation_id(properties.correlation_data)
+            if properties.correlation_data is not None
+            else None
+        ),
+        reply_to=properties.response_topic,
+    )
