@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from core.model import DeadLetterReason, FlowState, Message, PartitionState
+from core.model import AckMode, DeadLetterReason, FlowState, Message, PartitionState
 
 SeqRanges = tuple[tuple[int, int], ...]
 """Inclusive, sorted, non-overlapping, non-adjacent (lo, hi) ranges of seqs."""
@@ -102,6 +102,7 @@ class FlowChanged:
     client: str
     state: FlowState
     window: int
+    ack_mode: AckMode = AckMode.CLIENT
 
 
 @dataclass(frozen=True, slots=True)

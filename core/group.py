@@ -92,7 +92,7 @@ class GroupMachine(DeliveryBook):
         self._flows[flow_id] = flow
         if previous and self._group.mode is not GroupMode.SHARED:
             self._reclaim(flow, previous)
-        self._out.append(FlowChanged(flow_id, client, FlowState.RUNNING, window))
+        self._out.append(FlowChanged(flow_id, client, FlowState.RUNNING, window, ack_mode))
         self._rebalance = True
         return self._finish(now)
 
@@ -113,7 +113,9 @@ class GroupMachine(DeliveryBook):
         flow = self._flows.pop(flow_id, None)
         if flow is None:
             return self._finish(now)
-        self._out.append(FlowChanged(flow_id, flow.client, FlowState.EXITED, flow.window))
+        self._out.append(
+            FlowChanged(flow_id, flow.client, FlowState.EXITED, flow.window, flow.ack_mode)
+        )
         for part in self._parts:
             if part.held[flow_id]:
                 self._return_inflight(part, flow_id, now)
@@ -240,7 +242,9 @@ class GroupMachine(DeliveryBook):
         flow = self._flows.get(flow_id)
         if flow is not None and flow.window != window:
             flow.window = window
-            self._out.append(FlowChanged(flow_id, flow.client, FlowState.RUNNING, window))
+            self._out.append(
+                FlowChanged(flow_id, flow.client, FlowState.RUNNING, window, flow.ack_mode)
+            )
         return self._finish(now)
 
     def tick(self, now: float) -> list[Action]:

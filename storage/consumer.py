@@ -252,6 +252,7 @@ class ConsumerOps(AdminOps):
                 "client": f.client,
                 "state": f.state.value,
                 "window_size": f.window,
+                "ack_mode": f.ack_mode.value,
                 "pending": 0,
                 "bound_at": now,
                 "last_seen": now,
@@ -261,7 +262,7 @@ class ConsumerOps(AdminOps):
         ]
         async with self.transaction() as conn:
             if live:
-                changed = ("client", "state", "window_size", "last_seen")
+                changed = ("client", "state", "window_size", "ack_mode", "last_seen")
                 await conn.execute(upsert(conn, kg_flows, ("flow_id",), changed), live)
             if exited:
                 drop = sa.delete(kg_flows).where(kg_flows.c.flow_id == sa.bindparam("b_flow"))

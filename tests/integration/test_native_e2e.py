@@ -11,6 +11,7 @@ from collections import defaultdict
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 
 from core.errors import QueueNotFound
 from gateway.client import Client, Consumer, Message
@@ -283,3 +284,24 @@ async def test_malformed_frames_get_an_error_and_the_server_stays_up(gateway: Ga
             await client.publish("no-such-queue", b"x")
         await client.declare_queue("orders", partitions=1)
         assert await client.publish("orders", b"still serving")
+
+
+async def test_bound_flows_are_visible_in_sql_with_their_settings(
+    gateway: Gateway, db_url: str
+) -> None:
+    await _declare(gateway, partitions=2)
+    client = await _client(gateway, "billing-worker")
+    await client.subscribe("orders", group="billing", window=7, ack_mode="auto")
+    assert gateway.store is not None
+    engine = gateway.store.engine
+
+    async def flow_row() -> Any:
+        async with engine.connect() as conn:
+            result = await conn.execute(
+                sa.text("SELECT client, group_name, window_size, ack_mode, state FROM kg_flows")
+            )
+            return result.first()
+
+    row = await eventually(flow_row)
+    assert tuple(row) == ("billing-worker", "billing", 7, "auto", "running")
+    await client.close()
