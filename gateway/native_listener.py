@@ -350,26 +350,32 @@ class NativeListener:
         self.server_name = server_name
         self.max_frame = max_frame
         self._server: asyncio.Server | None = None
-        self._sessions: set[asyncio.Task[None]] = set()
+        self._sessions: set[_Session] = set()
+        self._idle = asyncio.Event()
 
     async def start(self, host: str, port: int, ssl_context: ssl.SSLContext | None) -> int:
         self._server = await asyncio.start_server(self._accept, host, port, ssl=ssl_context)
         return int(self._server.sockets[0].getsockname()[1])
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._sessions.add(task)
+        session = _Session(self, reader, writer)
+        self._sessions.add(session)
         try:
-            await _Session(self, reader, writer).run()
+            await session.run()
         finally:
-            self._sessions.discard(task)
+            self._sessions.discard(session)
+            if not self._sessions:
+                self._idle.set()
 
     async def close(self) -> None:
+        """Stop accepting, then end every connection by closing its socket (the session's
+        reader sees EOF and unbinds its flows), and wait until they are all done."""
         if self._server is not None:
             self._server.close()
-        for task in list(self._sessions):
-            task.cancel()
-        await asyncio.gather(*self._sessions, return_exceptions=True)
+        if self._sessions:
+            self._idle.clear()
+            for session in list(self._sessions):
+                session.abort()
+            await self._idle.wait()
         if self._server is not None:
             await self._server.wait_closed()

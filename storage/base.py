@@ -56,6 +56,11 @@ class StoreBase:
         self.depths: dict[str, list[int]] = {}
         self.listeners: list[Callable[[Sequence[Message]], None]] = []
         self._insert_sql: str | None = None
+        # SQLite has one writer at a time and every transaction starts BEGIN IMMEDIATE.
+        # Separate connections racing for it fall into SQLite's busy handler, which
+        # sleeps in growing steps (tens of ms); queueing on a lock in this process costs
+        # nothing. Other processes (Spark, a standby) still wait on busy_timeout.
+        self._sqlite_lock = asyncio.Lock() if engine.dialect.name == "sqlite" else None
 
     def add_commit_listener(self, fn: Callable[[Sequence[Message]], None]) -> None:
         """Call ``fn`` with every committed batch of new messages, in commit order and seq
@@ -118,8 +123,12 @@ class StoreBase:
     async def transaction(self) -> AsyncIterator[AsyncConnection]:
         """One transaction; driver failures become StorageError, keygate errors pass."""
         try:
-            async with self.engine.begin() as connection:
-                yield connection
+            if self._sqlite_lock is None:
+                async with self.engine.begin() as connection:
+                    yield connection
+            else:
+                async with self._sqlite_lock, self.engine.begin() as connection:
+                    yield connection
         except (sa.exc.SQLAlchemyError, OSError) as e:
             raise StorageError(f"database error: {e}") from e
 

@@ -37,6 +37,8 @@ def _header_value(value: Any) -> PropertyValue | None:
     """A header table value as a property value; None (AMQP void) drops the header."""
     if value is None or isinstance(value, str | bool | int | float | bytes):
         return value
+    if isinstance(value, bytearray):  # pamqp decodes byte-array fields ('x') as bytearray
+        return bytes(value)
     if isinstance(value, decimal.Decimal):
         return str(value)
     if isinstance(value, datetime.datetime):
