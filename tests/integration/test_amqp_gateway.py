@@ -1,0 +1,271 @@
+"""AMQP 0-9-1 publishers through the real gateway into SQL (docs/protocols/amqp.md).
+
+pika's BlockingConnection runs on a worker thread (the gateway runs on the test's event
+loop); aio-pika runs on the loop itself. Every assertion about what was stored reads
+kg_messages or kg_queues with SQL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import decimal
+from collections import defaultdict
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import aio_pika
+import pika
+import pika.exceptions
+import pytest
+from pamqp import commands
+from pika.adapters.blocking_connection import BlockingChannel
+
+from core.keys import partition_for
+from gateway.server import Gateway
+from tests.integration.sqlcheck import KEY, Sql, declare, open_sql
+
+HOST = "127.0.0.1"
+NOT_IMPLEMENTED = 540
+
+
+@pytest.fixture
+async def sql(db_url: str) -> AsyncIterator[Sql]:
+    async with open_sql(db_url) as opened:
+        yield opened
+
+
+@contextmanager
+def _channel(
+    gateway: Gateway, *, confirm: bool
+) -> Iterator[tuple[pika.BlockingConnection, BlockingChannel]]:
+    """A pika connection named ``pika-it`` and a channel (in confirm mode when asked);
+    the connection is closed however the scenario ends."""
+    connection = pika.BlockingConnection(
+        pika.ConnectionParameters(
+            HOST,
+            gateway.ports["amqp"],
+            connection_attempts=1,
+            client_properties={"connection_name": "pika-it"},
+        )
+    )
+    try:
+        channel = connection.channel()
+        if confirm:
+            channel.confirm_delivery()
+        yield connection, channel
+    finally:
+        if connection.is_open:
+            connection.close()
+
+
+async def test_pika_confirmed_publish_is_partitioned_by_jmsxgroupid_with_every_field_stored(
+    gateway: Gateway, sql: Sql
+) -> None:
+    await declare(gateway, "orders", partitions=16)
+    headers: dict[str, Any] = {
+        "JMSXGroupID": KEY,
+        "region": "eu",
+        "n": 7,
+        "urgent": True,
+        "price": decimal.Decimal("12.5"),
+        "at": datetime.datetime(2026, 1, 2, 3, 4, 5),
+        "nested": {"a": 1},
+        "dropped": None,
+    }
+    props = pika.BasicProperties(
+        headers=headers,
+        message_id="msg-1",
+        correlation_id="c-1",
+        reply_to="replies",
+        content_type="application/json",
+        content_encoding="gzip",
+        delivery_mode=2,
+        priority=5,
+        expiration="60000",
+        app_id="billing",
+        user_id="guest",
+        timestamp=1_700_000_000,
+        type="order.created",
+    )
+
+    def publish() -> None:
+        with _channel(gateway, confirm=True) as (_, channel):
+            channel.basic_publish("", "orders", b'{"a": 1}', props)
+            channel.basic_publish(
+                "",
+                "orders",
+                b"other",
+                pika.BasicProperties(
+                    headers={"QUEUE_PARTITION_KEY": "Customer-1", "JMSXGroupID": KEY}
+                ),
+            )
+
+    await asyncio.to_thread(publish)
+    rows = {r.payload: r for r in await sql.messages("orders")}
+    assert len(rows) == 2
+    row = rows[b'{"a": 1}']
+    assert (row.key, row.partition) == (KEY, 3)
+    assert row.topic is None
+    assert row.producer == "amqp:pika-it"
+    assert (row.dedup_id, row.correlation_id, row.reply_to) == ("msg-1", "c-1", "replies")
+    assert row.content_type == "application/json"
+    assert row.expire_at is not None
+    assert row.expire_at - row.publish_time == pytest.approx(60, abs=1)
+    p = row.properties
+    assert (p["JMSXGroupID"], p["region"], p["n"], p["urgent"]) == (KEY, "eu", 7, True)
+    assert p["price"] == "12.5"
+    assert isinstance(p["at"], str) and p["at"].startswith("2026-01-02T03:04:05")
+    assert p["nested"] == '{"a": 1}'
+    assert "dropped" not in p
+    assert p["amqp.message_id"] == "msg-1"
+    assert (p["amqp.content_encoding"], p["amqp.delivery_mode"], p["amqp.priority"]) == (
+        "gzip",
+        2,
+        5,
+    )
+    assert (p["amqp.type"], p["amqp.user_id"], p["amqp.timestamp"]) == (
+        "order.created",
+        "guest",
+        1_700_000_000,
+    )
+    other = rows[b"other"]
+    assert (other.key, other.partition) == ("Customer-1", partition_for("Customer-1", 16))
+
+
+async def test_byte_array_header_is_stored_as_bytes(gateway: Gateway, sql: Sql) -> None:
+    await declare(gateway, "orders")
+
+    def publish() -> None:
+        with _channel(gateway, confirm=True) as (_, channel):
+            headers = {"blob": b"\x00\xff"}
+            channel.basic_publish("", "orders", b"x", pika.BasicProperties(headers=headers))
+
+    await asyncio.to_thread(publish)
+    (row,) = await sql.messages("orders")
+    assert row.properties["blob"] == b"\x00\xff"
+
+
+async def test_mandatory_unroutable_publish_raises_unroutable_error_and_stores_nothing(
+    gateway: Gateway, sql: Sql
+) -> None:
+    await declare(gateway, "orders", partitions=4, subscriptions=["orders/#"])
+
+    def publish() -> None:
+        with _channel(gateway, confirm=True) as (_, channel):
+            with pytest.raises(pika.exceptions.UnroutableError):
+                channel.basic_publish("amq.topic", "nowhere.eu", b"lost", mandatory=True)
+            with pytest.raises(pika.exceptions.UnroutableError):
+                channel.basic_publish("", "no-such-queue", b"lost", mandatory=True)
+            channel.basic_publish("", "no-such-queue", b"dropped")  # not mandatory: acked
+
+    await asyncio.to_thread(publish)
+    assert await sql.messages("orders") == []
+
+
+async def test_too_large_message_is_nacked_and_the_connection_survives(
+    gateway: Gateway, sql: Sql
+) -> None:
+    await declare(gateway, "small", max_message_size=1000)
+
+    def publish() -> None:
+        with _channel(gateway, confirm=True) as (connection, channel):
+            with pytest.raises(pika.exceptions.NackError):
+                channel.basic_publish("", "small", b"x" * 1001)
+            channel.basic_publish("", "small", b"y" * 1000)
+            assert connection.is_open and channel.is_open
+
+    await asyncio.to_thread(publish)
+    assert [r.payload for r in await sql.messages("small")] == [b"y" * 1000]
+
+
+async def test_aio_pika_200_publishes_in_flight_are_confirmed_and_stored_in_per_key_order(
+    gateway: Gateway, sql: Sql
+) -> None:
+    await declare(gateway, "bulk", partitions=8)
+    keys = [f"key-{k}" for k in range(5)]
+    connection = await aio_pika.connect(host=HOST, port=gateway.ports["amqp"])
+    async with connection:
+        channel = await connection.channel(publisher_confirms=True)
+        confirms = [
+            channel.default_exchange.publish(
+                aio_pika.Message(
+                    f"{keys[i % 5]}:{i}".encode(), headers={"JMSXGroupID": keys[i % 5]}
+                ),
+                routing_key="bulk",
+            )
+            for i in range(200)
+        ]
+        results = await asyncio.gather(*confirms)
+    assert all(isinstance(r, commands.Basic.Ack) for r in results)
+    rows = await sql.wait_messages("bulk", 200)
+    sent_order: dict[str, list[int]] = defaultdict(list)
+    for row in sorted(rows, key=lambda r: r.seq):
+        key, n = row.payload.decode().split(":")
+        assert (row.key, row.partition) == (key, partition_for(key, 8))
+        sent_order[key].append(int(n))
+    assert sent_order == {key: list(range(k, 200, 5)) for k, key in enumerate(keys)}
+
+
+async def test_amq_topic_binding_with_hash_routes_a_dotted_routing_key_into_the_queue(
+    gateway: Gateway, sql: Sql
+) -> None:
+    await declare(gateway, "orders", partitions=16)
+
+    def bind_and_publish() -> None:
+        with _channel(gateway, confirm=True) as (_, channel):
+            channel.queue_bind("orders", "amq.topic", "orders.#")
+            channel.basic_publish(
+                "amq.topic",
+                "orders.eu",
+                b"eu",
+                pika.BasicProperties(headers={"JMSXGroupID": KEY}),
+                mandatory=True,
+            )
+
+    await asyncio.to_thread(bind_and_publish)
+    (row,) = await sql.messages("orders")
+    assert (row.payload, row.topic, row.key, row.partition) == (b"eu", "orders/eu", KEY, 3)
+
+
+async def test_queue_declare_with_x_partitions_creates_a_keygate_queue_in_kg_queues(
+    gateway: Gateway, sql: Sql
+) -> None:
+    def declare() -> int:
+        with _channel(gateway, confirm=True) as (_, channel):
+            ok = channel.queue_declare("declared", arguments={"x-partitions": 12})
+            channel.basic_publish(
+                "",
+                "declared",
+                b"k",
+                pika.BasicProperties(
+                    headers={
+                        "JMSXGroupID": KEY,
+                    }
+                ),
+            )
+        return int(ok.method.message_count)
+
+    assert await asyncio.to_thread(declare) == 0
+    assert await sql.queue_partitions("declared") == 12
+    (row,) = await sql.messages("declared")
+    assert (row.key, row.partition) == (KEY, partition_for(KEY, 12))
+
+
+async def test_basic_consume_is_refused_with_540_and_the_connection_stays_usable(
+    gateway: Gateway, sql: Sql
+) -> None:
+    await declare(gateway, "jobs")
+
+    def consume() -> int:
+        with _channel(gateway, confirm=False) as (connection, channel):
+            with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+                channel.basic_consume("jobs", lambda *args: None)
+            again = connection.channel()
+            again.confirm_delivery()
+            again.basic_publish("", "jobs", b"still here")
+        return int(closed.value.reply_code)
+
+    assert await asyncio.to_thread(consume) == NOT_IMPLEMENTED
+    assert [r.payload for r in await sql.messages("jobs")] == [b"still here"]
