@@ -97,7 +97,10 @@ class Broker:
         self._appends_in_flight = 0
         self._flusher: asyncio.Task[None] | None = None
         self._closing = False
-        self.instance_id = uuid.uuid4().hex
+        # The lease separates native consumers from Spark jobs, not gateways from each
+        # other (kg_gateway_lease does that): owned by the gateway's name, so the gateway
+        # that takes over after a crash or failover keeps the groups.
+        self.lease_owner = f"gateway:{config.name}"
         self._leased: set[tuple[str, str]] = set()
         metrics.watch_groups(self._group_gauges)
 
@@ -115,7 +118,7 @@ class Broker:
         await asyncio.gather(*(rt.close() for rt in self._runtimes.values()))
         for queue, group in sorted(self._leased):
             try:
-                await self.store.release_group_lease(queue, group, self.instance_id)
+                await self.store.release_group_lease(queue, group, self.lease_owner)
             except KeygateError as e:
                 log.warning("releasing the lease of %s/%s failed: %s", queue, group, e)
         self._leased.clear()
@@ -377,7 +380,7 @@ class Broker:
         runtime = await self._runtime(wanted)
         # Raises GroupLeased while a Spark job holds the group.
         await self.store.acquire_group_lease(
-            queue, group, "native", self.instance_id, ttl=GROUP_LEASE_TTL, now=self._clock()
+            queue, group, "native", self.lease_owner, ttl=GROUP_LEASE_TTL, now=self._clock()
         )
         self._leased.add((queue, group))
         actual = runtime.group
@@ -466,11 +469,11 @@ class Broker:
             runtime = self._runtimes.get(key)
             if runtime is not None and runtime.outputs:
                 await self.store.acquire_group_lease(
-                    *key, "native", self.instance_id, ttl=GROUP_LEASE_TTL, now=self._clock()
+                    *key, "native", self.lease_owner, ttl=GROUP_LEASE_TTL, now=self._clock()
                 )
             else:
                 self._leased.discard(key)
-                await self.store.release_group_lease(*key, self.instance_id)
+                await self.store.release_group_lease(*key, self.lease_owner)
 
     async def _write_pending(self) -> None:
         pending = {

@@ -1,0 +1,114 @@
+"""Crash and memory: a gateway killed with SIGKILL loses nothing confirmed and counts the
+deliveries it may have made; a backlog far larger than memory is paged from SQL in order."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import sqlalchemy as sa
+
+from gateway.client import Client
+from storage.engine import async_engine
+from tests.integration.conftest import native_url, start_gateway
+from tests.support.wait import eventually
+
+
+async def _lag(db_url: str, queue: str, group: str) -> bool:
+    """True once the group's lag in kg_partition_status is down to 10 messages."""
+    engine = async_engine(db_url)
+    try:
+        async with engine.connect() as conn:
+            lag = await conn.scalar(
+                sa.text(
+                    "SELECT SUM(lag) FROM kg_partition_status WHERE queue = :q AND group_name = :g"
+                ),
+                {"q": queue, "g": group},
+            )
+    finally:
+        await engine.dispose()
+    return lag == 10
+
+
+@contextmanager
+def _serve(db_url: str, tmp_path: Path, name: str) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    ports_file = tmp_path / f"{name}.json"
+    with (tmp_path / f"{name}.log").open("w") as log, subprocess.Popen(
+        [sys.executable, "-m", "gateway.cli", "serve", "--db", db_url, "--host", "127.0.0.1",
+         "--native-port", "0", "--http-port", "off", "--mqtt-port", "off", "--amqp-port", "off",
+         "--stomp-port", "off", "--ports-file", str(ports_file)],
+        stdout=log, stderr=subprocess.STDOUT,
+    ) as proc:
+        deadline = time.monotonic() + 60
+        while not ports_file.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "gateway did not start"
+            time.sleep(0.05)
+        try:
+            yield proc, f"keygate://127.0.0.1:{json.loads(ports_file.read_text())['native']}"
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(30)
+
+
+async def test_sigkilled_gateway_redelivers_unacked_messages_with_counts_kept(
+    db_url: str, tmp_path: Path
+) -> None:
+    with _serve(db_url, tmp_path, "first") as (proc, url):
+        async with Client(url) as client:
+            await client.declare_queue("orders", partitions=2, max_deliveries=3)
+            for i in range(20):
+                await client.publish("orders", b"%d" % i, key=f"k{i % 4}")
+            consumer = await client.subscribe("orders", group="g", window=100)
+            received = [await consumer.receive(timeout=5) for _ in range(20)]
+            acked = received[:10]
+            for msg in acked:
+                await consumer.acknowledge(msg)
+            # Crash once the acks are durable: what a user sees in the SQL view.
+            await eventually(lambda: _lag(db_url, "orders", "g"), timeout=10)
+            proc.kill()
+            proc.wait(10)
+            client.abort()
+    with _serve(db_url, tmp_path, "second") as (_, url):
+        async with Client(url) as client:
+            consumer = await client.subscribe("orders", group="g", window=100)
+            again = [await consumer.receive(timeout=5) for _ in range(10)]
+            assert {m.message_id for m in again} == {m.message_id for m in received[10:]}
+            assert all(m.redelivered and m.delivery_count == 2 for m in again)
+            for msg in again:
+                await consumer.acknowledge(msg)
+            try:
+                extra = await consumer.receive(timeout=1.0)
+            except TimeoutError:
+                extra = None
+            assert extra is None, f"acked message {extra.payload!r} came back"
+
+
+async def test_a_backlog_larger_than_memory_is_paged_from_sql_in_order(db_url: str) -> None:
+    gateway = await start_gateway(db_url, buffer_size=8)
+    try:
+        async with Client(native_url(gateway)) as client:
+            await client.declare_queue("orders", partitions=2)
+            await asyncio.gather(
+                *(client.publish("orders", b"%d" % i, key=f"k{i % 5}") for i in range(600))
+            )
+            consumer = await client.subscribe("orders", group="g", window=50)
+            assert gateway.broker is not None
+            (runtime,) = gateway.broker.runtimes("orders")
+            seen: dict[str, list[int]] = {}
+            for _ in range(600):
+                msg = await consumer.receive(timeout=5)
+                assert all(p.buffered <= 8 for p in runtime.status().partitions)
+                seen.setdefault(msg.key or "", []).append(int(msg.payload))
+                await consumer.acknowledge(msg)
+            assert all(values == sorted(values) for values in seen.values())
+            assert sum(map(len, seen.values())) == 600
+    finally:
+        await gateway.stop()
