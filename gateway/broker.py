@@ -182,8 +182,9 @@ class Broker:
 
     @property
     def max_message_size(self) -> int:
-        return max((q.max_message_size for q in self._queues.values()),
-                   default=DEFAULT_MAX_MESSAGE_SIZE)
+        return max(
+            (q.max_message_size for q in self._queues.values()), default=DEFAULT_MAX_MESSAGE_SIZE
+        )
 
     @property
     def blocked(self) -> bool:
@@ -338,7 +339,10 @@ class Broker:
                 group, snapshot = await self.store.create_group(wanted, exist_ok=True)
                 queue = self.queue(wanted.queue)
                 machine = GroupMachine(
-                    queue, group, now=self._clock(), snapshot=snapshot,
+                    queue,
+                    group,
+                    now=self._clock(),
+                    snapshot=snapshot,
                     buffer_size=self.config.buffer_size,
                 )
                 runtime = GroupRuntime(
@@ -374,8 +378,13 @@ class Broker:
             raise InvalidArgument("window must be >= 1")
         default_mode = GroupMode.PARTITIONED if config.partitions > 0 else GroupMode.SHARED
         wanted = GroupConfig(
-            queue, group, mode or default_mode, key_order or KeyOrder.PARTITION,
-            start or StartPosition.EARLIEST, tags or None, ack_timeout,
+            queue,
+            group,
+            mode or default_mode,
+            key_order or KeyOrder.PARTITION,
+            start or StartPosition.EARLIEST,
+            tags or None,
+            ack_timeout,
         )
         runtime = await self._runtime(wanted)
         # Raises GroupLeased while a Spark job holds the group.
@@ -406,9 +415,7 @@ class Broker:
 
     def ack(self, flow_id: str, message_ids: Sequence[str]) -> None:
         if (runtime := self._runtime_of(flow_id)) is not None:
-            self.metrics.acked.labels(runtime.queue.name, runtime.group.name).inc(
-                len(message_ids)
-            )
+            self.metrics.acked.labels(runtime.queue.name, runtime.group.name).inc(len(message_ids))
             runtime.ack(flow_id, message_ids)
 
     def ack_cumulative(self, flow_id: str, partition: int, seq: int) -> None:

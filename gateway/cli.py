@@ -1,11 +1,11 @@
 """The ``keygate`` command.
 
-    keygate serve [--config FILE] [--db URL] [--host H] [--native-port N] ...
-    keygate queue create|list|show|delete ...     (admin HTTP API, --url)
-    keygate inspect QUEUE [--json]                (admin HTTP API, --url)
-    keygate publish QUEUE|--topic T PAYLOAD       (admin HTTP API, --url)
-    keygate consume QUEUE --group G               (native protocol, --server)
-    keygate demo                                  (a self-contained end-to-end run)
+keygate serve [--config FILE] [--db URL] [--host H] [--native-port N] ...
+keygate queue create|list|show|delete ...     (admin HTTP API, --url)
+keygate inspect QUEUE [--json]                (admin HTTP API, --url)
+keygate publish QUEUE|--topic T PAYLOAD       (admin HTTP API, --url)
+keygate consume QUEUE --group G               (native protocol, --server)
+keygate demo                                  (a self-contained end-to-end run)
 """
 
 from __future__ import annotations
@@ -51,7 +51,9 @@ class CliError(Exception):
 def _http(url: str, method: str, path: str, body: Any = None) -> Any:
     data = None if body is None else json.dumps(body).encode()
     request = urllib.request.Request(
-        url.rstrip("/") + path, data=data, method=method,
+        url.rstrip("/") + path,
+        data=data,
+        method=method,
         headers={"Content-Type": "application/json"},
     )
     try:
@@ -84,8 +86,16 @@ def print_inspection(data: dict[str, Any]) -> None:
         print(f"\ngroup {group['group']} ({group['mode']}, key_order {group['key_order']})")
         _print_table(
             group["partitions"],
-            ["partition", "state", "owner_client", "owner_flow", "backlog", "in_flight",
-             "committed_seq", "lag"],
+            [
+                "partition",
+                "state",
+                "owner_client",
+                "owner_flow",
+                "backlog",
+                "in_flight",
+                "committed_seq",
+                "lag",
+            ],
         )
         if group["flows"]:
             print()
@@ -176,11 +186,19 @@ def _consume(args: argparse.Namespace) -> int:
                     msg = consumer.receive(timeout=args.timeout)
                 except TimeoutError:
                     break
-                print(json.dumps({
-                    "partition": msg.partition, "seq": msg.seq, "key": msg.key,
-                    "message_id": msg.message_id, "delivery_count": msg.delivery_count,
-                    "payload": msg.payload.decode("utf-8", "replace"),
-                }), flush=True)
+                print(
+                    json.dumps(
+                        {
+                            "partition": msg.partition,
+                            "seq": msg.seq,
+                            "key": msg.key,
+                            "message_id": msg.message_id,
+                            "delivery_count": msg.delivery_count,
+                            "payload": msg.payload.decode("utf-8", "replace"),
+                        }
+                    ),
+                    flush=True,
+                )
                 consumer.acknowledge(msg)
                 received += 1
         finally:

@@ -98,7 +98,9 @@ def publish_amqp(port: int, plan: list[tuple[str, int]]) -> None:
         channel.confirm_delivery()
         for key, n in plan:
             channel.basic_publish(
-                "", QUEUE, _payload(key, n),
+                "",
+                QUEUE,
+                _payload(key, n),
                 pika.BasicProperties(headers={"JMSXGroupID": key}, delivery_mode=2),
             )
     finally:
@@ -197,13 +199,21 @@ async def run_demo(messages: int = 3000) -> int:
 async def _scenario(gateway: Gateway, per_key: int) -> int:
     ports = gateway.ports
     url = f"keygate://127.0.0.1:{ports['native']}"
-    print("keygate demo: gateway on SQLite, listeners " +
-          ", ".join(f"{name}={port}" for name, port in ports.items()))
+    print(
+        "keygate demo: gateway on SQLite, listeners "
+        + ", ".join(f"{name}={port}" for name, port in ports.items())
+    )
     admin = Client(url, client_name="demo-admin")
     await admin.connect()
     await admin.declare_queue(
-        QUEUE, partitions=PARTITIONS, subscriptions=["orders/#"], max_deliveries=MAX_DELIVERIES,
-        rebalance_delay=1.0, max_handoff_time=1.0, backoff_initial=0.05, backoff_max=0.2,
+        QUEUE,
+        partitions=PARTITIONS,
+        subscriptions=["orders/#"],
+        max_deliveries=MAX_DELIVERIES,
+        rebalance_delay=1.0,
+        max_handoff_time=1.0,
+        backoff_initial=0.05,
+        backoff_max=0.2,
     )
     tally, stop = Tally(), asyncio.Event()
     clients = [Client(url, client_name=f"consumer-{i}") for i in (1, 2, 3)]
@@ -237,7 +247,8 @@ async def _scenario(gateway: Gateway, per_key: int) -> int:
     survivors = consumers[:2]
     await _wait_for(
         lambda: len(survivors[0].partitions | survivors[1].partitions) == PARTITIONS,
-        10, "the rebalance",
+        10,
+        "the rebalance",
     )
     await _show(gateway, "after the delay: reassigned to the two survivors")
 

@@ -48,8 +48,19 @@ async def inspect_queue(broker: Broker, name: str) -> dict[str, Any]:
         entry = groups.get(row["group_name"])
         if entry is not None:
             entry["partitions"].append(
-                {k: row[k] for k in ("partition", "state", "owner_flow", "owner_client",
-                                     "backlog", "in_flight", "committed_seq", "lag")}
+                {
+                    k: row[k]
+                    for k in (
+                        "partition",
+                        "state",
+                        "owner_flow",
+                        "owner_client",
+                        "backlog",
+                        "in_flight",
+                        "committed_seq",
+                        "lag",
+                    )
+                }
             )
     for group_name, runtime in runtimes.items():
         status = runtime.status()

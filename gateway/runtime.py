@@ -126,9 +126,7 @@ class GroupRuntime:
     def _task_done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
         if not task.cancelled() and (exc := task.exception()) is not None:
-            log.error(
-                "group %s/%s task failed", self.queue.name, self.group.name, exc_info=exc
-            )
+            log.error("group %s/%s task failed", self.queue.name, self.group.name, exc_info=exc)
 
     async def close(self, error: KeygateError | None = None) -> None:
         """Flush offsets and stop. With ``error``, every flow is terminated with it."""
@@ -311,7 +309,10 @@ class GroupRuntime:
             except KeygateError as e:
                 log.warning(
                     "group %s/%s: write failed (%s); retrying in %.2fs",
-                    self.queue.name, self.group.name, e, delay,
+                    self.queue.name,
+                    self.group.name,
+                    e,
+                    delay,
                 )
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, _RETRY_MAX)

@@ -94,8 +94,7 @@ class Sink(Protocol):
         """Add a topic subscription (MQTT-style pattern with '/', '+', '#') to a queue."""
         ...
 
-    async def unsubscribe(self, principal: Principal, queue: str, pattern: str) -> None:
-        ...
+    async def unsubscribe(self, principal: Principal, queue: str, pattern: str) -> None: ...
 
 
 class Listener(Protocol):

@@ -6,6 +6,7 @@ python3 -m venv .venv
 .venv/bin/python -m pip install --quiet --upgrade pip
 .venv/bin/python -m pip install --quiet -e '.[test,fast]'
 .venv/bin/ruff check .
+.venv/bin/ruff format --check .
 .venv/bin/mypy
 # pytest exits 5 when it collects nothing: that is a failure here, not a pass.
 .venv/bin/pytest "$@"

@@ -26,11 +26,24 @@ def _run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[dict[str, int]]:
     ports_file, log = tmp_path / "ports.json", tmp_path / "serve.log"
-    with log.open("w") as output, subprocess.Popen(
-        [*KEYGATE, "serve", "--db", f"sqlite:///{tmp_path / 'kg.db'}", "--host", "127.0.0.1",
-         *ALL_PORTS_FREE, "--ports-file", str(ports_file)],
-        stdout=output, stderr=subprocess.STDOUT,
-    ) as proc:
+    with (
+        log.open("w") as output,
+        subprocess.Popen(
+            [
+                *KEYGATE,
+                "serve",
+                "--db",
+                f"sqlite:///{tmp_path / 'kg.db'}",
+                "--host",
+                "127.0.0.1",
+                *ALL_PORTS_FREE,
+                "--ports-file",
+                str(ports_file),
+            ],
+            stdout=output,
+            stderr=subprocess.STDOUT,
+        ) as proc,
+    ):
         deadline = time.monotonic() + 60
         while not ports_file.exists():
             assert proc.poll() is None, log.read_text()
@@ -45,8 +58,18 @@ def served(tmp_path: Path) -> Iterator[dict[str, int]]:
 def test_serve_writes_every_bound_port_and_admin_commands_work(served: dict[str, int]) -> None:
     assert set(served) == {"native", "mqtt", "amqp", "stomp", "http"}
     url = f"--url=http://127.0.0.1:{served['http']}"
-    created = _run("queue", "create", "orders", "--partitions", "4", "--subscribe", "orders/#",
-                   "--max-deliveries", "5", url)
+    created = _run(
+        "queue",
+        "create",
+        "orders",
+        "--partitions",
+        "4",
+        "--subscribe",
+        "orders/#",
+        "--max-deliveries",
+        "5",
+        url,
+    )
     assert created.returncode == 0, created.stderr
     assert json.loads(created.stdout)["max_deliveries"] == 5
     for i in range(3):
@@ -54,8 +77,15 @@ def test_serve_writes_every_bound_port_and_admin_commands_work(served: dict[str,
         assert sent.returncode == 0, sent.stderr
     listed = _run("queue", "list", url)
     assert "orders" in listed.stdout and "orders.dlq" in listed.stdout
-    consumed = _run("consume", "orders", "--group", "billing", "--count", "3",
-                    f"--server=keygate://127.0.0.1:{served['native']}")
+    consumed = _run(
+        "consume",
+        "orders",
+        "--group",
+        "billing",
+        "--count",
+        "3",
+        f"--server=keygate://127.0.0.1:{served['native']}",
+    )
     assert consumed.returncode == 0, consumed.stderr
     lines = [json.loads(line) for line in consumed.stdout.splitlines()]
     assert [m["payload"] for m in lines] == ["hello 0", "hello 1", "hello 2"]
@@ -72,8 +102,15 @@ def test_a_taken_port_fails_fast_naming_the_port_and_the_flag(tmp_path: Path) ->
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        result = _run("serve", "--db", f"sqlite:///{tmp_path / 'kg.db'}", "--host", "127.0.0.1",
-                      *ALL_PORTS_FREE, f"--stomp-port={port}")
+        result = _run(
+            "serve",
+            "--db",
+            f"sqlite:///{tmp_path / 'kg.db'}",
+            "--host",
+            "127.0.0.1",
+            *ALL_PORTS_FREE,
+            f"--stomp-port={port}",
+        )
     assert result.returncode == 1
     assert f"127.0.0.1:{port} is already in use" in result.stderr
     assert "--stomp-port" in result.stderr
@@ -87,8 +124,12 @@ def test_admin_commands_explain_an_unreachable_gateway() -> None:
 
 def test_demo_runs_and_verifies(tmp_path: Path) -> None:
     result = subprocess.run(
-        [*KEYGATE, "demo", "--messages", "400"], capture_output=True, text=True, timeout=300,
-        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])},
+        [*KEYGATE, "demo", "--messages", "400"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])},
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "verification: per-key order held" in result.stdout

@@ -89,9 +89,7 @@ async def test_killed_consumer_partitions_are_unbound_then_reassigned_with_unack
     await _publish(gateway, "orders", [(f"k{i}", i) for i in range(40)])
     held = [await a.receive(timeout=5) for _ in range(5)]  # received, never acked
     a_client.abort()
-    states = await eventually(
-        lambda: _unbound(gateway, a_parts), timeout=5, interval=0.01
-    )
+    states = await eventually(lambda: _unbound(gateway, a_parts), timeout=5, interval=0.01)
     assert states
     await eventually(lambda: b.partitions == frozenset(range(4)), timeout=10)
     redelivered: dict[str, Message] = {}

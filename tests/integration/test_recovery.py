@@ -40,12 +40,35 @@ async def _lag(db_url: str, queue: str, group: str) -> bool:
 @contextmanager
 def _serve(db_url: str, tmp_path: Path, name: str) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
     ports_file = tmp_path / f"{name}.json"
-    with (tmp_path / f"{name}.log").open("w") as log, subprocess.Popen(
-        [sys.executable, "-m", "gateway.cli", "serve", "--db", db_url, "--host", "127.0.0.1",
-         "--native-port", "0", "--http-port", "off", "--mqtt-port", "off", "--amqp-port", "off",
-         "--stomp-port", "off", "--ports-file", str(ports_file)],
-        stdout=log, stderr=subprocess.STDOUT,
-    ) as proc:
+    with (
+        (tmp_path / f"{name}.log").open("w") as log,
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "gateway.cli",
+                "serve",
+                "--db",
+                db_url,
+                "--host",
+                "127.0.0.1",
+                "--native-port",
+                "0",
+                "--http-port",
+                "off",
+                "--mqtt-port",
+                "off",
+                "--amqp-port",
+                "off",
+                "--stomp-port",
+                "off",
+                "--ports-file",
+                str(ports_file),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        ) as proc,
+    ):
         deadline = time.monotonic() + 60
         while not ports_file.exists():
             assert proc.poll() is None and time.monotonic() < deadline, "gateway did not start"

@@ -28,7 +28,9 @@ def test_compose_file_is_valid() -> None:
         pytest.skip("docker-compose is not installed; the compose file is checked where it is")
     result = subprocess.run(
         [compose, "-f", str(ROOT / "docker" / "compose.yaml"), "config", "--quiet"],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.returncode == 0, result.stderr
 

@@ -16,8 +16,19 @@ ALLOWED = {
     "spark": {"core", "storage", "spark"},
     "gateway": OURS - {"spark"},
 }
-IO_MODULES = {"asyncio", "socket", "sqlalchemy", "sqlite3", "asyncpg", "aiosqlite", "psycopg",
-              "ssl", "selectors", "threading", "subprocess"}
+IO_MODULES = {
+    "asyncio",
+    "socket",
+    "sqlalchemy",
+    "sqlite3",
+    "asyncpg",
+    "aiosqlite",
+    "psycopg",
+    "ssl",
+    "selectors",
+    "threading",
+    "subprocess",
+}
 
 
 def _imports(path: Path) -> set[str]:

@@ -24,7 +24,8 @@ def test_file_then_environment_then_overrides_win(tmp_path: Path) -> None:
         '[permissions.alice]\npublish = ["orders*"]\n'
     )
     config = load_config(
-        file, env={"KEYGATE_NATIVE_PORT": "2000", "KEYGATE_DB": "sqlite:///env.db"},
+        file,
+        env={"KEYGATE_NATIVE_PORT": "2000", "KEYGATE_DB": "sqlite:///env.db"},
         overrides={"db": "sqlite:///flag.db", "amqp_port": "0"},
     )
     assert config.db == "sqlite:///flag.db"
