@@ -6,9 +6,9 @@ on each server in turn, and prints messages/s, the keygate/RabbitMQ ratio and ea
 server's CPU seconds per 100k messages (utime + stime from /proc/<pid>/stat).
 
     # a running gateway (e.g. keygate serve) against the local RabbitMQ
-    .venv/bin/python benchmarks/amqp.py --keygate 127.0.0.1:5673 --keygate-pid 1234
+    .venv/bin/python -m benchmarks.amqp --keygate 127.0.0.1:5673 --keygate-pid 1234
     # the AMQP listener alone, on a sink that stores nothing, in a subprocess
-    .venv/bin/python benchmarks/amqp.py --self-contained
+    .venv/bin/python -m benchmarks.amqp --self-contained
 
 RabbitMQ is expected on 127.0.0.1:5672 with guest/guest (``--rabbitmq off`` skips it);
 its process is found by name (beam.smp) unless ``--rabbitmq-pid`` is given.
@@ -23,7 +23,6 @@ import sys
 import time
 import uuid
 from asyncio.subprocess import PIPE
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -105,55 +104,11 @@ async def measure(name: str, url: str, pid: int | None, count: int, arguments: A
 
 def serve_noop() -> None:
     """Subprocess mode: an AmqpListener on a sink that acknowledges without storing."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from core.model import Publication, QueueConfig
+    from benchmarks.nullsink import NullSink
     from protocols.amqp import AmqpListener
-    from protocols.sink import Principal, Receipt
-
-    class NoopSink:
-        max_message_size = 5 * 1024 * 1024
-        blocked = False
-
-        async def authenticate(
-            self,
-            username: str | None,
-            password: str | None,
-            *,
-            protocol: str,
-            client_id: str | None,
-        ) -> Principal:
-            return Principal(username, protocol, client_id)
-
-        async def publish(self, principal: Principal, publication: Publication) -> Receipt:
-            return Receipt(("m",), (publication.queue or "",))
-
-        async def publish_many(
-            self, principal: Principal, publications: Sequence[Publication]
-        ) -> list[Receipt]:
-            return [Receipt(("m",), (p.queue or "",)) for p in publications]
-
-        async def declare_queue(
-            self, principal: Principal, config: QueueConfig, *, passive: bool = False
-        ) -> QueueConfig:
-            return config
-
-        async def delete_queue(self, principal: Principal, name: str) -> int:
-            return 0
-
-        async def purge_queue(self, principal: Principal, name: str) -> int:
-            return 0
-
-        async def queue_depth(self, principal: Principal, name: str) -> int:
-            return 0
-
-        async def subscribe(self, principal: Principal, queue: str, pattern: str) -> None:
-            return None
-
-        async def unsubscribe(self, principal: Principal, queue: str, pattern: str) -> None:
-            return None
 
     async def run() -> None:
-        listener = AmqpListener(NoopSink())
+        listener = AmqpListener(NullSink())
         port = await listener.start("127.0.0.1", 0, None)
         print(port, flush=True)
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
@@ -175,7 +130,13 @@ async def main(args: argparse.Namespace) -> None:
     keygate_args: Arguments = {"x-partitions": args.partitions}
     if args.self_contained:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, __file__, "--serve-noop", stdin=PIPE, stdout=PIPE
+            sys.executable,
+            "-m",
+            "benchmarks.amqp",
+            "--serve-noop",
+            stdin=PIPE,
+            stdout=PIPE,
+            cwd=Path(__file__).resolve().parent.parent,
         )
         assert proc.stdin is not None and proc.stdout is not None
         try:

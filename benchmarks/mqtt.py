@@ -35,7 +35,7 @@ from typing import Any
 import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion
 
-from benchmarks.stomp import NullSink
+from benchmarks.nullsink import NullSink
 from protocols.mqtt import ConnAck, Connect, MqttCodec, MqttListener, PubAck, Publish
 
 MOSQUITTO_DEFAULT = "127.0.0.1:1883"

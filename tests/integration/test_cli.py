@@ -8,15 +8,12 @@ import os
 import signal
 import socket
 import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-KEYGATE = [sys.executable, "-m", "gateway.cli"]
-ALL_PORTS_FREE = [f"--{name}-port=0" for name in ("native", "mqtt", "amqp", "stomp", "http")]
+from tests.support.serve import ALL_PORTS_FREE, KEYGATE, serve
 
 
 def _run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -25,34 +22,11 @@ def _run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[dict[str, int]]:
-    ports_file, log = tmp_path / "ports.json", tmp_path / "serve.log"
-    with (
-        log.open("w") as output,
-        subprocess.Popen(
-            [
-                *KEYGATE,
-                "serve",
-                "--db",
-                f"sqlite:///{tmp_path / 'kg.db'}",
-                "--host",
-                "127.0.0.1",
-                *ALL_PORTS_FREE,
-                "--ports-file",
-                str(ports_file),
-            ],
-            stdout=output,
-            stderr=subprocess.STDOUT,
-        ) as proc,
-    ):
-        deadline = time.monotonic() + 60
-        while not ports_file.exists():
-            assert proc.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, "keygate serve did not write its ports file"
-            time.sleep(0.05)
-        yield json.loads(ports_file.read_text())
+    with serve(f"sqlite:///{tmp_path / 'kg.db'}", tmp_path) as (proc, ports, log):
+        yield ports
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0, log.read_text()  # graceful shutdown exits cleanly
-    assert "gateway stopped" in log.read_text()
+        assert "gateway stopped" in log.read_text()
 
 
 def test_serve_writes_every_bound_port_and_admin_commands_work(served: dict[str, int]) -> None:

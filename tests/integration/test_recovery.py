@@ -4,13 +4,6 @@ deliveries it may have made; a backlog far larger than memory is paged from SQL 
 from __future__ import annotations
 
 import asyncio
-import json
-import signal
-import subprocess
-import sys
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -18,6 +11,7 @@ import sqlalchemy as sa
 from gateway.client import Client
 from storage.engine import async_engine
 from tests.integration.conftest import native_url, start_gateway
+from tests.support.serve import serve
 from tests.support.wait import eventually
 
 
@@ -37,54 +31,12 @@ async def _lag(db_url: str, queue: str, group: str) -> bool:
     return lag == 10
 
 
-@contextmanager
-def _serve(db_url: str, tmp_path: Path, name: str) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
-    ports_file = tmp_path / f"{name}.json"
-    with (
-        (tmp_path / f"{name}.log").open("w") as log,
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "gateway.cli",
-                "serve",
-                "--db",
-                db_url,
-                "--host",
-                "127.0.0.1",
-                "--native-port",
-                "0",
-                "--http-port",
-                "off",
-                "--mqtt-port",
-                "off",
-                "--amqp-port",
-                "off",
-                "--stomp-port",
-                "off",
-                "--ports-file",
-                str(ports_file),
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        ) as proc,
-    ):
-        deadline = time.monotonic() + 60
-        while not ports_file.exists():
-            assert proc.poll() is None and time.monotonic() < deadline, "gateway did not start"
-            time.sleep(0.05)
-        try:
-            yield proc, f"keygate://127.0.0.1:{json.loads(ports_file.read_text())['native']}"
-        finally:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                proc.wait(30)
-
-
 async def test_sigkilled_gateway_redelivers_unacked_messages_with_counts_kept(
     db_url: str, tmp_path: Path
 ) -> None:
-    with _serve(db_url, tmp_path, "first") as (proc, url):
+    only_native = ("--mqtt-port=off", "--amqp-port=off", "--stomp-port=off", "--http-port=off")
+    with serve(db_url, tmp_path, *only_native, name="first") as (proc, ports, _):
+        url = f"keygate://127.0.0.1:{ports['native']}"
         async with Client(url) as client:
             await client.declare_queue("orders", partitions=2, max_deliveries=3)
             for i in range(20):
@@ -99,7 +51,8 @@ async def test_sigkilled_gateway_redelivers_unacked_messages_with_counts_kept(
             proc.kill()
             proc.wait(10)
             client.abort()
-    with _serve(db_url, tmp_path, "second") as (_, url):
+    with serve(db_url, tmp_path, *only_native, name="second") as (_, ports, _):
+        url = f"keygate://127.0.0.1:{ports['native']}"
         async with Client(url) as client:
             consumer = await client.subscribe("orders", group="g", window=100)
             again = [await consumer.receive(timeout=5) for _ in range(10)]
