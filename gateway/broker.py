@@ -178,6 +178,40 @@ class Broker:
             self._index.remove(pattern, name)
         return count
 
+    # --- groups -------------------------------------------------------------------
+
+    def default_mode(self, queue: str) -> GroupMode:
+        """``partitioned`` for a partitioned queue, else ``shared`` (competing consumers)."""
+        return GroupMode.PARTITIONED if self.queue(queue).partitions > 0 else GroupMode.SHARED
+
+    async def create_group(self, config: GroupConfig) -> GroupConfig:
+        """Create a group explicitly (DESIGN.md §2: "created explicitly or on first bind").
+
+        Raises QueueNotFound, AlreadyExists when a group of that name exists.
+        """
+        self.queue(config.queue)
+        group, _ = await self.store.create_group(config, exist_ok=False)
+        return group
+
+    async def delete_group(self, queue: str, name: str) -> None:
+        """Delete a group and its progress. Refused (Conflict) while consumers are bound,
+        as Pulsar refuses to delete a subscription with consumers: a bound consumer would
+        otherwise re-create the group on its next reconnect."""
+        await self.store.get_group(queue, name)
+        runtime = self._runtimes.get((queue, name))
+        if runtime is not None and runtime.outputs:
+            raise Conflict(
+                f"group {name!r} of {queue!r} has {len(runtime.outputs)} bound consumer(s); "
+                "close them first"
+            )
+        if runtime is not None:
+            del self._runtimes[(queue, name)]
+            await runtime.close()
+        if (queue, name) in self._leased:
+            self._leased.discard((queue, name))
+            await self.store.release_group_lease(queue, name, self.lease_owner)
+        await self.store.delete_group(queue, name)
+
     # --- Sink -----------------------------------------------------------------------
 
     @property
@@ -376,11 +410,10 @@ class Broker:
         window = config.window if window is None else window
         if window < 1:
             raise InvalidArgument("window must be >= 1")
-        default_mode = GroupMode.PARTITIONED if config.partitions > 0 else GroupMode.SHARED
         wanted = GroupConfig(
             queue,
             group,
-            mode or default_mode,
+            mode or self.default_mode(queue),
             key_order or KeyOrder.PARTITION,
             start or StartPosition.EARLIEST,
             tags or None,

@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from core.errors import KeygateError
+from core.model import GroupMode, KeyOrder, StartPosition
 from gateway.config import LISTENERS, load_config
 from gateway.server import Gateway
 
@@ -136,7 +137,7 @@ def _serve(args: argparse.Namespace) -> int:
 def _queue(args: argparse.Namespace) -> int:
     if args.action == "create":
         body: dict[str, Any] = {"name": args.name, "subscriptions": args.subscribe or []}
-        for field_name in QUEUE_FLAGS:
+        for field_name in (*QUEUE_FLAGS, "dead_letter_expired"):
             if (value := getattr(args, field_name)) is not None:
                 body[field_name] = value
         print(json.dumps(_http(args.url, "POST", "/api/queues", body), indent=2))
@@ -150,6 +151,50 @@ def _queue(args: argparse.Namespace) -> int:
     else:
         print(json.dumps(_http(args.url, "DELETE", f"/api/queues/{args.name}")))
     return 0
+
+
+def _tags(pairs: list[str] | None) -> dict[str, str]:
+    tags = {}
+    for pair in pairs or []:
+        name, sep, value = pair.partition("=")
+        if not sep:
+            raise CliError(f"--tag takes NAME=VALUE, got {pair!r}")
+        tags[name] = value
+    return tags
+
+
+def _group(args: argparse.Namespace) -> int:
+    path = f"/api/queues/{args.queue}/groups"
+    if args.action == "create":
+        if not args.name:
+            raise CliError("group create needs QUEUE and NAME")
+        body: dict[str, Any] = {"name": args.name, "tags": _tags(args.tag)}
+        for field_name in ("mode", "key_order", "start", "ack_timeout"):
+            if (value := getattr(args, field_name)) is not None:
+                body[field_name] = value
+        print(json.dumps(_http(args.url, "POST", path, body), indent=2))
+    elif args.action == "list":
+        rows = _http(args.url, "GET", path)
+        _print_table(rows, ["name", "mode", "key_order", "start", "tags", "ack_timeout"])
+    else:
+        if not args.name:
+            raise CliError("group delete needs QUEUE and NAME")
+        print(json.dumps(_http(args.url, "DELETE", f"{path}/{args.name}")))
+    return 0
+
+
+def _group_flags(parser: argparse.ArgumentParser) -> None:
+    """Settings a group gets when it is created (explicitly, or by its first consumer)."""
+    parser.add_argument("--mode", choices=[m.value for m in GroupMode])
+    parser.add_argument("--key-order", dest="key_order", choices=[k.value for k in KeyOrder])
+    parser.add_argument("--start", choices=[p.value for p in StartPosition])
+    parser.add_argument("--ack-timeout", dest="ack_timeout", type=float, metavar="SECONDS")
+    parser.add_argument(
+        "--tag",
+        action="append",
+        metavar="NAME=VALUE",
+        help="tag filter: only messages with this property value",
+    )
 
 
 def _inspect(args: argparse.Namespace) -> int:
@@ -178,7 +223,16 @@ def _consume(args: argparse.Namespace) -> int:
     from gateway.client import BlockingClient
 
     with BlockingClient(args.server) as client:
-        consumer = client.subscribe(args.queue, group=args.group, window=args.window)
+        consumer = client.subscribe(
+            args.queue,
+            group=args.group,
+            window=args.window,
+            tags=_tags(args.tag) or None,
+            mode=args.mode,
+            key_order=args.key_order,
+            start=args.start,
+            ack_timeout=args.ack_timeout,
+        )
         received = 0
         try:
             while args.count == 0 or received < args.count:
@@ -232,7 +286,21 @@ def build_parser() -> argparse.ArgumentParser:
     queue.add_argument("--subscribe", action="append", metavar="TOPIC")
     for field_name, (flag, kind) in QUEUE_FLAGS.items():
         queue.add_argument(flag, dest=field_name, type=kind)
+    queue.add_argument(
+        "--dead-letter-expired",
+        action="store_true",
+        default=None,
+        help="dead-letter expired messages instead of dropping them",
+    )
     queue.set_defaults(func=_queue)
+
+    group = sub.add_parser("group", help="create, list or delete consumer groups")
+    group.add_argument("action", choices=["create", "list", "delete"])
+    group.add_argument("queue")
+    group.add_argument("name", nargs="?")
+    group.add_argument("--url", default=DEFAULT_URL, help="admin API URL")
+    _group_flags(group)
+    group.set_defaults(func=_group)
 
     inspect = sub.add_parser("inspect", help="partitions, owners, backlog and lag of a queue")
     inspect.add_argument("queue")
@@ -256,6 +324,7 @@ def build_parser() -> argparse.ArgumentParser:
     consume.add_argument("--window", type=int, default=100)
     consume.add_argument("--count", type=int, default=0, help="stop after N (0 = until idle)")
     consume.add_argument("--timeout", type=float, default=5.0, help="stop when idle this long")
+    _group_flags(consume)
     consume.set_defaults(func=_consume)
 
     demo = sub.add_parser("demo", help="run a gateway with real traffic and verify it")

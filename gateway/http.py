@@ -8,6 +8,10 @@
     PATCH  /api/queues/{name}               alter settings
     DELETE /api/queues/{name}               delete (messages, groups, offsets)
     GET    /api/queues/{name}/inspect       groups, partitions and flows (PAI-EAS style)
+    GET    /api/queues/{name}/groups        the queue's consumer groups and their settings
+    POST   /api/queues/{name}/groups        create: {"name": ..., "mode": ..., "key_order": ...,
+                                            "start": ..., "tags": {...}, "ack_timeout": ...}
+    DELETE /api/queues/{name}/groups/{group}  delete a group and its progress
     POST   /api/queues/{name}/messages      publish: {"payload": str | "payload_b64": str,
                                             "key": ..., "properties": {...}}
     POST   /api/topics/{topic}/messages     publish to a topic (same body)
@@ -29,7 +33,14 @@ from typing import Any
 from aiohttp import web
 
 from core.errors import InvalidArgument, KeygateError
-from core.model import Publication, QueueConfig
+from core.model import (
+    GroupConfig,
+    GroupMode,
+    KeyOrder,
+    Publication,
+    QueueConfig,
+    StartPosition,
+)
 from gateway.broker import Broker
 from gateway.inspect import inspect_queue, queue_summary
 from protocols.sink import Principal
@@ -58,6 +69,43 @@ def queue_from_json(body: dict[str, Any]) -> QueueConfig:
     try:
         return QueueConfig(**values)
     except TypeError as e:
+        raise InvalidArgument(str(e)) from e
+
+
+def group_json(group: GroupConfig) -> dict[str, Any]:
+    return {
+        "queue": group.queue,
+        "name": group.name,
+        "mode": group.mode.value,
+        "key_order": group.key_order.value,
+        "start": group.start.value,
+        "tags": dict(group.tags or {}),
+        "ack_timeout": group.ack_timeout,
+    }
+
+
+def group_from_json(queue: str, body: dict[str, Any], default_mode: GroupMode) -> GroupConfig:
+    unknown = set(body) - {"name", "mode", "key_order", "start", "tags", "ack_timeout"}
+    if unknown:
+        raise InvalidArgument(f"unknown group settings: {', '.join(sorted(unknown))}")
+    if "name" not in body:
+        raise InvalidArgument("a group needs a name")
+    tags = body.get("tags") or None
+    if tags is not None and not (
+        isinstance(tags, dict) and all(isinstance(v, str) for v in tags.values())
+    ):
+        raise InvalidArgument("tags must be an object of strings")
+    try:
+        return GroupConfig(
+            queue,
+            body["name"],
+            GroupMode(body.get("mode", default_mode)),
+            KeyOrder(body.get("key_order", KeyOrder.PARTITION)),
+            StartPosition(body.get("start", StartPosition.EARLIEST)),
+            tags,
+            body.get("ack_timeout"),
+        )
+    except ValueError as e:
         raise InvalidArgument(str(e)) from e
 
 
@@ -98,6 +146,9 @@ class AdminServer:
                 web.patch("/api/queues/{name}", self._alter),
                 web.delete("/api/queues/{name}", self._delete),
                 web.get("/api/queues/{name}/inspect", self._inspect),
+                web.get("/api/queues/{name}/groups", self._groups),
+                web.post("/api/queues/{name}/groups", self._create_group),
+                web.delete("/api/queues/{name}/groups/{group}", self._delete_group),
                 web.post("/api/queues/{name}/messages", self._publish_queue),
                 web.post("/api/topics/{topic:.+}/messages", self._publish_topic),
             ]
@@ -150,6 +201,24 @@ class AdminServer:
 
     async def _inspect(self, request: web.Request) -> web.Response:
         return web.json_response(await inspect_queue(self.broker, request.match_info["name"]))
+
+    async def _groups(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        self.broker.queue(name)
+        groups = await self.broker.store.list_groups(name)
+        return web.json_response([group_json(g) for g in groups])
+
+    async def _create_group(self, request: web.Request) -> web.Response:
+        body = await _body(request)
+        name = request.match_info["name"]
+        config = group_from_json(name, body, self.broker.default_mode(name))
+        group = await self.broker.create_group(config)
+        return web.json_response(group_json(group), status=201)
+
+    async def _delete_group(self, request: web.Request) -> web.Response:
+        name, group = request.match_info["name"], request.match_info["group"]
+        await self.broker.delete_group(name, group)
+        return web.json_response({"deleted": group, "queue": name})
 
     async def _publish(
         self, request: web.Request, *, queue: str | None = None, topic: str | None = None

@@ -71,6 +71,45 @@ def test_serve_writes_every_bound_port_and_admin_commands_work(served: dict[str,
     assert "group billing" in table and "committed_seq" in table
 
 
+def test_groups_are_created_listed_and_deleted_with_their_settings(
+    served: dict[str, int],
+) -> None:
+    url = f"--url=http://127.0.0.1:{served['http']}"
+    assert _run("queue", "create", "jobs", url).returncode == 0
+    created = _run(
+        "group",
+        "create",
+        "jobs",
+        "workers",
+        "--key-order",
+        "strict",
+        "--start",
+        "latest",
+        "--tag",
+        "region=eu",
+        "--ack-timeout",
+        "30",
+        url,
+    )
+    assert created.returncode == 0, created.stderr
+    assert json.loads(created.stdout) == {
+        "queue": "jobs",
+        "name": "workers",
+        "mode": "shared",
+        "key_order": "strict",
+        "start": "latest",
+        "tags": {"region": "eu"},
+        "ack_timeout": 30.0,
+    }
+    again = _run("group", "create", "jobs", "workers", url)
+    assert again.returncode == 1 and "already-exists" in again.stderr
+    assert "workers" in _run("group", "list", "jobs", url).stdout
+    assert _run("group", "delete", "jobs", "workers", url).returncode == 0
+    assert "workers" not in _run("group", "list", "jobs", url).stdout
+    missing = _run("group", "delete", "jobs", "workers", url)
+    assert missing.returncode == 1 and "group-not-found" in missing.stderr
+
+
 def test_a_taken_port_fails_fast_naming_the_port_and_the_flag(tmp_path: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

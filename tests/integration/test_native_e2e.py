@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from core.errors import QueueNotFound
+from core.errors import Conflict, QueueNotFound
 from gateway.client import Client, Consumer, Message
 from gateway.inspect import inspect_queue
 from gateway.server import Gateway
@@ -302,4 +302,17 @@ async def test_bound_flows_are_visible_in_sql_with_their_settings(
 
     row = await eventually(flow_row)
     assert tuple(row) == ("billing-worker", "billing", 7, "auto", "running")
+    await client.close()
+
+
+async def test_a_group_with_bound_consumers_cannot_be_deleted(gateway: Gateway) -> None:
+    await _declare(gateway, partitions=2)
+    assert gateway.broker is not None
+    client = await _client(gateway, "c")
+    consumer = await client.subscribe("orders", group="billing")
+    with pytest.raises(Conflict, match="bound consumer"):
+        await gateway.broker.delete_group("orders", "billing")
+    await consumer.close()
+    await gateway.broker.delete_group("orders", "billing")
+    assert await gateway.store.list_groups("orders") == []  # type: ignore[union-attr]
     await client.close()
