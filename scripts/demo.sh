@@ -5,5 +5,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m venv .venv
 .venv/bin/python -m pip install --quiet --upgrade pip
-.venv/bin/python -m pip install --quiet -e '.[demo,fast]'
+.venv/bin/python -m pip install --quiet --config-settings editable_mode=compat -e '.[demo,fast]'
 exec .venv/bin/keygate demo "$@"

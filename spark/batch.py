@@ -1,0 +1,342 @@
+"""``consume_batch``: read a group's backlog, run the user's function, settle in SQL.
+
+How it works:
+
+1. Create the group if absent and take its Spark lease (refused while native consumers
+   hold it). Snapshot every partition's committed seq and head.
+2. Build the DataFrame with the ``keygate`` source for exactly ``committed < seq <= end``
+   (``end`` = head, or less under ``max_messages``). The source skips seqs the group acked
+   individually above its committed seq, so the batch is the unsettled backlog, and a
+   message nacked by an earlier batch is in it again (nacked messages are due at the next
+   call: the interval between batches is their backoff).
+3. Call ``fn(df)``. If it raises, nothing is written. It may return the ids of messages that
+   failed (an iterable of strings, or a DataFrame with a ``message_id`` column).
+4. In one transaction: successes acked (committed seq over contiguous successes, ranges
+   above it for the rest); each failure's delivery count + 1 in ``kg_deliveries`` (first
+   delivery time kept); a failure whose count reaches the queue's ``max_deliveries`` is
+   copied to the dead-letter queue with its ``x-`` properties and settled.
+5. Release the lease.
+
+Dead letters get seq = the DLQ partition's last seq + 1 inside the transaction (the
+partition row is the lock). A running gateway also appends to the DLQ and keeps its
+heads in memory; see docs/spark.md, "Dead letters written by Spark".
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+import sqlalchemy as sa
+from pyspark.sql import DataFrame, SparkSession
+from sqlalchemy.dialects import postgresql, sqlite
+
+from core.actions import DeadLetter
+from core.errors import InvalidArgument
+from core.ledger import AckLedger
+from core.model import DeadLetterReason, Message, QueueConfig
+from spark import lease
+from spark.db import (
+    PartitionState,
+    ensure_group,
+    ensure_queue,
+    load_partitions,
+    write_engine,
+    write_offsets,
+)
+from spark.options import DEFAULT_LEASE_TIMEOUT, offsets_json
+from spark.plan import limit_offsets
+from spark.source import KeygateDataSource
+from storage.codec import message_from_row, message_row
+from storage.consumer import dead_letter_copy
+from storage.schema import kg_deliveries, kg_messages, kg_partitions
+
+DLQ_PARTITION: Final = 0
+_ID_CHUNK: Final = 500
+
+
+@dataclass(frozen=True, slots=True)
+class BatchResult:
+    """What one consume_batch call did. ``committed`` is the group's committed seq per
+    partition afterwards."""
+
+    read: int
+    acked: int
+    nacked: int
+    dead_lettered: int
+    committed: dict[int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class _Failure:
+    message: Message
+    delivery_count: int
+    first_delivery_time: float
+
+
+def _failed_ids(outcome: object) -> set[str]:
+    if outcome is None:
+        return set()
+    if isinstance(outcome, DataFrame):
+        return {row["message_id"] for row in outcome.select("message_id").collect()}
+    if isinstance(outcome, str) or not isinstance(outcome, Iterable):
+        raise InvalidArgument("fn must return None or an iterable of failed message ids")
+    return {str(message_id) for message_id in outcome}
+
+
+def _in_batch(
+    message: Message,
+    start: Mapping[int, int],
+    end: Mapping[int, int],
+    states: Mapping[int, PartitionState],
+) -> bool:
+    p = message.partition
+    if not start.get(p, 0) < message.seq <= end.get(p, -1):
+        return False
+    return not any(lo <= message.seq <= hi for lo, hi in states[p].acked_above)
+
+
+def _count_read(
+    conn: sa.Connection,
+    queue: str,
+    start: Mapping[int, int],
+    end: Mapping[int, int],
+    states: Mapping[int, PartitionState],
+) -> int:
+    m = kg_messages
+    total = 0
+    for p, hi in end.items():
+        if hi <= start[p]:
+            continue
+        skipped = [sa.not_(m.c.seq.between(lo, top)) for lo, top in states[p].acked_above]
+        query = sa.select(sa.func.count()).where(
+            m.c.queue == queue, m.c.partition == p, m.c.seq > start[p], m.c.seq <= hi, *skipped
+        )
+        total += int(conn.execute(query).scalar_one())
+    return total
+
+
+def _failures(
+    conn: sa.Connection,
+    queue: str,
+    group: str,
+    ids: set[str],
+    start: Mapping[int, int],
+    end: Mapping[int, int],
+    states: Mapping[int, PartitionState],
+    now: float,
+) -> list[_Failure]:
+    m, d = kg_messages, kg_deliveries
+    messages: list[Message] = []
+    ordered = sorted(ids)
+    for i in range(0, len(ordered), _ID_CHUNK):
+        query = sa.select(m).where(
+            m.c.queue == queue, m.c.message_id.in_(ordered[i : i + _ID_CHUNK])
+        )
+        messages.extend(
+            message
+            for message in map(message_from_row, conn.execute(query).mappings())
+            if _in_batch(message, start, end, states)
+        )
+    unknown = ids - {message.message_id for message in messages}
+    if unknown:
+        raise InvalidArgument(
+            f"fn reported {len(unknown)} message id(s) that are not in this batch, "
+            f"e.g. {sorted(unknown)[0]!r}; nothing was committed"
+        )
+    records: dict[tuple[int, int], tuple[int, float | None]] = {}
+    seqs: dict[int, list[int]] = {}
+    for message in messages:
+        seqs.setdefault(message.partition, []).append(message.seq)
+    for partition, wanted in seqs.items():
+        for i in range(0, len(wanted), _ID_CHUNK):
+            query = sa.select(d.c.seq, d.c.delivery_count, d.c.first_delivery_time).where(
+                d.c.queue == queue,
+                d.c.group_name == group,
+                d.c.partition == partition,
+                d.c.seq.in_(wanted[i : i + _ID_CHUNK]),
+            )
+            for row in conn.execute(query):
+                records[(partition, row.seq)] = (row.delivery_count, row.first_delivery_time)
+    failures = []
+    for message in messages:
+        # No record: delivered once before iff at or below dispatched_seq (see reader).
+        seen = int(message.seq <= states[message.partition].dispatched)
+        before, first = records.get((message.partition, message.seq), (seen, None))
+        failures.append(_Failure(message, before + 1, first if first is not None else now))
+    return failures
+
+
+def _append_dead_letters(
+    conn: sa.Connection, config: QueueConfig, group: str, letters: list[DeadLetter], now: float
+) -> None:
+    dlq = config.dlq_name
+    if dlq is None or not letters:
+        return
+    ensure_queue(conn, QueueConfig(name=dlq, dead_letter_queue=""), now)
+    p, m = kg_partitions, kg_messages
+    this = sa.and_(p.c.queue == dlq, p.c.partition == DLQ_PARTITION)
+    head = conn.execute(sa.select(p.c.head_seq).where(this).with_for_update()).scalar_one()
+    stored = conn.execute(
+        sa.select(sa.func.max(m.c.seq)).where(m.c.queue == dlq, m.c.partition == DLQ_PARTITION)
+    ).scalar_one()
+    seq = max(head, stored or 0)
+    copies = []
+    for letter in letters:
+        seq += 1
+        copies.append(dead_letter_copy(letter, group, dlq, DLQ_PARTITION, seq, now))
+    conn.execute(sa.insert(m), [message_row(copy) for copy in copies])
+    conn.execute(sa.update(p).where(this).values(head_seq=seq))
+
+
+def _record_nacks(conn: sa.Connection, queue: str, group: str, nacked: list[_Failure]) -> None:
+    if not nacked:
+        return
+    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
+    insert = dialect.insert(kg_deliveries)
+    conn.execute(
+        insert.on_conflict_do_update(
+            index_elements=["queue", "group_name", "partition", "seq"],
+            set_={"delivery_count": insert.excluded.delivery_count},
+        ),
+        [
+            {
+                "queue": queue,
+                "group_name": group,
+                "partition": f.message.partition,
+                "seq": f.message.seq,
+                "delivery_count": f.delivery_count,
+                "first_delivery_time": f.first_delivery_time,
+            }
+            for f in nacked
+        ],
+    )
+
+
+def _settle(
+    conn: sa.Connection,
+    config: QueueConfig,
+    group: str,
+    states: Mapping[int, PartitionState],
+    start: Mapping[int, int],
+    end: Mapping[int, int],
+    failures: list[_Failure],
+    now: float,
+) -> tuple[list[_Failure], list[_Failure], dict[int, int]]:
+    limit = config.max_deliveries
+    dead = [f for f in failures if limit and f.delivery_count >= limit]
+    nacked = [f for f in failures if not (limit and f.delivery_count >= limit)]
+    unsettled: dict[int, set[int]] = {}
+    for f in nacked:
+        unsettled.setdefault(f.message.partition, set()).add(f.message.seq)
+    ledgers: dict[int, AckLedger] = {}
+    for p, hi in end.items():
+        if hi <= start[p]:
+            continue
+        ledger = AckLedger(states[p].committed, states[p].acked_above)
+        lo = start[p] + 1
+        for seq in sorted(unsettled.get(p, ())):
+            ledger.settle_range(lo, seq - 1)
+            lo = seq + 1
+        ledger.settle_range(lo, hi)
+        ledgers[p] = ledger
+    letters = [
+        DeadLetter(
+            f.message, DeadLetterReason.MAX_DELIVERIES, f.delivery_count, f.first_delivery_time
+        )
+        for f in dead
+    ]
+    _append_dead_letters(conn, config, group, letters, now)
+    write_offsets(conn, config.name, group, ledgers, dict(end), now)
+    _record_nacks(conn, config.name, group, nacked)
+    return nacked, dead, {p: ledger.committed for p, ledger in ledgers.items()}
+
+
+def consume_batch(
+    session: SparkSession,
+    url: str,
+    queue: str,
+    group: str,
+    fn: Callable[[DataFrame], Any],
+    *,
+    max_messages: int | None = None,
+    lease_timeout: float = DEFAULT_LEASE_TIMEOUT,
+) -> BatchResult:
+    """Run ``fn`` on the group's unsettled backlog and settle it (blocks until done).
+
+    Raises GroupLeased when native consumers or another Spark job hold the group, and
+    whatever ``fn`` raises (then nothing is committed). ``fn`` is not called when the
+    backlog is empty. ``lease_timeout`` must exceed fn's run time: the lease is renewed
+    only when the batch is settled.
+    """
+    if max_messages is not None and max_messages < 1:
+        raise InvalidArgument("max_messages must be >= 1 or None")
+    owner = lease.new_owner("consume_batch")
+    engine = write_engine(url)
+    try:
+        now = time.time()
+        with engine.begin() as conn:
+            config = ensure_group(conn, queue, group, now)
+            lease.acquire(conn, queue, group, owner, lease_timeout, now)
+            states = load_partitions(conn, queue, group)
+        try:
+            return _run(
+                session, url, engine, config, group, owner, states, fn, max_messages, lease_timeout
+            )
+        finally:
+            with engine.begin() as conn:
+                lease.release(conn, queue, group, owner)
+    finally:
+        engine.dispose()
+
+
+def _run(
+    session: SparkSession,
+    url: str,
+    engine: sa.Engine,
+    config: QueueConfig,
+    group: str,
+    owner: str,
+    states: dict[int, PartitionState],
+    fn: Callable[[DataFrame], Any],
+    max_messages: int | None,
+    lease_timeout: float,
+) -> BatchResult:
+    queue = config.name
+    start = {p: s.committed for p, s in states.items()}
+    end = {p: s.head for p, s in states.items()}
+    if max_messages is not None:
+        end = limit_offsets(start, end, max_messages)
+    committed = dict(start)
+    with engine.connect() as conn:
+        read = _count_read(conn, queue, start, end, states)
+    if read == 0:
+        return BatchResult(0, 0, 0, 0, committed)
+    session.dataSource.register(KeygateDataSource)
+    df = (
+        session.read.format("keygate")
+        .option("url", url)
+        .option("queue", queue)
+        .option("group", group)
+        .option("startingOffsets", _json(start))
+        .option("endingOffsets", _json(end))
+        .load()
+    )
+    ids = _failed_ids(fn(df))
+    now = time.time()
+    with engine.begin() as conn:
+        lease.acquire(conn, queue, group, owner, lease_timeout, now)
+        failures = _failures(conn, queue, group, ids, start, end, states, now)
+        nacked, dead, moved = _settle(conn, config, group, states, start, end, failures, now)
+    committed.update(moved)
+    return BatchResult(read, read - len(failures), len(nacked), len(dead), committed)
+
+
+def _json(offsets: Mapping[int, int]) -> str:
+    return json.dumps(offsets_json(offsets))
+
+
+__all__ = ["BatchResult", "consume_batch"]

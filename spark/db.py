@@ -1,0 +1,253 @@
+"""SQL shared by the driver side of the Spark source: engines, group state, offset commits.
+
+Writers use ``storage.engine.sync_engine`` (on SQLite every transaction is
+``BEGIN IMMEDIATE``, queueing behind the gateway's writers). Readers must not take the
+SQLite write lock, or a long Spark scan would stall the gateway's appends for its whole
+duration: ``read_engine`` opens SQLite with a deferred ``BEGIN`` (a WAL read snapshot,
+no lock that writers wait on). On PostgreSQL both are the same psycopg engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import make_url
+
+from core.actions import SeqRanges
+from core.errors import QueueNotFound
+from core.ledger import AckLedger
+from core.model import GroupConfig, QueueConfig
+from storage.codec import (
+    decode_ranges,
+    encode_ranges,
+    group_row,
+    queue_from_row,
+    queue_row,
+    ranges_count,
+)
+from storage.engine import SQLITE_BUSY_TIMEOUT_MS, is_sqlite, sync_engine
+from storage.schema import (
+    kg_deliveries,
+    kg_group_offsets,
+    kg_groups,
+    kg_messages,
+    kg_partitions,
+    kg_queues,
+    kg_subscriptions,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionState:
+    """One partition as the group sees it when a read is planned."""
+
+    committed: int
+    acked_above: SeqRanges
+    dispatched: int
+    head: int
+    # Seq just before the oldest retained message (the head when the partition is empty).
+    earliest: int
+
+
+def write_engine(url: str) -> sa.Engine:
+    return sync_engine(url)
+
+
+def read_engine(url: str) -> sa.Engine:
+    """An engine for scans that never blocks the gateway's writers (see module doc)."""
+    if not is_sqlite(url):
+        return sync_engine(url)
+    engine = sa.create_engine(make_url(url).set(drivername="sqlite+pysqlite"))
+
+    @sa.event.listens_for(engine, "connect")
+    def _connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        cursor.close()
+
+    @sa.event.listens_for(engine, "begin")
+    def _begin(connection: sa.Connection) -> None:
+        connection.exec_driver_sql("BEGIN")
+
+    return engine
+
+
+def read_queue(conn: sa.Connection, name: str) -> QueueConfig:
+    row = conn.execute(sa.select(kg_queues).where(kg_queues.c.name == name)).mappings().first()
+    if row is None:
+        raise QueueNotFound(name)
+    patterns = conn.execute(
+        sa.select(kg_subscriptions.c.pattern).where(kg_subscriptions.c.queue == name)
+    ).scalars()
+    return queue_from_row(row, tuple(sorted(patterns)))
+
+
+def _insert_ignoring_conflicts(conn: sa.Connection, table: sa.Table) -> Any:
+    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
+    return dialect.insert(table).on_conflict_do_nothing()
+
+
+def ensure_queue(conn: sa.Connection, config: QueueConfig, now: float) -> None:
+    """Create the queue and its partitions unless it exists (used for a missing DLQ)."""
+    conn.execute(
+        _insert_ignoring_conflicts(conn, kg_queues), [{**queue_row(config), "created_at": now}]
+    )
+    conn.execute(
+        _insert_ignoring_conflicts(conn, kg_partitions),
+        [{"queue": config.name, "partition": p, "head_seq": 0} for p in range(config.slots)],
+    )
+
+
+def ensure_group(conn: sa.Connection, queue: str, group: str, now: float) -> QueueConfig:
+    """Create the group (start earliest) with its offsets unless it exists; the queue must.
+
+    Mirrors the store's group creation; ON CONFLICT DO NOTHING makes a concurrent
+    creation by the gateway harmless.
+    """
+    config = read_queue(conn, queue)
+    exists = conn.execute(
+        sa.select(kg_groups.c.group_name).where(
+            kg_groups.c.queue == queue, kg_groups.c.group_name == group
+        )
+    ).first()
+    if exists is not None:
+        return config
+    conn.execute(
+        _insert_ignoring_conflicts(conn, kg_groups),
+        [{**group_row(GroupConfig(queue=queue, name=group)), "created_at": now}],
+    )
+    starts = {
+        row.partition: row.head_seq
+        for row in conn.execute(sa.select(kg_partitions).where(kg_partitions.c.queue == queue))
+    }
+    m = kg_messages
+    oldest = sa.select(m.c.partition, sa.func.min(m.c.seq)).where(m.c.queue == queue)
+    for partition, seq in conn.execute(oldest.group_by(m.c.partition)):
+        starts[partition] = seq - 1
+    conn.execute(
+        _insert_ignoring_conflicts(conn, kg_group_offsets),
+        [
+            {
+                "queue": queue,
+                "group_name": group,
+                "partition": partition,
+                "committed_seq": starts.get(partition, 0),
+                "dispatched_seq": starts.get(partition, 0),
+                "acked_above": [],
+                "acked_count": 0,
+                "updated_at": now,
+            }
+            for partition in range(config.slots)
+        ],
+    )
+    return config
+
+
+def group_tags(conn: sa.Connection, queue: str, group: str) -> tuple[tuple[str, str], ...]:
+    """The group's tag filter as sorted (property, value) pairs; empty when it has none."""
+    g = kg_groups
+    tags = conn.execute(
+        sa.select(g.c.tags).where(g.c.queue == queue, g.c.group_name == group)
+    ).scalar()
+    return tuple(sorted((str(k), str(v)) for k, v in (tags or {}).items()))
+
+
+def load_partitions(conn: sa.Connection, queue: str, group: str) -> dict[int, PartitionState]:
+    """Every partition's offsets, head and oldest retained seq, in one snapshot."""
+    o, p, m = kg_group_offsets, kg_partitions, kg_messages
+    oldest: dict[int, int] = dict(
+        conn.execute(  # type: ignore[arg-type]
+            sa.select(m.c.partition, sa.func.min(m.c.seq))
+            .where(m.c.queue == queue)
+            .group_by(m.c.partition)
+        ).all()
+    )
+    rows = conn.execute(
+        sa.select(
+            o.c.partition, o.c.committed_seq, o.c.acked_above, o.c.dispatched_seq, p.c.head_seq
+        )
+        .join(p, sa.and_(p.c.queue == o.c.queue, p.c.partition == o.c.partition))
+        .where(o.c.queue == queue, o.c.group_name == group)
+    )
+    return {
+        row.partition: PartitionState(
+            committed=row.committed_seq,
+            acked_above=decode_ranges(row.acked_above),
+            dispatched=row.dispatched_seq,
+            head=row.head_seq,
+            earliest=oldest[row.partition] - 1 if row.partition in oldest else row.head_seq,
+        )
+        for row in rows
+    }
+
+
+def write_offsets(
+    conn: sa.Connection,
+    queue: str,
+    group: str,
+    ledgers: Mapping[int, AckLedger],
+    dispatched: Mapping[int, int],
+    now: float,
+) -> None:
+    """Write each partition's ack state, never moving dispatched_seq backwards, and drop
+    the delivery records of seqs that are now settled."""
+    o, d = kg_group_offsets, kg_deliveries
+    for partition, ledger in ledgers.items():
+        ranges = ledger.ranges()
+        this = sa.and_(o.c.queue == queue, o.c.group_name == group, o.c.partition == partition)
+        seen = dispatched.get(partition, ledger.committed)
+        conn.execute(
+            sa.update(o)
+            .where(this)
+            .values(
+                committed_seq=ledger.committed,
+                acked_above=encode_ranges(ranges),
+                acked_count=ranges_count(ranges),
+                dispatched_seq=sa.case((o.c.dispatched_seq < seen, seen), else_=o.c.dispatched_seq),
+                updated_at=now,
+            )
+        )
+        records = sa.and_(d.c.queue == queue, d.c.group_name == group, d.c.partition == partition)
+        conn.execute(sa.delete(d).where(records, d.c.seq <= ledger.committed))
+        for lo, hi in ranges:
+            conn.execute(sa.delete(d).where(records, d.c.seq.between(lo, hi)))
+
+
+def commit_through(
+    conn: sa.Connection, queue: str, group: str, end: Mapping[int, int], now: float
+) -> None:
+    """Mark everything up to ``end`` (per partition) consumed: idempotent and monotonic.
+
+    Spark commits batch N while planning N+1, maybe twice after a restart, maybe from
+    another process: an end at or below the committed seq changes nothing. Ranges acked
+    above the committed seq are folded in (and dropped when at or below it).
+    """
+    states = load_partitions(conn, queue, group)
+    ledgers: dict[int, AckLedger] = {}
+    for partition, seq in end.items():
+        state = states.get(partition)
+        if state is None or seq <= state.committed:
+            continue
+        ledger = AckLedger(state.committed, state.acked_above)
+        ledger.settle_range(state.committed + 1, seq)
+        ledgers[partition] = ledger
+    write_offsets(conn, queue, group, ledgers, {p: end[p] for p in ledgers}, now)
+
+
+__all__ = [
+    "PartitionState",
+    "commit_through",
+    "ensure_group",
+    "ensure_queue",
+    "group_tags",
+    "load_partitions",
+    "read_engine",
+    "read_queue",
+    "write_engine",
+    "write_offsets",
+]

@@ -1,0 +1,144 @@
+"""The Spark side of the group lease (DESIGN.md §7; storage/leases.py is the store's side).
+
+A group is consumed by native flows or by one Spark job, never both. A Spark job that
+commits (a streaming query, ``consume_batch``) holds ``kg_groups.lease_kind = 'spark'``,
+``lease_owner = <job id>`` and ``lease_expires`` (renewed while it runs, cleared when it
+stops). It refuses a group that native consumers hold: a ``kg_flows`` row in state
+``running`` for the group, or an unexpired ``lease_kind = 'native'``. A plain batch read
+commits nothing, takes no lease and only checks for native holders.
+
+The update is conditional (free, expired, or already ours), so two jobs racing for the
+group cannot both win: the loser's UPDATE matches no row.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+import uuid
+from typing import Final
+
+import sqlalchemy as sa
+
+from core.errors import GroupLeased
+from core.model import FlowState
+from storage.schema import kg_flows, kg_groups
+
+# Waiting for a lease to lapse: allow for clock skew between the two jobs' machines.
+_EXPIRY_MARGIN: Final = 0.5
+SPARK: Final = "spark"
+NATIVE: Final = "native"
+
+
+def new_owner(role: str) -> str:
+    """A job id that says where it runs: ``<role>@<host>:<pid-ish uuid>``."""
+    return f"{role}@{socket.gethostname()}/{uuid.uuid4().hex[:12]}"
+
+
+def _this(queue: str, group: str) -> sa.ColumnElement[bool]:
+    return sa.and_(kg_groups.c.queue == queue, kg_groups.c.group_name == group)
+
+
+def refuse_native_holders(conn: sa.Connection, queue: str, group: str, now: float) -> None:
+    """GroupLeased when native flows are bound to the group or hold its lease."""
+    f, g = kg_flows, kg_groups
+    running = conn.execute(
+        sa.select(sa.func.count()).where(
+            f.c.queue == queue, f.c.group_name == group, f.c.state == FlowState.RUNNING.value
+        )
+    ).scalar_one()
+    if running:
+        raise GroupLeased(
+            f"group {group!r} of {queue!r} has {running} running native flow(s); "
+            "a Spark job cannot consume it until they unbind"
+        )
+    holder = conn.execute(
+        sa.select(g.c.lease_owner, g.c.lease_expires).where(
+            _this(queue, group), g.c.lease_kind == NATIVE
+        )
+    ).first()
+    if holder is not None and (holder.lease_expires is None or holder.lease_expires > now):
+        raise GroupLeased(
+            f"group {group!r} of {queue!r} is leased to native consumers "
+            f"({holder.lease_owner!r}); a Spark job cannot consume it"
+        )
+
+
+def acquire(
+    conn: sa.Connection, queue: str, group: str, owner: str, ttl: float, now: float
+) -> None:
+    """Take or renew the group's Spark lease for ``owner``; GroupLeased if anyone else holds
+    it. The group must exist (see spark.db.ensure_group)."""
+    refuse_native_holders(conn, queue, group, now)
+    g = kg_groups
+    free = sa.or_(
+        g.c.lease_kind.is_(None),
+        g.c.lease_expires.is_not(None) & (g.c.lease_expires <= now),
+        sa.and_(g.c.lease_kind == SPARK, g.c.lease_owner == owner),
+    )
+    taken = conn.execute(
+        sa.update(g)
+        .where(_this(queue, group), free)
+        .values(lease_kind=SPARK, lease_owner=owner, lease_expires=now + ttl)
+    )
+    if taken.rowcount == 1:
+        return
+    holder = conn.execute(
+        sa.select(g.c.lease_kind, g.c.lease_owner, g.c.lease_expires).where(_this(queue, group))
+    ).one()
+    raise GroupLeased(
+        f"group {group!r} of {queue!r} is held by {holder.lease_kind} consumer "
+        f"{holder.lease_owner!r} until {holder.lease_expires}; stop that job or wait "
+        "for its lease to expire"
+    )
+
+
+def acquire_waiting(engine: sa.Engine, queue: str, group: str, owner: str, ttl: float) -> None:
+    """``acquire``, but wait (at most ``ttl``) for another Spark job's lease to lapse.
+
+    PySpark gives a streaming source no reliable stop hook (the reader's ``stop`` is not
+    called when a query ends), so a restarted query finds its predecessor's lease still
+    set: it takes the group once that lease stops being renewed. A holder that keeps
+    renewing, or native consumers, still make it fail with GroupLeased.
+    """
+    deadline = time.monotonic() + ttl
+    while True:
+        now = time.time()
+        try:
+            with engine.begin() as conn:
+                acquire(conn, queue, group, owner, ttl, now)
+            return
+        except GroupLeased:
+            with engine.connect() as conn:
+                holder = conn.execute(
+                    sa.select(kg_groups.c.lease_kind, kg_groups.c.lease_expires).where(
+                        _this(queue, group)
+                    )
+                ).first()
+            if holder is None or holder.lease_kind != SPARK or holder.lease_expires is None:
+                raise
+            wait = holder.lease_expires - now + _EXPIRY_MARGIN
+            if time.monotonic() + wait > deadline + _EXPIRY_MARGIN:
+                raise
+        time.sleep(max(0.0, min(wait, ttl / 4)))
+
+
+def release(conn: sa.Connection, queue: str, group: str, owner: str) -> None:
+    """Give the group up if ``owner`` still holds it (a no-op otherwise)."""
+    g = kg_groups
+    conn.execute(
+        sa.update(g)
+        .where(_this(queue, group), g.c.lease_kind == SPARK, g.c.lease_owner == owner)
+        .values(lease_kind=None, lease_owner=None, lease_expires=None)
+    )
+
+
+__all__ = [
+    "NATIVE",
+    "SPARK",
+    "acquire",
+    "acquire_waiting",
+    "new_owner",
+    "refuse_native_holders",
+    "release",
+]
