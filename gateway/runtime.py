@@ -46,6 +46,7 @@ from storage.store import SqlStore
 
 log = logging.getLogger("keygate.runtime")
 
+_CLOSE_TIMEOUT: Final = 10.0
 _FLUSH: Final = "flush"
 _DRAIN: Final = "drain"
 _RETRY_MAX: Final = 2.0
@@ -134,7 +135,17 @@ class GroupRuntime:
             return
         self._closed = True
         self.submit(self.machine.close())
-        await self._drain()
+        try:
+            await asyncio.wait_for(self._drain(), _CLOSE_TIMEOUT)
+        except TimeoutError:
+            # The database is not answering: give up on the final flush rather than hang
+            # the shutdown. At most the acks since the last flush are lost (redelivered).
+            log.error(
+                "group %s/%s: final flush timed out after %.0fs",
+                self.queue.name,
+                self.group.name,
+                _CLOSE_TIMEOUT,
+            )
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

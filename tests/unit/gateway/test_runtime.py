@@ -1,0 +1,151 @@
+"""GroupRuntime carries out a real GroupMachine's actions in the order DESIGN.md §4 needs,
+against an in-memory stand-in for the store (the layer below)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from core import actions
+from core.errors import KeygateError, StorageError
+from core.group import GroupMachine
+from core.model import AckMode, GroupConfig, Message, QueueConfig
+from gateway import runtime as runtime_module
+from gateway.runtime import GroupRuntime
+from tests.support.wait import eventually
+
+
+@dataclass
+class FakeStore:
+    """Records the order of writes; ``fail`` makes the next N writes raise StorageError."""
+
+    log: list[str] = field(default_factory=list)
+    messages: list[Message] = field(default_factory=list)
+    fail: int = 0
+    hang: bool = False
+
+    async def _write(self, what: str) -> None:
+        if self.hang:
+            await asyncio.Event().wait()
+        if self.fail:
+            self.fail -= 1
+            raise StorageError("database is down")
+        self.log.append(what)
+
+    async def record_dispatch(self, queue: str, group: str, records: Any) -> None:
+        await self._write("dispatch")
+
+    async def write_offsets(self, queue: str, group: str, updates: Any) -> None:
+        await self._write("offsets")
+
+    async def dead_letter(
+        self, queue: str, group: str, letters: Any, offsets: Any, **kw: Any
+    ) -> None:
+        await self._write(f"dead_letter+{len(offsets)}offsets")
+
+    async def write_assignments(self, queue: str, group: str, changes: Any, **kw: Any) -> None:
+        await self._write("assignments")
+
+    async def write_flows(self, queue: str, group: str, flows: Any, **kw: Any) -> None:
+        await self._write("flows")
+
+    async def read(self, queue: str, partition: int, after: int, limit: int) -> list[Message]:
+        return [m for m in self.messages if m.partition == partition and m.seq > after][:limit]
+
+
+@dataclass
+class Output:
+    store: FakeStore
+    got: list[actions.Deliver] = field(default_factory=list)
+
+    def deliver(self, deliveries: Sequence[actions.Deliver]) -> None:
+        self.store.log.append("deliver")
+        self.got.extend(deliveries)
+
+    def partitions_changed(self, partitions: frozenset[int]) -> None:
+        pass
+
+    def terminate(self, error: KeygateError) -> None:
+        pass
+
+
+class Hooks:
+    def delivered(self, queue: str, group: str, count: int) -> None:
+        pass
+
+    def dead_lettered(self, queue: str, group: str, count: int) -> None:
+        pass
+
+    def dropped(self, queue: str, group: str, reason: str) -> None:
+        pass
+
+
+def _runtime(store: FakeStore, **queue_settings: Any) -> GroupRuntime:
+    queue = QueueConfig("q", **queue_settings)
+    group = GroupConfig("q", "g")
+    machine = GroupMachine(queue, group, now=0.0)
+    rt = GroupRuntime(store, machine, queue, group, Hooks(), clock=lambda: 0.0)  # type: ignore[arg-type]
+    rt.start()
+    return rt
+
+
+def _append(rt: GroupRuntime, store: FakeStore, *seqs: int) -> None:
+    """What the broker does after a commit: the rows are in the store, then the runtime hears."""
+    batch = [Message(f"m{seq}", "q", 0, seq, "k", b"x") for seq in seqs]
+    store.messages.extend(batch)
+    rt.append(batch)
+
+
+async def test_dispatch_is_recorded_before_the_first_delivery_is_handed_out() -> None:
+    store = FakeStore()
+    rt = _runtime(store)
+    out = Output(store)
+    rt.bind("f", "c", 10, AckMode.CLIENT, None, out)
+    _append(rt, store, 1, 2)
+    await eventually(lambda: len(out.got) == 2)
+    assert store.log.index("dispatch") < store.log.index("deliver")
+    await rt.close()
+
+
+async def test_a_failed_write_is_retried_and_delivery_waits_for_it() -> None:
+    store = FakeStore()
+    rt = _runtime(store)
+    out = Output(store)
+    rt.bind("f", "c", 10, AckMode.CLIENT, None, out)
+    await rt.flush()
+    store.fail = 2
+    _append(rt, store, 1)
+    await eventually(lambda: len(out.got) == 1)
+    assert store.fail == 0  # both failures were retried before the message went out
+    await rt.close()
+
+
+async def test_a_dead_letter_is_written_with_the_pending_offsets_in_one_call() -> None:
+    store = FakeStore()
+    rt = _runtime(store, max_deliveries=1)
+    out = Output(store)
+    rt.bind("f", "c", 10, AckMode.CLIENT, None, out)
+    _append(rt, store, 1, 2)
+    await eventually(lambda: len(out.got) == 2)
+    rt.ack("f", ["m2"])
+    rt.nack("f", ["m1"], None)
+    await rt.flush()
+    assert "dead_letter+1offsets" in store.log
+    await rt.close()
+
+
+async def test_close_gives_up_on_a_database_that_does_not_answer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(runtime_module, "_CLOSE_TIMEOUT", 0.2)
+    store = FakeStore()
+    rt = _runtime(store)
+    rt.bind("f", "c", 10, AckMode.CLIENT, None, Output(store))
+    await rt.flush()
+    store.hang = True
+    _append(rt, store, 1)
+    await asyncio.wait_for(rt.close(), 5)
