@@ -33,6 +33,7 @@ PAYLOAD = os.urandom(1024)
 KEYS = 1000
 IN_FLIGHT = 1000
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @dataclass
@@ -136,7 +137,7 @@ async def main(args: argparse.Namespace) -> None:
             "--serve-noop",
             stdin=PIPE,
             stdout=PIPE,
-            cwd=Path(__file__).resolve().parent.parent,
+            cwd=ROOT,
         )
         assert proc.stdin is not None and proc.stdout is not None
         try:
