@@ -362,5 +362,6 @@ class DeliveryBook:
             if wanted and part.more and not part.fetching and low:
                 part.fetching = True
                 part.fetch_limit = room
+                part.known_at_fetch = part.known
                 self._out.append(Fetch(p, part.cursor, room))
         self._fetch_check.clear()

@@ -144,7 +144,9 @@ class GroupMachine(DeliveryBook):
     def append(self, now: float, messages: Sequence[Message]) -> list[Action]:
         """Newly committed messages; the owner passes every one, seq-ascending per partition.
 
-        Messages that do not fit the buffer are dropped here and read later through Fetch.
+        Messages that do not fit the buffer are dropped here and read later through Fetch,
+        and so is any message that is not the next seq after the cursor: a gap here means
+        something was missed (storage, not an append, decides that seqs do not exist).
         """
         self._begin(now)
         for message in messages:
@@ -152,7 +154,12 @@ class GroupMachine(DeliveryBook):
             part.known = max(part.known, message.seq)
             if message.seq <= part.cursor:
                 continue
-            if part.fetching or part.more or len(part.buffer) >= self._buffer_size:
+            if (
+                part.fetching
+                or part.more
+                or len(part.buffer) >= self._buffer_size
+                or message.seq != part.cursor + 1
+            ):
                 part.more = True  # dropped here, read again through Fetch
                 self._fetch_check.add(part.index)
                 continue
@@ -170,8 +177,12 @@ class GroupMachine(DeliveryBook):
             if message.partition != partition:
                 raise InvalidArgument(f"loaded message of partition {message.partition}")
             self._admit(part, message, now)
-        if part.cursor == before:
-            part.known = part.cursor  # storage is authoritative: nothing more to read now
+        if part.cursor == before and part.known == part.known_at_fetch:
+            # Nothing after the cursor, and nothing was appended while the query ran: what
+            # was announced before it is gone (purged), so there is nothing more to read.
+            # (If an append did arrive meanwhile, the query may predate its commit: read
+            # again rather than lose it.)
+            part.known = part.cursor
         part.known = max(part.known, part.cursor)
         part.more = full or part.known > part.cursor
         self._fetch_check.add(partition)

@@ -136,6 +136,9 @@ class Partition:
         # Highest seq loaded into memory (or skipped as settled); loads continue after it.
         self.cursor = self.ledger.committed
         self.known = self.cursor
+        # ``known`` when the outstanding Fetch was issued: an empty answer is authoritative
+        # only if no append committed while its query ran.
+        self.known_at_fetch = self.known
         self.fetching = False
         self.fetch_limit = 0
         # Whether storage may hold messages after ``cursor``; unknown (True) at start.

@@ -43,6 +43,9 @@ class Driver:
         self.store: dict[int, list[Message]] = store if store is not None else defaultdict(list)
         self.auto_fetch = auto_fetch
         self.pending_fetches: dict[int, Fetch] = {}
+        # Rows of the partition when each pending Fetch was issued: a real query's snapshot
+        # is taken somewhere between issue and answer, so it may miss later commits.
+        self.rows_at_issue: dict[int, int] = {}
         self.deliveries: list[Deliver] = []
         self.unacked: dict[str, dict[str, Deliver]] = defaultdict(dict)
         self.offsets: dict[int, OffsetUpdate] = {}
@@ -99,10 +102,14 @@ class Driver:
         while self.pending_fetches:
             self.answer_one()
 
-    def answer_one(self) -> None:
+    def answer_one(self, *, stale: bool = False) -> None:
+        """Answer the oldest Fetch; ``stale`` answers from the rows committed before it was
+        issued (its query ran before later appends committed)."""
         partition, fetch = next(iter(self.pending_fetches.items()))
         del self.pending_fetches[partition]
-        rows = [m for m in self.store.get(partition, []) if m.seq > fetch.after_seq]
+        stored = self.store.get(partition, [])
+        issued = self.rows_at_issue.pop(partition)
+        rows = [m for m in (stored[:issued] if stale else stored) if m.seq > fetch.after_seq]
         self.run(self.machine.loaded(self.now, partition, rows[: fetch.limit]), nested=True)
 
     def run(self, actions: list[Action], *, nested: bool = False) -> None:
@@ -126,6 +133,7 @@ class Driver:
             elif isinstance(action, Fetch):
                 assert action.partition not in self.pending_fetches, "second Fetch"
                 self.pending_fetches[action.partition] = action
+                self.rows_at_issue[action.partition] = len(self.store.get(action.partition, []))
             elif isinstance(action, OffsetUpdate):
                 self.offsets[action.partition] = action
                 owed_offsets = {(p, s) for p, s in owed_offsets if not self.settled(p, s)}

@@ -15,6 +15,7 @@ from core.actions import (
     PartitionSnapshot,
 )
 from core.errors import Conflict, InvalidArgument
+from core.group import GroupMachine
 from core.model import (
     AckMode,
     DeadLetterReason,
@@ -566,3 +567,29 @@ def test_reconfigure_refuses_a_different_partition_count() -> None:
     d = make()
     with pytest.raises(InvalidArgument):
         d.machine.reconfigure(QueueConfig("q", partitions=4))
+
+
+def _machine_at(committed: int) -> GroupMachine:
+    snapshot = GroupSnapshot({0: PartitionSnapshot(committed_seq=committed)})
+    return GroupMachine(QueueConfig("q"), GroupConfig("q", "g"), now=0.0, snapshot=snapshot)
+
+
+def test_an_append_during_a_fetch_whose_query_missed_it_is_read_again_not_lost() -> None:
+    machine = _machine_at(10)
+    machine.bind(0.0, "a", "a", 10, AckMode.CLIENT)
+    eleven = Message("m11", "q", 0, 11, "k", b"")
+    assert machine.append(0.0, [eleven]) == []  # a Fetch is outstanding: dropped for now
+    again = [a for a in machine.loaded(0.0, 0, []) if isinstance(a, Fetch)]
+    assert again == [Fetch(0, 10, again[0].limit)]  # the empty answer predates 11's commit
+    sent = [a for a in machine.loaded(0.0, 0, [eleven]) if isinstance(a, Deliver)]
+    assert [d.message.seq for d in sent] == [11]
+
+
+def test_an_appended_seq_past_a_gap_is_fetched_rather_than_settling_the_gap() -> None:
+    machine = _machine_at(10)
+    machine.bind(0.0, "a", "a", 10, AckMode.CLIENT)
+    machine.loaded(0.0, 0, [])
+    twelve = Message("m12", "q", 0, 12, "k", b"")
+    actions = machine.append(0.0, [twelve])
+    assert not any(isinstance(a, OffsetUpdate) for a in actions)  # 11 is not settled
+    assert [a for a in actions if isinstance(a, Fetch)] == [Fetch(0, 10, 1000)]

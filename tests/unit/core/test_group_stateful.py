@@ -166,9 +166,9 @@ class GroupMachineRules(RuleBasedStateMachine):
         self.d.advance(seconds)
 
     @precondition(lambda self: bool(self.d.pending_fetches))
-    @rule()
-    def answer_fetch(self) -> None:
-        self.d.answer_one()
+    @rule(stale=st.booleans())
+    def answer_fetch(self, stale: bool) -> None:
+        self.d.answer_one(stale=stale)
 
     # -- invariants ---------------------------------------------------------------------------
 
@@ -232,8 +232,12 @@ class GroupMachineRules(RuleBasedStateMachine):
         for _ in range(40):
             d.ack("drain", *[x.message for x in d.unacked["drain"].values()])
             d.advance(10.0)
+        # Settled is not enough: each message must have been settled for a reason — delivered
+        # (then acked), dead-lettered or dropped (expired / filtered) — never skipped silently.
+        accounted = {x.message.message_id for x in (*d.deliveries, *d.dead, *d.dropped)}
         for m in self.published:
             assert d.settled(m.partition, m.seq), m
+            assert m.message_id in accounted, f"{m} was settled without being delivered"
         dead = Counter(x.message.message_id for x in d.dead)
         assert all(n == 1 for n in dead.values())
 
