@@ -47,6 +47,10 @@ def _dedup_key(message: Message) -> DedupKey | None:
     return (message.queue, message.producer, message.dedup_id)
 
 
+# Seqs of one partition deleted per retention transaction.
+RETENTION_CHUNK: Final = 1000
+
+
 class SqlStore(InspectionOps, LeaseOps, ConsumerOps):
     """keygate's durable store. Create it with ``open_store``; one active writer per DB."""
 
@@ -239,26 +243,41 @@ class SqlStore(InspectionOps, LeaseOps, ConsumerOps):
 
     async def retention(self, *, now: float) -> int:
         """Delete what every group settled, expired messages of queues without groups and
-        expired dedup records. Returns the number of messages deleted."""
+        expired dedup records. Returns the number of messages deleted.
+
+        Deletes run in short transactions of at most RETENTION_CHUNK seqs of one partition,
+        so publishes are not held up behind a large clean-up (SQLite has one writer)."""
         m, o = kg_messages, kg_group_offsets
-        deleted: dict[str, list[int]] = {}
-        retained: dict[tuple[str, int], int] = {}
         async with self.transaction() as conn:
-            lows = await conn.execute(
-                sa.select(o.c.queue, o.c.partition, sa.func.min(o.c.committed_seq)).group_by(
-                    o.c.queue, o.c.partition
+            lows = list(
+                await conn.execute(
+                    sa.select(o.c.queue, o.c.partition, sa.func.min(o.c.committed_seq)).group_by(
+                        o.c.queue, o.c.partition
+                    )
                 )
             )
-            for queue, partition, low in lows:
-                if low <= self._retained.get((queue, partition), 0):
-                    continue
-                where = sa.and_(m.c.queue == queue, m.c.partition == partition, m.c.seq <= low)
-                await self._delete(conn, where, deleted)
-                retained[(queue, partition)] = low
+        total = 0
+        for queue, partition, low in lows:
+            done = self._retained.get((queue, partition), 0)
+            while done < low:
+                upto = min(low, done + RETENTION_CHUNK)
+                where = sa.and_(
+                    m.c.queue == queue, m.c.partition == partition, m.c.seq > done, m.c.seq <= upto
+                )
+                deleted: dict[str, list[int]] = {}
+                async with self.transaction() as conn:
+                    await self._delete(conn, where, deleted)
+                total += self._forget_depth(deleted)
+                self._retained[(queue, partition)] = done = upto
+        deleted = {}
+        async with self.transaction() as conn:
             ungrouped = m.c.queue.not_in(sa.select(kg_groups.c.queue).distinct())
             await self._delete(conn, sa.and_(m.c.expire_at <= now, ungrouped), deleted)
             await conn.execute(sa.delete(kg_dedup).where(kg_dedup.c.expires_at <= now))
-        self._retained.update(retained)
+        return total + self._forget_depth(deleted)
+
+    def _forget_depth(self, deleted: dict[str, list[int]]) -> int:
+        """Take deleted messages off the cached depths; returns how many there were."""
         for queue, (count, size) in deleted.items():
             depth = self.depths.get(queue)
             if depth is not None:
