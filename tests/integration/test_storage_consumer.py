@@ -36,6 +36,7 @@ from core.model import (
     QueueConfig,
 )
 from storage import SqlStore, open_store
+from storage import store as storage_store
 from storage.schema import kg_partitions
 
 NOW = 1_700_000_000.0
@@ -148,6 +149,20 @@ async def test_retention_deletes_what_every_group_settled(
     assert [m.seq for m in await store.read("orders", 3, 0, 10)] == [3, 4, 5, 6]
     assert await store.depth("orders") == (4, 4 * len(b"payload"))
     assert await store.retention(now=NOW) == 0
+
+
+async def test_retention_of_a_large_backlog_runs_in_chunks_and_deletes_it_all(
+    store: SqlStore, make_message: MessageFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(storage_store, "RETENTION_CHUNK", 7)
+    await _queue_with_messages(store, make_message, 50)
+    await store.write_offsets("orders", "billing", [OffsetUpdate(3, 45)])
+    assert await store.retention(now=NOW) == 45
+    assert [m.seq for m in await store.read("orders", 3, 0, 100)] == [46, 47, 48, 49, 50]
+    assert await store.depth("orders") == (5, 5 * len(b"payload"))
+    await store.write_offsets("orders", "billing", [OffsetUpdate(3, 50)])
+    assert await store.retention(now=NOW) == 5
+    assert await store.depth("orders") == (0, 0)
 
 
 async def test_a_queue_without_groups_keeps_messages_until_they_expire(
