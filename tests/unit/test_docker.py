@@ -40,3 +40,12 @@ def test_compose_runs_the_gateway_on_postgresql_with_every_port_published() -> N
     assert "KEYGATE_DB: postgresql://" in text
     for port in (1883, 5672, 61613, 55555, 8080):
         assert f'"{port}:{port}"' in text
+
+
+def test_the_compose_spark_job_passes_only_flags_its_example_accepts() -> None:
+    compose = (ROOT / "docker" / "compose.yaml").read_text()
+    command = re.search(r'command: \["spark\.examples\.(\w+)"(.*)\]', compose)
+    assert command is not None
+    example = (ROOT / "spark" / "examples" / f"{command.group(1)}.py").read_text()
+    for flag in re.findall(r'"(--[\w-]+)"', command.group(2)):
+        assert f'"{flag}"' in example, f"{command.group(1)} has no {flag} option"
