@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import logging
 import sys
 import urllib.error
 import urllib.request
@@ -22,6 +21,7 @@ from typing import Any
 
 from core.errors import KeygateError
 from core.model import GroupMode, KeyOrder, StartPosition
+from gateway import logs
 from gateway.config import LISTENERS, load_config
 from gateway.server import Gateway
 
@@ -111,11 +111,7 @@ def _serve(args: argparse.Namespace) -> int:
     for name in LISTENERS:
         overrides[f"{name}_port"] = getattr(args, f"{name}_port")
     config = load_config(args.config, overrides=overrides)
-    logging.basicConfig(
-        level=config.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s"
-    )
-    # Alembic narrates every migration step at INFO; keygate logs the outcome itself.
-    logging.getLogger("alembic").setLevel(logging.WARNING)
+    logs.configure(config.log_level, as_json=config.log_json)
     loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None
     try:
         import uvloop

@@ -1,0 +1,43 @@
+"""Logging for ``keygate serve``: human-readable lines by default, or one JSON object per
+line (``log_json = true`` / ``KEYGATE_LOG_JSON=1``) for log pipelines."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any, Final
+
+# Attributes every LogRecord has; anything else was passed with ``extra=`` and is kept.
+_STANDARD: Final = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
+    "message",
+    "asctime",
+}
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        for key, value in vars(record).items():
+            if key not in _STANDARD:
+                entry[key] = value
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry, default=str)
+
+
+def configure(level: str, *, as_json: bool) -> None:
+    handler = logging.StreamHandler()
+    if as_json:
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+    logging.basicConfig(level=level, handlers=[handler], force=True)
+    # Alembic narrates every migration step at INFO; keygate logs the outcome itself.
+    logging.getLogger("alembic").setLevel(logging.WARNING)
