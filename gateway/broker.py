@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
+import random
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
@@ -57,9 +57,13 @@ GROUP_LEASE_TTL: Final = 30.0
 
 
 def new_message_id(now: float) -> str:
-    """A time-ordered 128-bit id (48-bit milliseconds + 80 random bits), UUID-formatted."""
-    value = (int(now * 1000) & 0xFFFF_FFFF_FFFF) << 80 | int.from_bytes(os.urandom(10))
-    return str(uuid.UUID(int=value))
+    """A time-ordered 128-bit id (48-bit milliseconds + 80 random bits), UUID-formatted.
+
+    The random part needs uniqueness, not secrecy: ``random`` (seeded from the OS) costs a
+    fraction of an ``os.urandom`` system call, which showed up on the publish hot path.
+    """
+    h = f"{(int(now * 1000) & 0xFFFF_FFFF_FFFF) << 80 | random.getrandbits(80):032x}"
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +106,8 @@ class Broker:
         # that takes over after a crash or failover keeps the groups.
         self.lease_owner = f"gateway:{config.name}"
         self._leased: set[tuple[str, str]] = set()
+        # Permission answers per (user, action, queue); the configuration is fixed.
+        self._allowed: dict[tuple[str | None, str, str], bool] = {}
         metrics.watch_groups(self._group_gauges)
 
     async def start(self) -> None:
@@ -233,7 +239,15 @@ class Broker:
         return Principal(username, protocol, client_id)
 
     def _check(self, principal: Principal, action: str, queue: str) -> None:
-        if not self.config.permission(principal.username).allows(action, queue):
+        if not self.config.users:
+            return  # anonymous access: everyone may do everything
+        key = (principal.username, action, queue)
+        allowed = self._allowed.get(key)
+        if allowed is None:
+            allowed = self._allowed[key] = self.config.permission(principal.username).allows(
+                action, queue
+            )
+        if not allowed:
             raise PermissionDenied(f"{principal.username!r} may not {action} on queue {queue!r}")
 
     def _route(self, publication: Publication) -> list[QueueConfig]:

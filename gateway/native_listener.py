@@ -137,18 +137,29 @@ class _Session:
         self.principal: Principal | None = None
         self.flows: set[str] = set()
         self.tasks: set[asyncio.Task[None]] = set()
+        self.outgoing: list[bytes] = []
         self.session_id = uuid.uuid4().hex
 
     def send(self, event: Event) -> None:
+        """Encode now, write once per event-loop turn: replies and deliveries produced in
+        one turn leave in one transport write instead of one each."""
         if self.writer.is_closing():
             return
         try:
-            self.writer.write(self.conn.send(event))
+            self.outgoing.append(self.conn.send(event))
         except RuntimeError:
             # The connection state machine is closed (after ERROR/CLOSE): nothing to send.
             return
+        if len(self.outgoing) == 1:
+            asyncio.get_running_loop().call_soon(self.write_out)
+
+    def write_out(self) -> None:
+        if self.outgoing and not self.writer.is_closing():
+            self.writer.write(b"".join(self.outgoing))
+        self.outgoing.clear()
 
     def abort(self) -> None:
+        self.write_out()
         self.writer.close()
 
     async def run(self) -> None:
@@ -175,6 +186,7 @@ class _Session:
         return str(self.writer.get_extra_info("peername"))
 
     async def finish(self) -> None:
+        self.write_out()
         for flow_id in list(self.flows):
             self.broker.unbind(flow_id)
         self.flows.clear()
