@@ -74,10 +74,14 @@ def async_engine(url: str) -> AsyncEngine:
     connect_args: dict[str, Any] = {}
     if search_path:
         connect_args["server_settings"] = {"search_path": search_path}
+    # pre_ping: a connection the server dropped (restart, failover, idle timeout) is
+    # replaced at checkout instead of failing the transaction (one round-trip per
+    # transaction, which group commit amortises).
     return create_async_engine(
         parsed.set(drivername="postgresql+asyncpg"),
         connect_args=connect_args,
         pool_size=10,
+        pool_pre_ping=True,
     )
 
 
