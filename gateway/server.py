@@ -69,6 +69,22 @@ def _listeners(broker: Broker, config: GatewayConfig) -> dict[str, Listener]:
     return out
 
 
+# The ports file is written once at start and removed once at stop: tiny local file
+# operations, done synchronously.
+def _write_ports_file(name: str | None, ports: dict[str, int]) -> None:
+    """Write the bound ports atomically, so a reader never sees a partial file."""
+    if name:
+        path = Path(name)
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(json.dumps(ports))
+        os.replace(tmp, path)
+
+
+def _remove_ports_file(name: str | None) -> None:
+    if name:
+        Path(name).unlink(missing_ok=True)
+
+
 def ssl_context(config: GatewayConfig) -> ssl.SSLContext | None:
     if not config.tls_cert:
         return None
@@ -98,6 +114,8 @@ class Gateway:
 
         Raises PortInUse naming the port. While another gateway is active this waits.
         """
+        # A file left by an earlier run must not pass for this one's readiness.
+        _remove_ports_file(self.config.ports_file)
         self.store = await open_store(self.config.db)
         try:
             await self._become_active()
@@ -108,6 +126,8 @@ class Gateway:
             raise
         self._lease_task = asyncio.create_task(self._keep_lease())
         self.broker = Broker(self.store, self.config, Metrics())
+        # Flows of an earlier run (a crash leaves their rows) died with its connections.
+        await self.store.forget_consumers(self.broker.lease_owner)
         await self.broker.start()
         context = ssl_context(self.config)
         try:
@@ -125,11 +145,7 @@ class Gateway:
         except BaseException:
             await self.stop()
             raise
-        if self.config.ports_file:
-            path = Path(self.config.ports_file)
-            tmp = path.with_suffix(path.suffix + ".tmp")
-            tmp.write_text(json.dumps(self.ports))
-            os.replace(tmp, path)
+        _write_ports_file(self.config.ports_file, self.ports)
 
     async def _acquire(self) -> bool:
         assert self.store is not None
@@ -184,6 +200,8 @@ class Gateway:
             except Exception:
                 log.exception("closing the %s listener failed", name)
         self._listeners.clear()
+        if self.ports:
+            _remove_ports_file(self.config.ports_file)
         if self.broker is not None:
             await self.broker.close()
         if self.store is not None:

@@ -37,6 +37,7 @@ from storage.schema import (
     kg_deliveries,
     kg_flows,
     kg_group_offsets,
+    kg_groups,
     kg_partition_assignments,
 )
 
@@ -267,6 +268,21 @@ class ConsumerOps(AdminOps):
             if exited:
                 drop = sa.delete(kg_flows).where(kg_flows.c.flow_id == sa.bindparam("b_flow"))
                 await conn.execute(drop, exited)
+
+    async def forget_consumers(self, lease_owner: str) -> None:
+        """At a gateway's start: the flows of any earlier run, and the partitions they
+        owned, are gone with that run's connections (a crash leaves their rows behind).
+        Native group leases held under ``lease_owner`` are released; binds take them again.
+        """
+        g = kg_groups
+        async with self.transaction() as conn:
+            await conn.execute(sa.delete(kg_flows))
+            await conn.execute(sa.delete(kg_partition_assignments))
+            await conn.execute(
+                sa.update(g)
+                .where(g.c.lease_kind == "native", g.c.lease_owner == lease_owner)
+                .values(lease_kind=None, lease_owner=None, lease_expires=None)
+            )
 
     async def update_flow_pending(self, pending: Mapping[str, int], *, now: float) -> None:
         """Record how many unacked messages each flow holds (for inspection)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import ssl
 import subprocess
 from pathlib import Path
@@ -158,3 +159,16 @@ async def test_metrics_count_publishes_and_the_admin_api_inspects_queues(
         assert 'keygate_published_total{protocol="http",queue="orders"} 1.0' in metrics
         shown = await (await http.get(f"{base}/api/queues/orders")).json()
         assert shown["depth"] == 1 and shown["partitions"] == 4
+
+
+async def test_the_ports_file_is_replaced_at_start_and_removed_at_stop(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    ports_file = tmp_path / "ports.json"
+    ports_file.write_text('{"native": 1}')  # left by an earlier run
+    gateway = await start_gateway(sqlite_url, ports_file=str(ports_file))
+    try:
+        assert json.loads(ports_file.read_text()) == gateway.ports
+    finally:
+        await gateway.stop()
+    assert not ports_file.exists()

@@ -15,6 +15,15 @@ from tests.support.serve import serve
 from tests.support.wait import eventually
 
 
+async def _sql(db_url: str, query: str) -> object:
+    engine = async_engine(db_url)
+    try:
+        async with engine.connect() as conn:
+            return await conn.scalar(sa.text(query))
+    finally:
+        await engine.dispose()
+
+
 async def _lag(db_url: str, queue: str, group: str) -> bool:
     """True once the group's lag in kg_partition_status is down to 10 messages."""
     engine = async_engine(db_url)
@@ -53,6 +62,10 @@ async def test_sigkilled_gateway_redelivers_unacked_messages_with_counts_kept(
             client.abort()
     with serve(db_url, tmp_path, *only_native, name="second") as (_, ports, _):
         url = f"keygate://127.0.0.1:{ports['native']}"
+        # The killed run's flow died with its connection: no ghost owner is left in SQL.
+        assert await _sql(db_url, "SELECT COUNT(*) FROM kg_flows") == 0
+        owners = "SELECT COUNT(*) FROM kg_partition_status WHERE owner_flow IS NOT NULL"
+        assert await _sql(db_url, owners) == 0
         async with Client(url) as client:
             consumer = await client.subscribe("orders", group="g", window=100)
             again = [await consumer.receive(timeout=5) for _ in range(10)]

@@ -22,6 +22,7 @@ def serve(
     """Start ``keygate serve`` on loopback, wait for its ports file, yield (process, ports,
     log file); on exit send SIGTERM (if it is still running) and wait for it."""
     ports_file, log = workdir / f"{name}.ports.json", workdir / f"{name}.log"
+    ports_file.unlink(missing_ok=True)
     command = [*KEYGATE, "serve", "--db", db_url, "--host", "127.0.0.1", *ALL_PORTS_FREE]
     command += [*flags, "--ports-file", str(ports_file)]
     with (
