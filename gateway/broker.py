@@ -15,7 +15,7 @@ import random
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Final
 
 from core.errors import (
@@ -537,12 +537,3 @@ class Broker:
         }
         if pending:
             await self.store.update_flow_pending(pending, now=self._clock())
-
-
-def with_subscriptions(config: QueueConfig, patterns: Iterable[str]) -> QueueConfig:
-    """``config`` with ``patterns`` added to its subscriptions (validated, deduplicated)."""
-    subs = list(config.subscriptions)
-    for pattern in patterns:
-        if validate_pattern(pattern) not in subs:
-            subs.append(pattern)
-    return replace(config, subscriptions=tuple(subs))

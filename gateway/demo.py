@@ -42,7 +42,6 @@ class Tally:
 
     processed: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
     redelivered: int = 0
-    poison_deliveries: int = 0
     changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     def unique(self) -> int:
@@ -146,7 +145,6 @@ async def consume(consumer: Consumer, tally: Tally, stop: asyncio.Event) -> None
             continue
         body = json.loads(msg.payload)
         if body.get("poison"):
-            tally.poison_deliveries += 1
             await consumer.negative_acknowledge(msg)
             continue
         tally.processed[body["key"]].append(body["n"])
