@@ -4,9 +4,10 @@ in-flight) are computed at scrape time from the live state machines."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import fields, is_dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 GroupGauges = Callable[[], Iterable[tuple[str, str, int, int]]]
@@ -29,6 +30,22 @@ class _GroupCollector(Collector):
             in_flight.add_metric([queue, group], flying)
         yield backlog
         yield in_flight
+
+
+class _ListenerCollector(Collector):
+    """A listener's own counters (a dataclass of ints), e.g. MQTT protocol errors, wills."""
+
+    def __init__(self, name: str, stats: object) -> None:
+        self._name = name
+        self._stats = stats
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        for field in fields(self._stats):  # type: ignore[arg-type]
+            family = CounterMetricFamily(
+                f"keygate_listener_{field.name}", f"{field.name} of a listener", labels=["listener"]
+            )
+            family.add_metric([self._name], getattr(self._stats, field.name))
+            yield family
 
 
 class Metrics:
@@ -69,6 +86,11 @@ class Metrics:
 
     def watch_groups(self, source: GroupGauges) -> None:
         self.registry.register(_GroupCollector(source))
+
+    def watch_listener(self, name: str, stats: object) -> None:
+        """Export a listener's ``stats`` dataclass of counters."""
+        if is_dataclass(stats):
+            self.registry.register(_ListenerCollector(name, stats))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

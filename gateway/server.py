@@ -141,6 +141,7 @@ class Gateway:
                         raise PortInUse(name, self.config.host, port) from e
                     raise
                 self._listeners[name] = listener
+                self.broker.metrics.watch_listener(name, getattr(listener, "stats", None))
                 log.info("%s listening on %s:%d", name, self.config.host, self.ports[name])
         except BaseException:
             await self.stop()

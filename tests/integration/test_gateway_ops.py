@@ -172,3 +172,26 @@ async def test_the_ports_file_is_replaced_at_start_and_removed_at_stop(
     finally:
         await gateway.stop()
     assert not ports_file.exists()
+
+
+async def test_listener_counters_are_exported(gateway: Gateway) -> None:
+    import paho.mqtt.client as mqtt
+    from paho.mqtt.enums import CallbackAPIVersion
+
+    async with Client(native_url(gateway)) as client:
+        await client.declare_queue("telemetry", subscriptions=["devices/#"])
+
+    def publish_one() -> None:
+        device = mqtt.Client(CallbackAPIVersion.VERSION2, "dev-1", protocol=mqtt.MQTTv5)
+        device.connect("127.0.0.1", gateway.ports["mqtt"])
+        device.loop_start()
+        device.publish("devices/1", b"21.5", qos=1).wait_for_publish(10)
+        device.loop_stop()
+        device.disconnect()
+
+    await asyncio.to_thread(publish_one)
+    base = f"http://127.0.0.1:{gateway.ports['http']}"
+    async with aiohttp.ClientSession() as http:
+        metrics = await (await http.get(f"{base}/metrics")).text()
+    assert 'keygate_listener_publishes_total{listener="mqtt"} 1.0' in metrics
+    assert 'keygate_listener_connections_total{listener="mqtt"} 1.0' in metrics
