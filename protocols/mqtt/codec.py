@@ -100,10 +100,23 @@ class MqttCodec:
         with memoryview(self._buffer) as view:
             return self._decode(first >> 4, first & 0x0F, Reader(view, start, end))
 
+    def peek_type(self) -> int | None:
+        """The next packet's type as soon as its first byte has arrived, else None."""
+        return self._buffer[self._pos] >> 4 if len(self._buffer) > self._pos else None
+
     def _fixed_header(self) -> tuple[int, int, int] | None:
-        """(first byte, body start, body end) of the next packet, None if incomplete."""
+        """(first byte, body start, body end) of the next packet, None if incomplete.
+
+        The first byte is judged on arrival: a peer announcing a long body behind an
+        impossible header is refused now, not after it sent (or failed to send) the body.
+        """
         buf, pos = self._buffer, self._pos
         available = len(buf) - pos
+        if available < 1:
+            return None
+        kind, flags = buf[pos] >> 4, buf[pos] & 0x0F
+        if kind != PacketType.PUBLISH and (kind == 0 or flags != _REQUIRED_FLAGS.get(kind, 0)):
+            raise MalformedPacket(f"reserved flags 0x{flags:x} on packet type {kind}")
         if available < 2:
             return None
         length = 0
@@ -128,21 +141,17 @@ class MqttCodec:
 
     def _decode(self, kind: int, flags: int, reader: Reader) -> Packet:
         if kind == PacketType.CONNECT:
-            packet: Packet = self._connect(flags, reader)
+            packet: Packet = self._connect(reader)
         else:
             v5 = (self.version or MQTT_5) == MQTT_5
             if kind == PacketType.PUBLISH:
                 packet = _publish(flags, reader, v5)
             else:
-                if flags != _REQUIRED_FLAGS.get(kind, 0) or kind == 0:
-                    raise MalformedPacket(f"reserved flags 0x{flags:x} on packet type {kind}")
                 packet = _decode_other(PacketType(kind), reader, v5)
         reader.finish()
         return packet
 
-    def _connect(self, flags: int, reader: Reader) -> Connect:
-        if flags:
-            raise MalformedPacket("reserved flags on CONNECT")
+    def _connect(self, reader: Reader) -> Connect:
         name = reader.utf8()
         level = reader.u8()
         if name != "MQTT" or level not in (MQTT_3_1_1, MQTT_5):

@@ -35,6 +35,7 @@ from protocols.mqtt.packets import (
     Disconnect,
     MqttProperties,
     Packet,
+    PacketType,
     PingReq,
     PingResp,
     PubAck,
@@ -150,6 +151,12 @@ class ServerConnection:
         """The next thing for the listener to do, or None (need more data, or waiting)."""
         while self.state in (State.AWAIT_CONNECT, State.CONNECTED):
             try:
+                if self.state is State.AWAIT_CONNECT and self.codec.peek_type() not in (
+                    None,
+                    PacketType.CONNECT,
+                ):
+                    # [MQTT-3.1.0-1]: judged on the first byte, not after a claimed body.
+                    raise MqttProtocolError("the first packet must be CONNECT")
                 packet = self.codec.next_event()
                 if packet is None:
                     return None

@@ -248,3 +248,12 @@ def test_any_split_of_a_stream_gives_the_same_packets(
         pos += size
     chunks.append(data[pos:])
     assert _decode_all(MqttCodec(version=version), chunks) == [packet, packet]
+
+
+# type 0 is reserved; AUTH with flags 5; SUBSCRIBE without its 0b0010; PUBACK with flags 4.
+@pytest.mark.parametrize("first", [0x00, 0xF5, 0x80, 0x44])
+def test_an_impossible_first_byte_is_refused_before_its_claimed_body(first: int) -> None:
+    codec = MqttCodec(version=MQTT_5)
+    codec.receive_data(bytes([first, 0xFF, 0x7F]))  # claims ~16 KB that never comes
+    with pytest.raises(MalformedPacket):
+        codec.next_event()

@@ -308,3 +308,10 @@ def test_a_client_publish_with_a_subscription_identifier_is_a_protocol_error() -
     harness.connect()
     with pytest.raises(MqttProtocolError):
         harness.feed(Publish("t", b"", properties=MqttProperties(subscription_identifiers=(1,))))
+
+
+def test_a_first_packet_that_is_not_connect_is_refused_on_its_first_byte() -> None:
+    h = Harness()
+    h.conn.receive_data(b"\x30\xff\x7f", h.now)  # a PUBLISH header claiming ~16 KB
+    with pytest.raises(MqttProtocolError, match="first packet must be CONNECT"):
+        h.conn.next_event()

@@ -1,0 +1,44 @@
+"""Bad input on every port at once: each listener answers with its protocol's error or a
+closed connection, the gateway keeps serving every protocol, and nothing confirmed is lost."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+from gateway.client import Client
+from gateway.server import Gateway
+from tests.integration.conftest import native_url
+
+JUNK_SEEDS = range(8)
+
+
+async def _throw_junk(port: int, seed: int) -> None:
+    junk = random.Random(seed).randbytes(4096)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(junk)
+        await writer.drain()
+        # The listener answers (an error frame, CONNACK refusal, HTTP 400...) and/or closes.
+        async with asyncio.timeout(10):
+            while await reader.read(65536):
+                pass
+    except (ConnectionError, TimeoutError):
+        pass
+    finally:
+        writer.close()
+
+
+async def test_junk_on_every_port_leaves_the_gateway_serving_and_data_intact(
+    gateway: Gateway,
+) -> None:
+    async with Client(native_url(gateway)) as client:
+        await client.declare_queue("orders", partitions=4)
+        confirmed = [await client.publish("orders", b"%d" % i, key=f"k{i}") for i in range(20)]
+    ports = [gateway.ports[name] for name in ("native", "mqtt", "amqp", "stomp", "http")]
+    await asyncio.gather(*(_throw_junk(port, seed) for port in ports for seed in JUNK_SEEDS))
+    async with Client(native_url(gateway)) as client:
+        confirmed.append(await client.publish("orders", b"after", key="k"))
+        consumer = await client.subscribe("orders", group="g")
+        got = {(await consumer.receive(timeout=5)).message_id for _ in confirmed}
+    assert got == set(confirmed)
