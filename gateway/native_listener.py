@@ -38,6 +38,7 @@ from protocols.native.events import (
     Deliver,
     Error,
     Event,
+    FlowClosed,
     Hello,
     Nack,
     NackOutcome,
@@ -118,8 +119,7 @@ class _FlowOutput:
 
     def terminate(self, error: KeygateError) -> None:
         self.session.flows.discard(self.flow_id)
-        self.session.send(Error(request_id=0, code=error.code, text=error.message))
-        self.session.abort()
+        self.session.send(FlowClosed(flow_id=self.flow_id, code=error.code, text=error.message))
 
 
 class _Session:

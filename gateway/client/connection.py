@@ -26,6 +26,7 @@ from protocols.native import (
     Deliver,
     Error,
     Event,
+    FlowClosed,
     Hello,
     HelloOk,
     NativeProtocolError,
@@ -41,6 +42,8 @@ class FlowHandler(Protocol):
     def on_deliver(self, event: Deliver) -> None: ...
 
     def on_partitions_changed(self, event: PartitionsChanged) -> None: ...
+
+    def on_flow_closed(self, event: FlowClosed) -> None: ...
 
 
 class Connection:
@@ -174,6 +177,10 @@ class Connection:
             flow = self.flows.get(event.flow_id)
             if flow is not None:
                 flow.on_deliver(event)
+        elif isinstance(event, FlowClosed):
+            flow = self.flows.pop(event.flow_id, None)
+            if flow is not None:
+                flow.on_flow_closed(event)
         elif isinstance(event, PartitionsChanged):
             flow = self.flows.get(event.flow_id)
             if flow is not None:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from core.model import AckMode, GroupMode, KeyOrder, Properties, StartPosition
-from gateway.client.errors import ConnectionLost, ConsumerClosed
+from gateway.client.errors import ConnectionLost, ConsumerClosed, error_from_code
 from protocols.native import (
     Ack,
     AckCumulative,
@@ -34,6 +34,7 @@ from protocols.native import (
     Credit,
     Deliver,
     Event,
+    FlowClosed,
     Nack,
     NackOutcome,
     PartitionsChanged,
@@ -312,6 +313,12 @@ class Consumer:
 
     def on_partitions_changed(self, event: PartitionsChanged) -> None:
         self._set_partitions(event.partitions)
+
+    def on_flow_closed(self, event: FlowClosed) -> None:
+        """The gateway ended this flow (e.g. its queue was deleted): fail for good, with
+        the gateway's error, and do not re-bind after a reconnect."""
+        self._session.forget(self)
+        self._fail(error_from_code(event.code, event.text))
 
     def connection_lost(self) -> None:
         """The connection dropped: unsettled deliveries are the gateway's to redeliver."""

@@ -38,6 +38,7 @@ from protocols.native.events import (
     Deliver,
     Error,
     Event,
+    FlowClosed,
     Hello,
     HelloOk,
     Nack,
@@ -85,6 +86,7 @@ SERVER_EVENTS: Final[frozenset[type[Event]]] = frozenset(
         BindOk,
         Deliver,
         PartitionsChanged,
+        FlowClosed,
         Ok,
         QueueOk,
         Ping,
@@ -274,7 +276,7 @@ class ClientConnection(_Connection):
 
     def _received(self, event: Event) -> None:
         kind = type(event)
-        if kind in (Deliver, PartitionsChanged, Ping, Close) or event.request_id == 0:
+        if kind in (Deliver, PartitionsChanged, FlowClosed, Ping, Close) or event.request_id == 0:
             return
         request = self._pending.pop(event.request_id, None)
         if request is None:

@@ -42,6 +42,7 @@ from protocols.native.events import (
     Deliver,
     Error,
     Event,
+    FlowClosed,
     FrameType,
     Hello,
     HelloOk,
@@ -299,6 +300,10 @@ def _r_partitions_changed(r: _Reader, rid: int) -> PartitionsChanged:
     return PartitionsChanged(request_id=rid, flow_id=r.text(), partitions=r.u32_set())
 
 
+def _r_flow_closed(r: _Reader, rid: int) -> FlowClosed:
+    return FlowClosed(request_id=rid, flow_id=r.text(), code=r.text(), text=r.text())
+
+
 def _r_unbind(r: _Reader, rid: int) -> Unbind:
     return Unbind(request_id=rid, flow_id=r.text(), shutdown=r.flag())
 
@@ -357,6 +362,7 @@ _READERS: Final[dict[int, Callable[[_Reader, int], Event]]] = {
     FrameType.NACK: _r_nack,
     FrameType.CREDIT: _r_credit,
     FrameType.PARTITIONS_CHANGED: _r_partitions_changed,
+    FrameType.FLOW_CLOSED: _r_flow_closed,
     FrameType.UNBIND: _r_unbind,
     FrameType.OK: _r_ok,
     FrameType.DECLARE_QUEUE: _r_declare_queue,

@@ -31,6 +31,7 @@ from protocols.native.events import (
     Deliver,
     Error,
     Event,
+    FlowClosed,
     FrameTooLarge,
     FrameType,
     Hello,
@@ -255,6 +256,12 @@ def _w_partitions_changed(out: bytearray, e: PartitionsChanged) -> None:
     _u32_list(out, e.partitions)
 
 
+def _w_flow_closed(out: bytearray, e: FlowClosed) -> None:
+    _str(out, e.flow_id)
+    _str(out, e.code)
+    _str(out, e.text)
+
+
 def _w_unbind(out: bytearray, e: Unbind) -> None:
     _str(out, e.flow_id)
     out.append(1 if e.shutdown else 0)
@@ -308,6 +315,7 @@ _WRITERS: Final[dict[type[Any], tuple[int, Callable[[bytearray, Any], None]]]] =
     Nack: (FrameType.NACK, _w_nack),
     Credit: (FrameType.CREDIT, _w_credit),
     PartitionsChanged: (FrameType.PARTITIONS_CHANGED, _w_partitions_changed),
+    FlowClosed: (FrameType.FLOW_CLOSED, _w_flow_closed),
     Unbind: (FrameType.UNBIND, _w_unbind),
     Ok: (FrameType.OK, _w_empty),
     DeclareQueue: (FrameType.DECLARE_QUEUE, _w_declare_queue),

@@ -62,6 +62,7 @@ class FrameType(IntEnum):
     PONG = 0x13
     ERROR = 0x14
     CLOSE = 0x15
+    FLOW_CLOSED = 0x16
 
 
 class NackOutcome(IntEnum):
@@ -225,6 +226,17 @@ class PartitionsChanged:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class FlowClosed:
+    """The gateway ended one flow (its queue was deleted): ``code`` and ``text`` say why,
+    as in ERROR. The connection and its other flows go on."""
+
+    request_id: int = 0
+    flow_id: str
+    code: str
+    text: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Unbind:
     request_id: int
     flow_id: str
@@ -310,6 +322,7 @@ Event: TypeAlias = (
     | Nack
     | Credit
     | PartitionsChanged
+    | FlowClosed
     | Unbind
     | Ok
     | DeclareQueue
@@ -341,6 +354,7 @@ __all__ = [
     "Deliver",
     "Error",
     "Event",
+    "FlowClosed",
     "FrameTooLarge",
     "FrameType",
     "Hello",

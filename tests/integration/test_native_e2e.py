@@ -14,7 +14,7 @@ import pytest
 import sqlalchemy as sa
 
 from core.errors import Conflict, QueueNotFound
-from gateway.client import Client, Consumer, Message
+from gateway.client import Client, Consumer, ConsumerClosed, Message
 from gateway.inspect import inspect_queue
 from gateway.server import Gateway
 from tests.integration.conftest import native_url, start_gateway
@@ -315,4 +315,21 @@ async def test_a_group_with_bound_consumers_cannot_be_deleted(gateway: Gateway) 
     await consumer.close()
     await gateway.broker.delete_group("orders", "billing")
     assert await gateway.store.list_groups("orders") == []  # type: ignore[union-attr]
+    await client.close()
+
+
+async def test_deleting_a_queue_ends_only_its_consumers(gateway: Gateway) -> None:
+    client = await _client(gateway, "c")
+    await client.declare_queue("orders", partitions=1)
+    await client.declare_queue("audit", partitions=1)
+    doomed = await client.subscribe("orders", group="g")
+    survivor = await client.subscribe("audit", group="g")
+    assert gateway.broker is not None
+    await gateway.broker.delete_queue_named("orders")
+    with pytest.raises(ConsumerClosed) as ended:
+        await doomed.receive(timeout=5)
+    assert isinstance(ended.value.__cause__, QueueNotFound)
+    await client.publish("audit", b"still here", key="k")
+    assert (await survivor.receive(timeout=5)).payload == b"still here"
+    assert client.session.reconnects == 0  # the connection itself went on
     await client.close()
