@@ -6,6 +6,7 @@ import asyncio
 import json
 import ssl
 import subprocess
+import threading
 from pathlib import Path
 
 import aiohttp
@@ -123,6 +124,45 @@ def _self_signed(tmp_path: Path) -> tuple[str, str]:
     return str(cert), str(key)
 
 
+def _publish_over_tls(ports: dict[str, int], cert: str) -> None:
+    """One confirmed message over each of MQTT 5, AMQP and STOMP 1.2, all through TLS."""
+    import paho.mqtt.client as mqtt
+    import pika
+    import stomp
+    from paho.mqtt.enums import CallbackAPIVersion
+
+    device = mqtt.Client(CallbackAPIVersion.VERSION2, "tls-device", protocol=mqtt.MQTTv5)
+    device.tls_set(ca_certs=cert)
+    device.connect("127.0.0.1", ports["mqtt"])
+    device.loop_start()
+    device.publish("orders/eu", b"mqtt", qos=1).wait_for_publish(10)
+    device.loop_stop()
+    device.disconnect()
+
+    tls = pika.SSLOptions(ssl.create_default_context(cafile=cert), "127.0.0.1")
+    amqp = pika.BlockingConnection(
+        pika.ConnectionParameters("127.0.0.1", ports["amqp"], ssl_options=tls)
+    )
+    channel = amqp.channel()
+    channel.confirm_delivery()
+    channel.basic_publish("", "orders", b"amqp")
+    amqp.close()
+
+    receipt = threading.Event()
+
+    class Receipts(stomp.ConnectionListener):  # type: ignore[misc]
+        def on_receipt(self, frame: object) -> None:
+            receipt.set()
+
+    conn = stomp.Connection12([("127.0.0.1", ports["stomp"])], heartbeats=(0, 0))
+    conn.set_ssl(for_hosts=[("127.0.0.1", ports["stomp"])], ca_certs=cert)
+    conn.set_listener("receipts", Receipts())
+    conn.connect(wait=True)
+    conn.send("/queue/orders", b"stomp", headers={"receipt": "r1"})
+    assert receipt.wait(10), "no STOMP receipt over TLS"
+    conn.disconnect()
+
+
 async def test_listeners_speak_tls_when_given_a_certificate(
     sqlite_url: str, tmp_path: Path
 ) -> None:
@@ -131,8 +171,12 @@ async def test_listeners_speak_tls_when_given_a_certificate(
     try:
         context = ssl.create_default_context(cafile=cert)
         async with Client(native_url(gateway), ssl_context=context) as client:
-            await client.declare_queue("orders", partitions=1)
+            await client.declare_queue("orders", partitions=1, subscriptions=["orders/#"])
             assert await client.publish("orders", b"over tls")
+            await asyncio.to_thread(_publish_over_tls, gateway.ports, cert)
+            consumer = await client.subscribe("orders", group="g")
+            got = {(await consumer.receive(timeout=5)).payload for _ in range(4)}
+            assert got == {b"over tls", b"mqtt", b"amqp", b"stomp"}
         with pytest.raises((ConnectionError, OSError)):  # plain TCP is not served
             plain = Client(native_url(gateway), connect_timeout=2, max_reconnect_attempts=0)
             await plain.connect()
