@@ -54,6 +54,9 @@ log = logging.getLogger("keygate.broker")
 # A group with native flows is leased in SQL (kind "native") so a Spark job refuses it;
 # renewed every retention interval, released when the group's last flow leaves.
 GROUP_LEASE_TTL: Final = 30.0
+# Housekeeping ticks (ack_flush_interval each) between retention runs while a depth-limited
+# queue is filling up.
+PROMPT_RETENTION_TICKS: Final = 4
 
 
 def new_message_id(now: float) -> str:
@@ -510,13 +513,29 @@ class Broker:
             for runtime in list(self._runtimes.values()):
                 runtime.request_flush()
             ticks += 1
-            if ticks % retention_every == 0:
-                try:
+            try:
+                if ticks % retention_every == 0:
                     await self.store.retention(now=self._clock())
                     await self._write_pending()
                     await self._renew_leases()
-                except KeygateError as e:
-                    log.warning("housekeeping failed: %s", e)
+                elif ticks % PROMPT_RETENTION_TICKS == 0 and await self._filling():
+                    # Depth counts stored rows: delete what is settled before a depth-limited
+                    # queue refuses publishes for acked messages still waiting for retention.
+                    await self.store.retention(now=self._clock())
+            except KeygateError as e:
+                log.warning("housekeeping failed: %s", e)
+
+    async def _filling(self) -> bool:
+        """Whether a queue with max_depth is at least half full."""
+        for queue in self._queues.values():
+            if queue.max_depth_messages is None and queue.max_depth_bytes is None:
+                continue
+            messages, size = await self.store.depth(queue.name)
+            if (queue.max_depth_messages and 2 * messages >= queue.max_depth_messages) or (
+                queue.max_depth_bytes and 2 * size >= queue.max_depth_bytes
+            ):
+                return True
+        return False
 
     async def _renew_leases(self) -> None:
         for key in sorted(self._leased):

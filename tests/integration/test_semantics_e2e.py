@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from core.errors import QueueFull
 from gateway.client import Client, Message
 from gateway.server import Gateway
 from tests.integration.conftest import native_url
@@ -161,4 +162,28 @@ async def test_a_group_started_at_latest_skips_the_existing_backlog(gateway: Gat
     consumer = await client.subscribe("ticks", group="live", start="latest")
     await client.publish("ticks", b"new", key="k")
     assert [m.payload for m in await _drain(consumer)] == [b"new"]
+    await client.close()
+
+
+async def test_a_full_queue_accepts_again_soon_after_its_messages_are_acked(
+    gateway: Gateway,
+) -> None:
+    client = await _client(gateway)
+    await client.declare_queue("bounded", partitions=1, max_depth_messages=10)
+    for n in range(10):
+        await client.publish("bounded", b"%d" % n, key="k")
+    with pytest.raises(QueueFull):
+        await client.publish("bounded", b"one too many", key="k")
+    consumer = await client.subscribe("bounded", group="g")
+    assert len(await _drain(consumer)) == 10
+
+    async def accepted() -> bool:
+        try:
+            await client.publish("bounded", b"room again", key="k")
+        except QueueFull:
+            return False
+        return True
+
+    # Well before the 5 s retention interval: a filling queue is cleaned promptly.
+    await eventually(accepted, timeout=2.0, interval=0.1)
     await client.close()
