@@ -7,14 +7,16 @@ How it works:
 2. Build the DataFrame with the ``keygate`` source for exactly ``committed < seq <= end``
    (``end`` = head, or less under ``max_messages``). The source skips seqs the group acked
    individually above its committed seq, so the batch is the unsettled backlog, and a
-   message nacked by an earlier batch is in it again (nacked messages are due at the next
-   call: the interval between batches is their backoff).
+   message nacked by an earlier batch is in it again once its redelivery is due (the
+   queue's backoff, recorded in ``kg_deliveries.redeliver_at``); one not due yet is left
+   out and stays pending.
 3. Call ``fn(df)``. If it raises, nothing is written. It may return the ids of messages that
    failed (an iterable of strings, or a DataFrame with a ``message_id`` column).
 4. In one transaction: successes acked (committed seq over contiguous successes, ranges
    above it for the rest); each failure's delivery count + 1 in ``kg_deliveries`` (first
-   delivery time kept); a failure whose count reaches the queue's ``max_deliveries`` is
-   copied to the dead-letter queue with its ``x-`` properties and settled.
+   delivery time kept, due again after the queue's backoff); a failure whose count
+   reaches the queue's ``max_deliveries`` is copied to the dead-letter queue with its
+   ``x-`` properties and settled.
 5. Release the lease.
 
 Dead letters get seq = the DLQ partition's last seq + 1 inside the transaction (the
@@ -35,6 +37,7 @@ from pyspark.sql import DataFrame, SparkSession
 from sqlalchemy.dialects import postgresql, sqlite
 
 from core.actions import DeadLetter
+from core.backoff import redelivery_delay
 from core.errors import InvalidArgument
 from core.ledger import AckLedger
 from core.model import DeadLetterReason, Message, QueueConfig
@@ -111,7 +114,8 @@ def _count_read(
     for p, hi in end.items():
         if hi <= start[p]:
             continue
-        skipped = [sa.not_(m.c.seq.between(lo, top)) for lo, top in states[p].acked_above]
+        hidden = (*states[p].acked_above, *states[p].deferred)
+        skipped = [sa.not_(m.c.seq.between(lo, top)) for lo, top in hidden]
         query = sa.select(sa.func.count()).where(
             m.c.queue == queue, m.c.partition == p, m.c.seq > start[p], m.c.seq <= hi, *skipped
         )
@@ -192,7 +196,11 @@ def _append_dead_letters(
     conn.execute(sa.update(p).where(this).values(head_seq=seq))
 
 
-def _record_nacks(conn: sa.Connection, queue: str, group: str, nacked: list[_Failure]) -> None:
+def _record_nacks(
+    conn: sa.Connection, config: QueueConfig, group: str, nacked: list[_Failure], now: float
+) -> None:
+    """Count the failed delivery and set when the message is due again (the queue's
+    redelivery backoff, as for a native consumer's nack)."""
     if not nacked:
         return
     dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
@@ -200,16 +208,20 @@ def _record_nacks(conn: sa.Connection, queue: str, group: str, nacked: list[_Fai
     conn.execute(
         insert.on_conflict_do_update(
             index_elements=["queue", "group_name", "partition", "seq"],
-            set_={"delivery_count": insert.excluded.delivery_count},
+            set_={
+                "delivery_count": insert.excluded.delivery_count,
+                "redeliver_at": insert.excluded.redeliver_at,
+            },
         ),
         [
             {
-                "queue": queue,
+                "queue": config.name,
                 "group_name": group,
                 "partition": f.message.partition,
                 "seq": f.message.seq,
                 "delivery_count": f.delivery_count,
                 "first_delivery_time": f.first_delivery_time,
+                "redeliver_at": now + redelivery_delay(config, f.delivery_count, None),
             }
             for f in nacked
         ],
@@ -232,6 +244,9 @@ def _settle(
     unsettled: dict[int, set[int]] = {}
     for f in nacked:
         unsettled.setdefault(f.message.partition, set()).add(f.message.seq)
+    for p, state in states.items():  # not due yet: not in this batch, still pending
+        for lo, hi in state.deferred:
+            unsettled.setdefault(p, set()).update(range(lo, hi + 1))
     ledgers: dict[int, AckLedger] = {}
     for p, hi in end.items():
         if hi <= start[p]:
@@ -251,7 +266,7 @@ def _settle(
     ]
     _append_dead_letters(conn, config, group, letters, now)
     write_offsets(conn, config.name, group, ledgers, dict(end), now)
-    _record_nacks(conn, config.name, group, nacked)
+    _record_nacks(conn, config, group, nacked, now)
     return nacked, dead, {p: ledger.committed for p, ledger in ledgers.items()}
 
 
@@ -281,10 +296,20 @@ def consume_batch(
         with engine.begin() as conn:
             config = ensure_group(conn, queue, group, now)
             lease.acquire(conn, queue, group, owner, lease_timeout, now)
-            states = load_partitions(conn, queue, group)
+            states = load_partitions(conn, queue, group, due_at=now)
         try:
             return _run(
-                session, url, engine, config, group, owner, states, fn, max_messages, lease_timeout
+                session,
+                url,
+                engine,
+                config,
+                group,
+                owner,
+                states,
+                fn,
+                max_messages,
+                lease_timeout,
+                due_at=now,
             )
         finally:
             with engine.begin() as conn:
@@ -304,6 +329,8 @@ def _run(
     fn: Callable[[DataFrame], Any],
     max_messages: int | None,
     lease_timeout: float,
+    *,
+    due_at: float,
 ) -> BatchResult:
     queue = config.name
     start = {p: s.committed for p, s in states.items()}
@@ -323,6 +350,7 @@ def _run(
         .option("group", group)
         .option("startingOffsets", _json(start))
         .option("endingOffsets", _json(end))
+        .option("dueAt", repr(due_at))
         .load()
     )
     ids = _failed_ids(fn(df))

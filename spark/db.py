@@ -51,6 +51,8 @@ class PartitionState:
     head: int
     # Seq just before the oldest retained message (the head when the partition is empty).
     earliest: int
+    # Nacked by consume_batch and not due again yet: left out of a batch, and unsettled.
+    deferred: SeqRanges = ()
 
 
 def write_engine(url: str) -> sa.Engine:
@@ -157,9 +159,31 @@ def group_tags(conn: sa.Connection, queue: str, group: str) -> tuple[tuple[str, 
     return tuple(sorted((str(k), str(v)) for k, v in (tags or {}).items()))
 
 
-def load_partitions(conn: sa.Connection, queue: str, group: str) -> dict[int, PartitionState]:
-    """Every partition's offsets, head and oldest retained seq, in one snapshot."""
+def _deferred(conn: sa.Connection, queue: str, group: str, due_at: float) -> dict[int, SeqRanges]:
+    """Per partition, the seqs whose redelivery is not due at ``due_at``."""
+    d = kg_deliveries
+    rows = conn.execute(
+        sa.select(d.c.partition, d.c.seq)
+        .where(d.c.queue == queue, d.c.group_name == group, d.c.redeliver_at > due_at)
+        .order_by(d.c.partition, d.c.seq)
+    )
+    ranges: dict[int, list[tuple[int, int]]] = {}
+    for partition, seq in rows:
+        runs = ranges.setdefault(partition, [])
+        if runs and runs[-1][1] == seq - 1:
+            runs[-1] = (runs[-1][0], seq)
+        else:
+            runs.append((seq, seq))
+    return {partition: tuple(runs) for partition, runs in ranges.items()}
+
+
+def load_partitions(
+    conn: sa.Connection, queue: str, group: str, *, due_at: float | None = None
+) -> dict[int, PartitionState]:
+    """Every partition's offsets, head and oldest retained seq, in one snapshot; with
+    ``due_at``, also the nacked seqs that are not due again by then."""
     o, p, m = kg_group_offsets, kg_partitions, kg_messages
+    deferred = {} if due_at is None else _deferred(conn, queue, group, due_at)
     oldest: dict[int, int] = dict(
         conn.execute(  # type: ignore[arg-type]
             sa.select(m.c.partition, sa.func.min(m.c.seq))
@@ -181,6 +205,7 @@ def load_partitions(conn: sa.Connection, queue: str, group: str) -> dict[int, Pa
             dispatched=row.dispatched_seq,
             head=row.head_seq,
             earliest=oldest[row.partition] - 1 if row.partition in oldest else row.head_seq,
+            deferred=deferred.get(row.partition, ()),
         )
         for row in rows
     }

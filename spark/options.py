@@ -41,6 +41,8 @@ class SourceOptions:
     min_partitions: int = 1
     include_properties: bool = True
     lease_timeout: float = DEFAULT_LEASE_TIMEOUT
+    # Leave out nacked messages not due again at this time (set by consume_batch).
+    due_at: float | None = None
 
 
 def parse_offsets(name: str, text: str) -> Offsets:
@@ -85,6 +87,13 @@ def _bool(name: str, text: str) -> bool:
     raise InvalidArgument(f"{name} must be true or false, got {text!r}")
 
 
+def _float(name: str, text: str) -> float:
+    try:
+        return float(text)
+    except ValueError as e:
+        raise InvalidArgument(f"{name} must be a number, got {text!r}") from e
+
+
 def parse_options(options: Mapping[str, str]) -> SourceOptions:
     """Validate the user's options (keys are case-insensitive, as Spark's are)."""
     lowered = {key.lower(): value for key, value in options.items()}
@@ -123,4 +132,5 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
         min_partitions=_positive("minPartitions", lowered.get("minpartitions", "1")),
         include_properties=_bool("includeProperties", lowered.get("includeproperties", "true")),
         lease_timeout=lease_timeout,
+        due_at=_float("dueAt", lowered["dueat"]) if "dueat" in lowered else None,
     )

@@ -31,7 +31,8 @@ class ReadRange(InputPartition):
     partition: int
     lo: int
     hi: int
-    # Seqs the group acked individually above its committed seq: skipped.
+    # Seqs the group acked individually above its committed seq, or nacked and not due
+    # again yet: skipped.
     skip: SeqRanges
     # Seqs at or below it were delivered before (a delivery count of at least 1).
     dispatched: int
@@ -102,7 +103,8 @@ def read_ranges(
             pieces = max(1, min(hi - lo, -(-(hi - lo) * min_partitions // total)))
         state = states[partition]
         for a, b in _split(lo, hi, pieces):
-            skip = tuple((x, y) for x, y in state.acked_above if y > a and x <= b)
+            skipped = sorted((*state.acked_above, *state.deferred))
+            skip = tuple((x, y) for x, y in skipped if y > a and x <= b)
             ranges.append(
                 ReadRange(
                     url=url,

@@ -90,7 +90,7 @@ class _Planner:
             if owner is None:
                 lease.refuse_native_holders(conn, o.queue, o.group, now)
             self._tags = group_tags(conn, o.queue, o.group)
-            return load_partitions(conn, o.queue, o.group)
+            return load_partitions(conn, o.queue, o.group, due_at=o.due_at)
 
     def ranges(
         self, states: dict[int, PartitionState], start: Offsets, end: Offsets

@@ -137,6 +137,8 @@ kg_deliveries: Final = sa.Table(
     sa.Column("seq", Seq, primary_key=True),
     sa.Column("delivery_count", sa.Integer, nullable=False),
     sa.Column("first_delivery_time", Time),
+    # When a nacked message is due again (Spark's consume_batch; NULL = at once).
+    sa.Column("redeliver_at", Time),
 )
 
 kg_flows: Final = sa.Table(

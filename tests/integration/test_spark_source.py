@@ -225,7 +225,7 @@ def test_max_offsets_per_trigger_bounds_every_micro_batch(
 def test_consume_batch_redelivers_failures_then_dead_letters_them(
     session: SparkSession, db_url: str
 ) -> None:
-    seed(db_url, "orders", 28, max_deliveries=2)
+    seed(db_url, "orders", 28, max_deliveries=2, backoff_initial=0.0)
     poison = "key-3"
 
     def fail_poison(df: DataFrame) -> list[str]:
@@ -258,6 +258,37 @@ def test_consume_batch_redelivers_failures_then_dead_letters_them(
     third = spark.consume_batch(session, db_url, "orders", "billing", record)
     assert third.read == 0
     assert execute(db_url, sa.select(kg_deliveries)) == []
+
+
+def test_a_failed_message_comes_back_only_after_the_queues_backoff(
+    session: SparkSession, db_url: str
+) -> None:
+    seed(db_url, "orders", 12, backoff_initial=30.0)
+    failing = "key-1"
+
+    def fail_key(df: DataFrame) -> list[str]:
+        return [row.message_id for row in df.where(df.key == failing).collect()]
+
+    before = time.time()
+    first = spark.consume_batch(session, db_url, "orders", "billing", fail_key)
+    assert first.nacked > 1
+    due = [row.redeliver_at for row in execute(db_url, sa.select(kg_deliveries))]
+    assert len(due) == first.nacked
+    assert all(before + 30.0 <= at <= time.time() + 30.0 for at in due)  # the backoff
+    seen: list[Any] = []
+
+    def record(df: DataFrame) -> None:
+        seen.extend(df.collect())
+
+    early = spark.consume_batch(session, db_url, "orders", "billing", record)
+    assert (early.read, seen) == (0, [])  # not due: left out, and still pending
+    offsets = execute(db_url, sa.select(kg_group_offsets.c.committed_seq))
+    assert sum(row.committed_seq for row in offsets) < 12
+    execute(db_url, sa.update(kg_deliveries).values(redeliver_at=time.time() - 1))  # now due
+    late = spark.consume_batch(session, db_url, "orders", "billing", record)
+    assert late.read == first.nacked
+    assert {row.key for row in seen} == {failing}
+    assert {row.delivery_count for row in seen} == {2}
 
 
 def test_consume_batch_commits_nothing_when_fn_raises(session: SparkSession, db_url: str) -> None:
