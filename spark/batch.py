@@ -114,7 +114,7 @@ def _count_read(
     for p, hi in end.items():
         if hi <= start[p]:
             continue
-        hidden = (*states[p].acked_above, *states[p].deferred)
+        hidden = (*states[p].acked_above, *states[p].deferred, *states[p].expired)
         skipped = [sa.not_(m.c.seq.between(lo, top)) for lo, top in hidden]
         query = sa.select(sa.func.count()).where(
             m.c.queue == queue, m.c.partition == p, m.c.seq > start[p], m.c.seq <= hi, *skipped
@@ -228,6 +228,41 @@ def _record_nacks(
     )
 
 
+def _expired_letters(
+    conn: sa.Connection,
+    config: QueueConfig,
+    group: str,
+    states: Mapping[int, PartitionState],
+    start: Mapping[int, int],
+    end: Mapping[int, int],
+) -> list[DeadLetter]:
+    """Dead letters for the expired messages of this batch's ranges (the queue asked)."""
+    m, d = kg_messages, kg_deliveries
+    letters = []
+    for p, hi in end.items():
+        for lo, top in states[p].expired:
+            lo, top = max(lo, start[p] + 1), min(top, hi)
+            if lo > top:
+                continue
+            where = sa.and_(m.c.queue == config.name, m.c.partition == p, m.c.seq.between(lo, top))
+            counts: dict[int, int] = dict(
+                conn.execute(  # type: ignore[arg-type]
+                    sa.select(d.c.seq, d.c.delivery_count).where(
+                        d.c.queue == config.name,
+                        d.c.group_name == group,
+                        d.c.partition == p,
+                        d.c.seq.between(lo, top),
+                    )
+                ).all()
+            )
+            for row in conn.execute(sa.select(m).where(where).order_by(m.c.seq)).mappings():
+                message = message_from_row(row)
+                letters.append(
+                    DeadLetter(message, DeadLetterReason.EXPIRED, counts.get(message.seq, 0), None)
+                )
+    return letters
+
+
 def _settle(
     conn: sa.Connection,
     config: QueueConfig,
@@ -237,7 +272,7 @@ def _settle(
     end: Mapping[int, int],
     failures: list[_Failure],
     now: float,
-) -> tuple[list[_Failure], list[_Failure], dict[int, int]]:
+) -> tuple[list[_Failure], list[DeadLetter], dict[int, int]]:
     limit = config.max_deliveries
     dead = [f for f in failures if limit and f.delivery_count >= limit]
     nacked = [f for f in failures if not (limit and f.delivery_count >= limit)]
@@ -264,10 +299,12 @@ def _settle(
         )
         for f in dead
     ]
+    if config.dead_letter_expired and config.dlq_name:
+        letters += _expired_letters(conn, config, group, states, start, end)
     _append_dead_letters(conn, config, group, letters, now)
     write_offsets(conn, config.name, group, ledgers, dict(end), now)
     _record_nacks(conn, config, group, nacked, now)
-    return nacked, dead, {p: ledger.committed for p, ledger in ledgers.items()}
+    return nacked, letters, {p: ledger.committed for p, ledger in ledgers.items()}
 
 
 def consume_batch(

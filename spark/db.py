@@ -9,7 +9,7 @@ no lock that writers wait on). On PostgreSQL both are the same psycopg engine.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,8 +51,11 @@ class PartitionState:
     head: int
     # Seq just before the oldest retained message (the head when the partition is empty).
     earliest: int
-    # Nacked by consume_batch and not due again yet: left out of a batch, and unsettled.
+    # consume_batch only. Not due yet (a nacked message's backoff, or deliver_at later):
+    # left out of the batch and left pending.
     deferred: SeqRanges = ()
+    # Past expire_at: left out of the batch and settled (dead-lettered if the queue asks).
+    expired: SeqRanges = ()
 
 
 def write_engine(url: str) -> sa.Engine:
@@ -159,16 +162,10 @@ def group_tags(conn: sa.Connection, queue: str, group: str) -> tuple[tuple[str, 
     return tuple(sorted((str(k), str(v)) for k, v in (tags or {}).items()))
 
 
-def _deferred(conn: sa.Connection, queue: str, group: str, due_at: float) -> dict[int, SeqRanges]:
-    """Per partition, the seqs whose redelivery is not due at ``due_at``."""
-    d = kg_deliveries
-    rows = conn.execute(
-        sa.select(d.c.partition, d.c.seq)
-        .where(d.c.queue == queue, d.c.group_name == group, d.c.redeliver_at > due_at)
-        .order_by(d.c.partition, d.c.seq)
-    )
+def _runs(pairs: Iterable[tuple[int, int]]) -> dict[int, SeqRanges]:
+    """(partition, seq) pairs as sorted, merged seq ranges per partition."""
     ranges: dict[int, list[tuple[int, int]]] = {}
-    for partition, seq in rows:
+    for partition, seq in sorted(set(pairs)):
         runs = ranges.setdefault(partition, [])
         if runs and runs[-1][1] == seq - 1:
             runs[-1] = (runs[-1][0], seq)
@@ -177,13 +174,35 @@ def _deferred(conn: sa.Connection, queue: str, group: str, due_at: float) -> dic
     return {partition: tuple(runs) for partition, runs in ranges.items()}
 
 
+def _not_due(
+    conn: sa.Connection, queue: str, group: str, due_at: float
+) -> tuple[dict[int, SeqRanges], dict[int, SeqRanges]]:
+    """(deferred, expired) seqs per partition at ``due_at``: deferred are nacked messages
+    whose redelivery is not due and messages scheduled later (deliver_at); expired are
+    past their expire_at (DESIGN.md §4: not delivered)."""
+    d, m = kg_deliveries, kg_messages
+    expired = {
+        (row.partition, row.seq)
+        for row in conn.execute(
+            sa.select(m.c.partition, m.c.seq).where(m.c.queue == queue, m.c.expire_at <= due_at)
+        )
+    }
+    later = conn.execute(
+        sa.select(d.c.partition, d.c.seq)
+        .where(d.c.queue == queue, d.c.group_name == group, d.c.redeliver_at > due_at)
+        .union(sa.select(m.c.partition, m.c.seq).where(m.c.queue == queue, m.c.deliver_at > due_at))
+    )
+    deferred = {(row.partition, row.seq) for row in later} - expired
+    return _runs(deferred), _runs(expired)
+
+
 def load_partitions(
     conn: sa.Connection, queue: str, group: str, *, due_at: float | None = None
 ) -> dict[int, PartitionState]:
     """Every partition's offsets, head and oldest retained seq, in one snapshot; with
-    ``due_at``, also the nacked seqs that are not due again by then."""
+    ``due_at``, also what is not due by then and what has expired (see ``_not_due``)."""
     o, p, m = kg_group_offsets, kg_partitions, kg_messages
-    deferred = {} if due_at is None else _deferred(conn, queue, group, due_at)
+    deferred, expired = ({}, {}) if due_at is None else _not_due(conn, queue, group, due_at)
     oldest: dict[int, int] = dict(
         conn.execute(  # type: ignore[arg-type]
             sa.select(m.c.partition, sa.func.min(m.c.seq))
@@ -206,6 +225,7 @@ def load_partitions(
             head=row.head_seq,
             earliest=oldest[row.partition] - 1 if row.partition in oldest else row.head_seq,
             deferred=deferred.get(row.partition, ()),
+            expired=expired.get(row.partition, ()),
         )
         for row in rows
     }

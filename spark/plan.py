@@ -31,8 +31,8 @@ class ReadRange(InputPartition):
     partition: int
     lo: int
     hi: int
-    # Seqs the group acked individually above its committed seq, or nacked and not due
-    # again yet: skipped.
+    # Seqs the group acked individually above its committed seq, or (consume_batch) not due
+    # yet or expired: skipped.
     skip: SeqRanges
     # Seqs at or below it were delivered before (a delivery count of at least 1).
     dispatched: int
@@ -103,7 +103,7 @@ def read_ranges(
             pieces = max(1, min(hi - lo, -(-(hi - lo) * min_partitions // total)))
         state = states[partition]
         for a, b in _split(lo, hi, pieces):
-            skipped = sorted((*state.acked_above, *state.deferred))
+            skipped = sorted((*state.acked_above, *state.deferred, *state.expired))
             skip = tuple((x, y) for x, y in skipped if y > a and x <= b)
             ranges.append(
                 ReadRange(

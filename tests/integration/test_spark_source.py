@@ -39,7 +39,7 @@ from spark.db import write_engine
 from spark.options import parse_options
 from spark.source import KeygateStreamReader
 from storage import open_store
-from storage.schema import kg_deliveries, kg_flows, kg_group_offsets
+from storage.schema import kg_deliveries, kg_flows, kg_group_offsets, kg_messages
 
 pytestmark = pytest.mark.spark
 
@@ -420,3 +420,35 @@ def test_group_tag_filter_hides_other_messages_and_consuming_settles_them(
     assert [row.payload for row in shown] == [b"payload-4"]
     assert (result.read, result.acked) == (21, 21)
     assert sum(offsets(db_url, "orders", "fours").values()) == 21
+
+
+def test_consume_batch_holds_scheduled_messages_and_settles_expired_ones(
+    session: SparkSession, db_url: str
+) -> None:
+    seed(db_url, "orders", 6, partitions=1, dead_letter_expired=True)
+    later, gone = 2, 4  # seqs: one scheduled an hour ahead, one already expired
+    execute(
+        db_url,
+        sa.update(kg_messages)
+        .where(kg_messages.c.seq == later)
+        .values(deliver_at=time.time() + 3600),
+    )
+    execute(
+        db_url,
+        sa.update(kg_messages).where(kg_messages.c.seq == gone).values(expire_at=time.time() - 1),
+    )
+    seen: list[Any] = []
+    result = spark.consume_batch(
+        session, db_url, "orders", "billing", lambda df: seen.extend(df.collect())
+    )
+    assert sorted(row.seq for row in seen) == [1, 3, 5, 6]
+    assert result.dead_lettered == 1  # the expired one, as the queue asks
+    (letter,) = read(session, db_url, "orders.dlq", "inspect").collect()
+    assert letter.properties[DEAD_LETTER_REASON] == "expired"
+    assert int(letter.properties[ORIGINAL_SEQ]) == gone
+    o = kg_group_offsets
+    (offset,) = execute(
+        db_url,
+        sa.select(o.c.committed_seq).where(o.c.queue == "orders", o.c.group_name == "billing"),
+    )
+    assert offset.committed_seq == later - 1  # the scheduled one is still pending
