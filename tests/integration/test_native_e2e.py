@@ -333,3 +333,18 @@ async def test_deleting_a_queue_ends_only_its_consumers(gateway: Gateway) -> Non
     assert (await survivor.receive(timeout=5)).payload == b"still here"
     assert client.session.reconnects == 0  # the connection itself went on
     await client.close()
+
+
+async def test_a_consumer_already_on_the_dead_letter_queue_gets_letters_at_once(
+    gateway: Gateway,
+) -> None:
+    await _declare(gateway, partitions=1, max_deliveries=1)
+    client = await _client(gateway, "c")
+    dlq = await client.subscribe("orders.dlq", group="ops")
+    consumer = await client.subscribe("orders", group="billing")
+    await _publish(gateway, "orders", [("k", 1)])
+    await consumer.reject(await consumer.receive(timeout=5))
+    letter = await dlq.receive(timeout=5)
+    assert letter.payload == b"k:1"
+    assert letter.properties["x-dead-letter-reason"] == "rejected"
+    await client.close()
