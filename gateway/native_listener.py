@@ -21,7 +21,7 @@ from dataclasses import fields
 from typing import Any, Final
 
 from core import actions
-from core.errors import InvalidArgument, KeygateError
+from core.errors import InvalidArgument, KeygateError, Unavailable
 from core.model import Publication, QueueConfig
 from gateway.broker import Broker
 from protocols.native.connection import ServerConnection
@@ -58,6 +58,8 @@ from protocols.sink import Principal
 log = logging.getLogger("keygate.native")
 
 _READ_SIZE: Final = 256 * 1024
+# How long a closing listener waits for publishes it already received to be confirmed.
+DRAIN_TIMEOUT: Final = 10.0
 _SETTINGS: Final = {f.name for f in fields(QueueConfig)} - {"name", "subscriptions"}
 
 
@@ -208,6 +210,8 @@ class _Session:
                 case Hello():
                     await self.hello(event)
                 case Publish():
+                    if self.listener.closing:
+                        raise Unavailable("the gateway is shutting down")
                     self.spawn(self.publish(event))
                 case Ack():
                     self.broker.ack(event.flow_id, event.message_ids)
@@ -364,6 +368,7 @@ class NativeListener:
         self._server: asyncio.Server | None = None
         self._sessions: set[_Session] = set()
         self._idle = asyncio.Event()
+        self.closing = False
 
     async def start(self, host: str, port: int, ssl_context: ssl.SSLContext | None) -> int:
         self._server = await asyncio.start_server(self._accept, host, port, ssl=ssl_context)
@@ -380,10 +385,17 @@ class NativeListener:
                 self._idle.set()
 
     async def close(self) -> None:
-        """Stop accepting, then end every connection by closing its socket (the session's
-        reader sees EOF and unbinds its flows), and wait until they are all done."""
+        """Stop accepting; refuse new PUBLISHes and let those already received commit and
+        be confirmed (at most DRAIN_TIMEOUT); then end every connection by closing its
+        socket (the session's reader sees EOF and unbinds its flows) and wait for them."""
         if self._server is not None:
             self._server.close()
+        self.closing = True
+        in_flight = [task for session in self._sessions for task in session.tasks]
+        if in_flight:
+            await asyncio.wait(in_flight, timeout=DRAIN_TIMEOUT)
+            for session in self._sessions:
+                session.write_out()
         if self._sessions:
             self._idle.clear()
             for session in list(self._sessions):

@@ -101,3 +101,22 @@ async def test_a_backlog_larger_than_memory_is_paged_from_sql_in_order(db_url: s
             assert sum(map(len, seen.values())) == 600
     finally:
         await gateway.stop()
+
+
+async def test_a_graceful_stop_confirms_every_publish_it_committed(db_url: str) -> None:
+    gateway = await start_gateway(db_url)
+    client = await Client(native_url(gateway), max_reconnect_attempts=0).connect()
+    await client.declare_queue("orders", partitions=4)
+    publishes = [
+        asyncio.create_task(client.publish("orders", b"%d" % i, key=f"k{i % 9}"))
+        for i in range(2000)
+    ]
+    # Stop while they are in flight: the first confirmations are back, most are not.
+    await asyncio.wait(publishes, return_when=asyncio.FIRST_COMPLETED)
+    await gateway.stop()
+    outcomes = await asyncio.gather(*publishes, return_exceptions=True)
+    confirmed = [outcome for outcome in outcomes if isinstance(outcome, str)]
+    client.abort()
+    stored = await _sql(db_url, "SELECT COUNT(*) FROM kg_messages WHERE queue = 'orders'")
+    # Committed and never confirmed would leave the publisher unsure: none may be.
+    assert stored == len(confirmed) > 0
