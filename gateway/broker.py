@@ -241,6 +241,21 @@ class Broker:
             raise AuthenticationFailed("bad username or password")
         return Principal(username, protocol, client_id)
 
+    def check_admin(self, principal: Principal) -> None:
+        """Creating, changing and deleting queues, groups and subscriptions needs the
+        ``admin`` permission (every user has it unless the configuration says otherwise)."""
+        if self.config.users and not self.config.permission(principal.username).admin:
+            raise PermissionDenied(f"{principal.username!r} may not administer queues")
+
+    async def declare(
+        self, principal: Principal, config: QueueConfig, *, exist_ok: bool
+    ) -> QueueConfig:
+        """Create a queue (admin only), or check an existing one with the same settings —
+        which any user may do, as publishers declare their queues on connect."""
+        if not (exist_ok and config.name in self._queues):
+            self.check_admin(principal)
+        return await self.create_queue(config, exist_ok=exist_ok)
+
     def _check(self, principal: Principal, action: str, queue: str) -> None:
         if not self.config.users:
             return  # anonymous access: everyone may do everything
@@ -356,12 +371,14 @@ class Broker:
     ) -> QueueConfig:
         if passive:
             return self.queue(config.name)
-        return await self.create_queue(config, exist_ok=True)
+        return await self.declare(principal, config, exist_ok=True)
 
     async def delete_queue(self, principal: Principal, name: str) -> int:
+        self.check_admin(principal)
         return await self.delete_queue_named(name)
 
     async def purge_queue(self, principal: Principal, name: str) -> int:
+        self.check_admin(principal)
         self.queue(name)
         return await self.store.purge_queue(name)
 
@@ -370,11 +387,13 @@ class Broker:
         return (await self.store.depth(name))[0]
 
     async def subscribe(self, principal: Principal, queue: str, pattern: str) -> None:
+        self.check_admin(principal)
         self.queue(queue)
         await self.store.add_subscription(queue, validate_pattern(pattern))
         self._remember(await self.store.get_queue(queue))
 
     async def unsubscribe(self, principal: Principal, queue: str, pattern: str) -> None:
+        self.check_admin(principal)
         self.queue(queue)
         await self.store.remove_subscription(queue, pattern)
         self._remember(await self.store.get_queue(queue))

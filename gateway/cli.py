@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import json
+import os
 import sys
 import urllib.error
 import urllib.request
@@ -49,13 +51,15 @@ class CliError(Exception):
     pass
 
 
-def _http(url: str, method: str, path: str, body: Any = None) -> Any:
+def _http(args: argparse.Namespace, method: str, path: str, body: Any = None) -> Any:
+    url: str = args.url
     data = None if body is None else json.dumps(body).encode()
+    headers = {"Content-Type": "application/json"}
+    if args.user:
+        token = base64.b64encode(f"{args.user}:{args.password or ''}".encode()).decode()
+        headers["Authorization"] = f"Basic {token}"
     request = urllib.request.Request(
-        url.rstrip("/") + path,
-        data=data,
-        method=method,
-        headers={"Content-Type": "application/json"},
+        url.rstrip("/") + path, data=data, method=method, headers=headers
     )
     try:
         with urllib.request.urlopen(request, timeout=30) as response:
@@ -136,16 +140,16 @@ def _queue(args: argparse.Namespace) -> int:
         for field_name in (*QUEUE_FLAGS, "dead_letter_expired"):
             if (value := getattr(args, field_name)) is not None:
                 body[field_name] = value
-        print(json.dumps(_http(args.url, "POST", "/api/queues", body), indent=2))
+        print(json.dumps(_http(args, "POST", "/api/queues", body), indent=2))
     elif args.action == "list":
         _print_table(
-            _http(args.url, "GET", "/api/queues"),
+            _http(args, "GET", "/api/queues"),
             ["name", "partitions", "depth", "bytes", "in_flight", "dead_letters"],
         )
     elif args.action == "show":
-        print(json.dumps(_http(args.url, "GET", f"/api/queues/{args.name}"), indent=2))
+        print(json.dumps(_http(args, "GET", f"/api/queues/{args.name}"), indent=2))
     else:
-        print(json.dumps(_http(args.url, "DELETE", f"/api/queues/{args.name}")))
+        print(json.dumps(_http(args, "DELETE", f"/api/queues/{args.name}")))
     return 0
 
 
@@ -168,14 +172,14 @@ def _group(args: argparse.Namespace) -> int:
         for field_name in ("mode", "key_order", "start", "ack_timeout"):
             if (value := getattr(args, field_name)) is not None:
                 body[field_name] = value
-        print(json.dumps(_http(args.url, "POST", path, body), indent=2))
+        print(json.dumps(_http(args, "POST", path, body), indent=2))
     elif args.action == "list":
-        rows = _http(args.url, "GET", path)
+        rows = _http(args, "GET", path)
         _print_table(rows, ["name", "mode", "key_order", "start", "tags", "ack_timeout"])
     else:
         if not args.name:
             raise CliError("group delete needs QUEUE and NAME")
-        print(json.dumps(_http(args.url, "DELETE", f"{path}/{args.name}")))
+        print(json.dumps(_http(args, "DELETE", f"{path}/{args.name}")))
     return 0
 
 
@@ -194,7 +198,7 @@ def _group_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    data = _http(args.url, "GET", f"/api/queues/{args.queue}/inspect")
+    data = _http(args, "GET", f"/api/queues/{args.queue}/inspect")
     if args.json:
         print(json.dumps(data, indent=2))
     else:
@@ -211,14 +215,14 @@ def _publish(args: argparse.Namespace) -> int:
         path = f"/api/topics/{args.topic}/messages"
     else:
         path = f"/api/queues/{args.queue}/messages"
-    print(json.dumps(_http(args.url, "POST", path, body)))
+    print(json.dumps(_http(args, "POST", path, body)))
     return 0
 
 
 def _consume(args: argparse.Namespace) -> int:
     from gateway.client import BlockingClient
 
-    with BlockingClient(args.server) as client:
+    with BlockingClient(args.server, username=args.user, password=args.password) as client:
         consumer = client.subscribe(
             args.queue,
             group=args.group,
@@ -262,6 +266,24 @@ def _demo(args: argparse.Namespace) -> int:
     return asyncio.run(run_demo(messages=args.messages))
 
 
+def _credentials(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--user",
+        default=os.environ.get("KEYGATE_USER"),
+        help="username (default $KEYGATE_USER), when the gateway has users",
+    )
+    parser.add_argument(
+        "--password",
+        default=os.environ.get("KEYGATE_PASSWORD"),
+        help="password (default $KEYGATE_PASSWORD)",
+    )
+
+
+def _admin_api(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--url", default=DEFAULT_URL, help="admin API URL")
+    _credentials(parser)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="keygate", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -278,7 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
     queue = sub.add_parser("queue", help="create, list, show or delete queues")
     queue.add_argument("action", choices=["create", "list", "show", "delete"])
     queue.add_argument("name", nargs="?")
-    queue.add_argument("--url", default=DEFAULT_URL, help="admin API URL")
+    _admin_api(queue)
     queue.add_argument("--subscribe", action="append", metavar="TOPIC")
     for field_name, (flag, kind) in QUEUE_FLAGS.items():
         queue.add_argument(flag, dest=field_name, type=kind)
@@ -294,13 +316,13 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("action", choices=["create", "list", "delete"])
     group.add_argument("queue")
     group.add_argument("name", nargs="?")
-    group.add_argument("--url", default=DEFAULT_URL, help="admin API URL")
+    _admin_api(group)
     _group_flags(group)
     group.set_defaults(func=_group)
 
     inspect = sub.add_parser("inspect", help="partitions, owners, backlog and lag of a queue")
     inspect.add_argument("queue")
-    inspect.add_argument("--url", default=DEFAULT_URL)
+    _admin_api(inspect)
     inspect.add_argument("--json", action="store_true")
     inspect.set_defaults(func=_inspect)
 
@@ -310,13 +332,14 @@ def build_parser() -> argparse.ArgumentParser:
     publish.add_argument("--topic")
     publish.add_argument("--key")
     publish.add_argument("--property", action="append", metavar="NAME=VALUE")
-    publish.add_argument("--url", default=DEFAULT_URL)
+    _admin_api(publish)
     publish.set_defaults(func=_publish)
 
     consume = sub.add_parser("consume", help="consume and ack messages (native protocol)")
     consume.add_argument("queue")
     consume.add_argument("--group", required=True)
     consume.add_argument("--server", default="keygate://127.0.0.1:55555")
+    _credentials(consume)
     consume.add_argument("--window", type=int, default=100)
     consume.add_argument("--count", type=int, default=0, help="stop after N (0 = until idle)")
     consume.add_argument("--timeout", type=float, default=5.0, help="stop when idle this long")

@@ -23,10 +23,12 @@ DEFAULT_DB: Final = "sqlite:///keygate.db"
 
 @dataclass(frozen=True, slots=True)
 class Permission:
-    """Glob patterns of queue names a user may publish to / consume from."""
+    """Glob patterns of queue names a user may publish to / consume from, and whether the
+    user may administer (create, change, delete) queues, groups and subscriptions."""
 
     publish: tuple[str, ...] = ("*",)
     consume: tuple[str, ...] = ("*",)
+    admin: bool = True
 
     def allows(self, action: str, queue: str) -> bool:
         patterns = self.publish if action == "publish" else self.consume
@@ -121,7 +123,9 @@ def load_config(
             elif key == "permissions":
                 for user, perm in value.items():
                     permissions[user] = Permission(
-                        tuple(perm.get("publish", ("*",))), tuple(perm.get("consume", ("*",)))
+                        tuple(perm.get("publish", ("*",))),
+                        tuple(perm.get("consume", ("*",))),
+                        bool(perm.get("admin", True)),
                     )
             elif key in _SCALARS:
                 values[key] = _coerce(key, value)

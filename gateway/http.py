@@ -28,11 +28,11 @@ import logging
 import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, fields
-from typing import Any
+from typing import Any, Final
 
 from aiohttp import web
 
-from core.errors import InvalidArgument, KeygateError
+from core.errors import AuthenticationFailed, InvalidArgument, KeygateError
 from core.model import (
     GroupConfig,
     GroupMode,
@@ -114,7 +114,17 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except KeygateError as e:
-        return web.json_response({"error": e.code, "message": e.message}, status=e.status)
+        response = web.json_response({"error": e.code, "message": e.message}, status=e.status)
+        if isinstance(e, AuthenticationFailed):
+            response.headers["WWW-Authenticate"] = 'Basic realm="keygate"'
+        return response
+
+
+PRINCIPAL: Final = web.RequestKey("principal", Principal)
+
+
+def _principal(request: web.Request) -> Principal:
+    return request[PRINCIPAL]
 
 
 async def _body(request: web.Request) -> dict[str, Any]:
@@ -134,8 +144,9 @@ class AdminServer:
 
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
-        self._principal = Principal("admin", "http")
-        app = web.Application(middlewares=[_errors], client_max_size=64 * 1024 * 1024)
+        app = web.Application(
+            middlewares=[_errors, self._authenticate], client_max_size=64 * 1024 * 1024
+        )
         app.add_routes(
             [
                 web.get("/healthz", self._health),
@@ -155,6 +166,27 @@ class AdminServer:
         )
         self._runner = web.AppRunner(app, access_log=None)
         self._site: web.TCPSite | None = None
+
+    @web.middleware
+    async def _authenticate(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """HTTP Basic credentials, checked like every protocol's, once users are configured
+        (``/healthz`` stays open for probes)."""
+        if not self.broker.config.users or request.path == "/healthz":
+            request[PRINCIPAL] = Principal(None, "http")
+            return await handler(request)
+        scheme, _, encoded = request.headers.get("Authorization", "").partition(" ")
+        try:
+            username, sep, password = (
+                base64.b64decode(encoded, validate=True).decode().partition(":")
+            )
+        except (binascii.Error, UnicodeDecodeError):
+            sep = ""
+        if scheme.lower() != "basic" or not sep:
+            raise AuthenticationFailed("HTTP Basic credentials required")
+        request[PRINCIPAL] = await self.broker.authenticate(
+            username, password, protocol="http", client_id=None
+        )
+        return await handler(request)
 
     async def start(self, host: str, port: int, ssl_context: ssl.SSLContext | None) -> int:
         await self._runner.setup()
@@ -178,7 +210,9 @@ class AdminServer:
     async def _create(self, request: web.Request) -> web.Response:
         body = await _body(request)
         exist_ok = bool(body.pop("exist_ok", False))
-        queue = await self.broker.create_queue(queue_from_json(body), exist_ok=exist_ok)
+        queue = await self.broker.declare(
+            _principal(request), queue_from_json(body), exist_ok=exist_ok
+        )
         return web.json_response(queue_json(queue), status=201)
 
     async def _show(self, request: web.Request) -> web.Response:
@@ -192,11 +226,12 @@ class AdminServer:
             raise InvalidArgument(f"unknown queue settings: {', '.join(sorted(unknown))}")
         if "subscriptions" in body:
             body["subscriptions"] = tuple(body["subscriptions"])
+        self.broker.check_admin(_principal(request))
         queue = await self.broker.alter_queue(request.match_info["name"], **body)
         return web.json_response(queue_json(queue))
 
     async def _delete(self, request: web.Request) -> web.Response:
-        count = await self.broker.delete_queue_named(request.match_info["name"])
+        count = await self.broker.delete_queue(_principal(request), request.match_info["name"])
         return web.json_response({"deleted": request.match_info["name"], "messages": count})
 
     async def _inspect(self, request: web.Request) -> web.Response:
@@ -211,12 +246,14 @@ class AdminServer:
     async def _create_group(self, request: web.Request) -> web.Response:
         body = await _body(request)
         name = request.match_info["name"]
+        self.broker.check_admin(_principal(request))
         config = group_from_json(name, body, self.broker.default_mode(name))
         group = await self.broker.create_group(config)
         return web.json_response(group_json(group), status=201)
 
     async def _delete_group(self, request: web.Request) -> web.Response:
         name, group = request.match_info["name"], request.match_info["group"]
+        self.broker.check_admin(_principal(request))
         await self.broker.delete_group(name, group)
         return web.json_response({"deleted": group, "queue": name})
 
@@ -245,7 +282,7 @@ class AdminServer:
             queue=queue,
             topic=topic,
         )
-        receipt = await self.broker.publish(self._principal, publication)
+        receipt = await self.broker.publish(_principal(request), publication)
         return web.json_response(
             {"message_ids": list(receipt.message_ids), "queues": list(receipt.queues)},
             status=201,

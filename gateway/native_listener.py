@@ -234,7 +234,8 @@ class _Session:
                 case DeclareQueue():
                     await self.declare(event)
                 case DeleteQueue():
-                    await self.broker.delete_queue_named(event.name)
+                    assert self.principal is not None
+                    await self.broker.delete_queue(self.principal, event.name)
                     self.ok(event.request_id)
                 case Ping():
                     self.send(Pong(request_id=event.request_id))
@@ -343,7 +344,7 @@ class _Session:
         if event.passive:
             stored = self.broker.queue(event.name)
         else:
-            stored = await self.broker.create_queue(config, exist_ok=event.exist_ok)
+            stored = await self.broker.declare(self.principal, config, exist_ok=event.exist_ok)
         self.send(
             QueueOk(
                 request_id=event.request_id,

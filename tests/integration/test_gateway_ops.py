@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import ssl
 import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -239,3 +241,100 @@ async def test_listener_counters_are_exported(gateway: Gateway) -> None:
         metrics = await (await http.get(f"{base}/metrics")).text()
     assert 'keygate_listener_publishes_total{listener="mqtt"} 1.0' in metrics
     assert 'keygate_listener_connections_total{listener="mqtt"} 1.0' in metrics
+
+
+def _basic(user: str, password: str) -> dict[str, str]:
+    token = base64.b64encode(f"{user}:{password}".encode()).decode()
+    return {"Authorization": f"Basic {token}"}
+
+
+async def test_administration_needs_credentials_and_the_admin_permission(
+    sqlite_url: str,
+) -> None:
+    gateway = await start_gateway(
+        sqlite_url,
+        users={"alice": "secret", "bob": "pw"},
+        permissions={"bob": Permission(publish=("public-*",), consume=(), admin=False)},
+    )
+    base = f"http://127.0.0.1:{gateway.ports['http']}"
+    alice, bob = _basic("alice", "secret"), _basic("bob", "pw")
+    try:
+        async with aiohttp.ClientSession() as http:
+            assert (await http.get(f"{base}/healthz")).status == 200  # probes stay open
+            anonymous = await http.get(f"{base}/api/queues")
+            assert anonymous.status == 401 and "Basic" in anonymous.headers["WWW-Authenticate"]
+            wrong = await http.get(f"{base}/api/queues", headers=_basic("alice", "x"))
+            assert wrong.status == 401
+            refused = await http.post(f"{base}/api/queues", json={"name": "x"}, headers=bob)
+            assert refused.status == 403 and (await refused.json())["error"] == "permission-denied"
+            created = await http.post(
+                f"{base}/api/queues", json={"name": "public-news"}, headers=alice
+            )
+            assert created.status == 201
+            sent = await http.post(
+                f"{base}/api/queues/public-news/messages", json={"payload": "hi"}, headers=bob
+            )
+            assert sent.status == 201
+            gone = await http.delete(f"{base}/api/queues/public-news", headers=bob)
+            assert gone.status == 403
+        async with Client(native_url(gateway), username="bob", password="pw") as client:
+            with pytest.raises(PermissionDenied):
+                await client.declare_queue("bobs-own", partitions=1)
+            await client.declare_queue("public-news")  # checking an existing one is fine
+            with pytest.raises(PermissionDenied):
+                await client.delete_queue("public-news")
+        listed = await asyncio.to_thread(
+            subprocess.run,
+            [
+                sys.executable,
+                "-m",
+                "gateway.cli",
+                "queue",
+                "list",
+                f"--url={base}",
+                "--user",
+                "alice",
+                "--password",
+                "secret",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert listed.returncode == 0 and "public-news" in listed.stdout, listed.stderr
+    finally:
+        await gateway.stop()
+
+
+async def test_an_amqp_publisher_without_admin_cannot_create_queues(sqlite_url: str) -> None:
+    import pika
+    import pika.exceptions
+
+    gateway = await start_gateway(
+        sqlite_url,
+        users={"alice": "secret", "bob": "pw"},
+        permissions={"bob": Permission(admin=False)},
+    )
+
+    def declare(queue: str) -> int | None:
+        credentials = pika.PlainCredentials("bob", "pw")
+        params = pika.ConnectionParameters(
+            "127.0.0.1", gateway.ports["amqp"], credentials=credentials
+        )
+        connection = pika.BlockingConnection(params)
+        try:
+            connection.channel().queue_declare(queue, durable=True)
+            return None
+        except pika.exceptions.ChannelClosedByBroker as e:
+            return int(e.reply_code)
+        finally:
+            if connection.is_open:
+                connection.close()
+
+    try:
+        async with Client(native_url(gateway), username="alice", password="secret") as admin:
+            await admin.declare_queue("orders")
+        assert await asyncio.to_thread(declare, "orders") is None  # existing: fine
+        assert await asyncio.to_thread(declare, "new-queue") == 403  # ACCESS_REFUSED
+    finally:
+        await gateway.stop()
