@@ -10,6 +10,7 @@ commit listener feeds committed messages, in commit order, to the loaded group r
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 import random
 import time
@@ -54,9 +55,6 @@ log = logging.getLogger("keygate.broker")
 # A group with native flows is leased in SQL (kind "native") so a Spark job refuses it;
 # renewed every retention interval, released when the group's last flow leaves.
 GROUP_LEASE_TTL: Final = 30.0
-# Housekeeping ticks (ack_flush_interval each) between retention runs while a depth-limited
-# queue is filling up.
-PROMPT_RETENTION_TICKS: Final = 4
 
 
 def new_message_id(now: float) -> str:
@@ -102,7 +100,6 @@ class Broker:
         self._flows: dict[str, _Flow] = {}
         self._hooks = RuntimeMetrics(metrics)
         self._appends_in_flight = 0
-        self._flusher: asyncio.Task[None] | None = None
         self._closing = False
         # The lease separates native consumers from Spark jobs, not gateways from each
         # other (kg_gateway_lease does that): owned by the gateway's name, so the gateway
@@ -117,13 +114,10 @@ class Broker:
         for queue in await self.store.list_queues():
             self._remember(queue)
         self.store.add_commit_listener(self._on_commit)
-        self._flusher = asyncio.create_task(self._flush_forever())
 
     async def close(self) -> None:
         """Flush every group's acks and stop the runtimes."""
         self._closing = True
-        if self._flusher is not None:
-            self._flusher.cancel()
         await asyncio.gather(*(rt.close() for rt in self._runtimes.values()))
         for queue, group in sorted(self._leased):
             try:
@@ -237,8 +231,13 @@ class Broker:
         self, username: str | None, password: str | None, *, protocol: str, client_id: str | None
     ) -> Principal:
         users = self.config.users
-        if users and (username is None or users.get(username) != password):
-            raise AuthenticationFailed("bad username or password")
+        if users:
+            expected = users.get(username or "")
+            # Constant-time: the comparison must not tell how much of a password was right.
+            if expected is None or not hmac.compare_digest(
+                expected.encode(), (password or "").encode()
+            ):
+                raise AuthenticationFailed("bad username or password")
         return Principal(username, protocol, client_id)
 
     def check_admin(self, principal: Principal) -> None:
@@ -523,40 +522,8 @@ class Broker:
             buffered = sum(p.buffered for p in status.partitions)
             yield runtime.queue.name, runtime.group.name, buffered, in_flight
 
-    async def _flush_forever(self) -> None:
-        interval = self.config.ack_flush_interval
-        retention_every = max(1, round(self.config.retention_interval / interval))
-        ticks = 0
-        while True:
-            await asyncio.sleep(interval)
-            for runtime in list(self._runtimes.values()):
-                runtime.request_flush()
-            ticks += 1
-            try:
-                if ticks % retention_every == 0:
-                    await self.store.retention(now=self._clock())
-                    await self._write_pending()
-                    await self._renew_leases()
-                elif ticks % PROMPT_RETENTION_TICKS == 0 and await self._filling():
-                    # Depth counts stored rows: delete what is settled before a depth-limited
-                    # queue refuses publishes for acked messages still waiting for retention.
-                    await self.store.retention(now=self._clock())
-            except KeygateError as e:
-                log.warning("housekeeping failed: %s", e)
-
-    async def _filling(self) -> bool:
-        """Whether a queue with max_depth is at least half full."""
-        for queue in self._queues.values():
-            if queue.max_depth_messages is None and queue.max_depth_bytes is None:
-                continue
-            messages, size = await self.store.depth(queue.name)
-            if (queue.max_depth_messages and 2 * messages >= queue.max_depth_messages) or (
-                queue.max_depth_bytes and 2 * size >= queue.max_depth_bytes
-            ):
-                return True
-        return False
-
-    async def _renew_leases(self) -> None:
+    async def renew_group_leases(self) -> None:
+        """Renew the native lease of every group with bound flows; release the others."""
         for key in sorted(self._leased):
             runtime = self._runtimes.get(key)
             if runtime is not None and runtime.outputs:
@@ -566,12 +533,3 @@ class Broker:
             else:
                 self._leased.discard(key)
                 await self.store.release_group_lease(*key, self.lease_owner)
-
-    async def _write_pending(self) -> None:
-        pending = {
-            flow.flow_id: flow.pending
-            for runtime in self._runtimes.values()
-            for flow in runtime.status().flows
-        }
-        if pending:
-            await self.store.update_flow_pending(pending, now=self._clock())

@@ -27,6 +27,7 @@ from pathlib import Path
 from core.errors import KeygateError
 from gateway.broker import Broker
 from gateway.config import GatewayConfig
+from gateway.housekeeping import Housekeeping
 from gateway.http import AdminServer
 from gateway.metrics import Metrics
 from gateway.native_listener import NativeListener
@@ -107,6 +108,7 @@ class Gateway:
     _stopped: asyncio.Event = field(default_factory=asyncio.Event)
     _lease_task: asyncio.Task[None] | None = None
     _stopping: asyncio.Task[None] | None = None
+    _housekeeping: Housekeeping | None = None
     _active: bool = False
 
     async def start(self) -> None:
@@ -129,6 +131,8 @@ class Gateway:
         # Flows of an earlier run (a crash leaves their rows) died with its connections.
         await self.store.forget_consumers(self.broker.lease_owner)
         await self.broker.start()
+        self._housekeeping = Housekeeping(self.broker)
+        self._housekeeping.start()
         context = ssl_context(self.config)
         try:
             for name, listener in _listeners(self.broker, self.config).items():
@@ -203,6 +207,8 @@ class Gateway:
         self._listeners.clear()
         if self.ports:
             _remove_ports_file(self.config.ports_file)
+        if self._housekeeping is not None:
+            await self._housekeeping.stop()
         if self.broker is not None:
             await self.broker.close()
         if self.store is not None:

@@ -1,0 +1,80 @@
+"""The gateway's periodic work, in one task.
+
+Every ``ack_flush_interval`` it asks each group runtime to write its pending acks. Every
+``retention_interval`` it deletes what every group settled, writes each flow's pending
+count to ``kg_flows`` and renews the native group leases. In between, about every 0.2 s,
+it runs retention early while a depth-limited queue is at least half full: depth counts
+stored rows, so settled messages waiting for retention must not make it refuse publishes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Final
+
+from core.errors import KeygateError
+from gateway.broker import Broker
+
+log = logging.getLogger("keygate.housekeeping")
+
+# Ticks (ack_flush_interval each) between early retention runs of a filling queue.
+PROMPT_RETENTION_TICKS: Final = 4
+
+
+class Housekeeping:
+    def __init__(self, broker: Broker, *, clock: Callable[[], float] = time.time) -> None:
+        self.broker = broker
+        self._clock = clock
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _run(self) -> None:
+        broker, store = self.broker, self.broker.store
+        interval = broker.config.ack_flush_interval
+        retention_every = max(1, round(broker.config.retention_interval / interval))
+        ticks = 0
+        while True:
+            await asyncio.sleep(interval)
+            for runtime in broker.runtimes():
+                runtime.request_flush()
+            ticks += 1
+            try:
+                if ticks % retention_every == 0:
+                    await store.retention(now=self._clock())
+                    await self._write_pending()
+                    await broker.renew_group_leases()
+                elif ticks % PROMPT_RETENTION_TICKS == 0 and await self._filling():
+                    await store.retention(now=self._clock())
+            except KeygateError as e:
+                log.warning("housekeeping failed: %s", e)
+
+    async def _filling(self) -> bool:
+        """Whether a queue with max_depth is at least half full."""
+        for queue in self.broker.queues():
+            if queue.max_depth_messages is None and queue.max_depth_bytes is None:
+                continue
+            messages, size = await self.broker.store.depth(queue.name)
+            if (queue.max_depth_messages and 2 * messages >= queue.max_depth_messages) or (
+                queue.max_depth_bytes and 2 * size >= queue.max_depth_bytes
+            ):
+                return True
+        return False
+
+    async def _write_pending(self) -> None:
+        pending = {
+            flow.flow_id: flow.pending
+            for runtime in self.broker.runtimes()
+            for flow in runtime.status().flows
+        }
+        if pending:
+            await self.broker.store.update_flow_pending(pending, now=self._clock())
