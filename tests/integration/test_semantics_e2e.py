@@ -185,5 +185,5 @@ async def test_a_full_queue_accepts_again_soon_after_its_messages_are_acked(
         return True
 
     # Well before the 5 s retention interval: a filling queue is cleaned promptly.
-    await eventually(accepted, timeout=2.0, interval=0.1)
+    await eventually(accepted, timeout=3.5, interval=0.1)
     await client.close()
