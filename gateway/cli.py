@@ -1,11 +1,12 @@
 """The ``keygate`` command.
 
 keygate serve [--config FILE] [--db URL] [--host H] [--native-port N] ...
-keygate queue create|list|show|delete ...     (admin HTTP API, --url)
-keygate inspect QUEUE [--json]                (admin HTTP API, --url)
-keygate publish QUEUE|--topic T PAYLOAD       (admin HTTP API, --url)
-keygate consume QUEUE --group G               (native protocol, --server)
-keygate demo                                  (a self-contained end-to-end run)
+keygate queue create|alter|list|show|purge|delete ...  (admin HTTP API, --url)
+keygate group create|list|delete QUEUE ...            (admin HTTP API, --url)
+keygate inspect QUEUE [--json]                        (admin HTTP API, --url)
+keygate publish QUEUE|--topic T PAYLOAD               (admin HTTP API, --url)
+keygate consume QUEUE --group G                       (native protocol, --server)
+keygate demo                                          (a self-contained end-to-end run)
 """
 
 from __future__ import annotations
@@ -135,12 +136,22 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _queue(args: argparse.Namespace) -> int:
+    settings: dict[str, Any] = {
+        name: value
+        for name in (*QUEUE_FLAGS, "dead_letter_expired")
+        if (value := getattr(args, name)) is not None
+    }
     if args.action == "create":
-        body: dict[str, Any] = {"name": args.name, "subscriptions": args.subscribe or []}
-        for field_name in (*QUEUE_FLAGS, "dead_letter_expired"):
-            if (value := getattr(args, field_name)) is not None:
-                body[field_name] = value
+        body = {"name": args.name, "subscriptions": args.subscribe or [], **settings}
         print(json.dumps(_http(args, "POST", "/api/queues", body), indent=2))
+    elif args.action == "alter":
+        if args.subscribe is not None:
+            settings["subscriptions"] = args.subscribe  # replaces the queue's subscriptions
+        if not settings:
+            raise CliError("queue alter needs at least one setting to change")
+        print(json.dumps(_http(args, "PATCH", f"/api/queues/{args.name}", settings), indent=2))
+    elif args.action == "purge":
+        print(json.dumps(_http(args, "POST", f"/api/queues/{args.name}/purge", {})))
     elif args.action == "list":
         _print_table(
             _http(args, "GET", "/api/queues"),
@@ -298,7 +309,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.set_defaults(func=_serve)
 
     queue = sub.add_parser("queue", help="create, list, show or delete queues")
-    queue.add_argument("action", choices=["create", "list", "show", "delete"])
+    queue.add_argument("action", choices=["create", "alter", "list", "show", "purge", "delete"])
     queue.add_argument("name", nargs="?")
     _admin_api(queue)
     queue.add_argument("--subscribe", action="append", metavar="TOPIC")

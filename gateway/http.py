@@ -7,6 +7,7 @@
     GET    /api/queues/{name}               one queue, its settings and stats
     PATCH  /api/queues/{name}               alter settings
     DELETE /api/queues/{name}               delete (messages, groups, offsets)
+    POST   /api/queues/{name}/purge         drop every message, keep settings and groups
     GET    /api/queues/{name}/inspect       groups, partitions and flows (PAI-EAS style)
     GET    /api/queues/{name}/groups        the queue's consumer groups and their settings
     POST   /api/queues/{name}/groups        create: {"name": ..., "mode": ..., "key_order": ...,
@@ -156,6 +157,7 @@ class AdminServer:
                 web.get("/api/queues/{name}", self._show),
                 web.patch("/api/queues/{name}", self._alter),
                 web.delete("/api/queues/{name}", self._delete),
+                web.post("/api/queues/{name}/purge", self._purge),
                 web.get("/api/queues/{name}/inspect", self._inspect),
                 web.get("/api/queues/{name}/groups", self._groups),
                 web.post("/api/queues/{name}/groups", self._create_group),
@@ -233,6 +235,11 @@ class AdminServer:
     async def _delete(self, request: web.Request) -> web.Response:
         count = await self.broker.delete_queue(_principal(request), request.match_info["name"])
         return web.json_response({"deleted": request.match_info["name"], "messages": count})
+
+    async def _purge(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        count = await self.broker.purge_queue(_principal(request), name)
+        return web.json_response({"purged": name, "messages": count})
 
     async def _inspect(self, request: web.Request) -> web.Response:
         return web.json_response(await inspect_queue(self.broker, request.match_info["name"]))

@@ -71,6 +71,35 @@ def test_serve_writes_every_bound_port_and_admin_commands_work(served: dict[str,
     assert "group billing" in table and "committed_seq" in table
 
 
+def test_a_queue_is_altered_and_purged_from_the_command_line(served: dict[str, int]) -> None:
+    url = f"--url=http://127.0.0.1:{served['http']}"
+    assert _run("queue", "create", "jobs", "--partitions", "2", url).returncode == 0
+    altered = _run(
+        "queue",
+        "alter",
+        "jobs",
+        "--max-deliveries",
+        "3",
+        "--subscribe",
+        "jobs/#",
+        "--rebalance-delay",
+        "1.5",
+        url,
+    )
+    assert altered.returncode == 0, altered.stderr
+    settings = json.loads(altered.stdout)
+    assert (settings["max_deliveries"], settings["rebalance_delay"]) == (3, 1.5)
+    assert settings["subscriptions"] == ["jobs/#"]
+    refused = _run("queue", "alter", "jobs", "--partitions", "4", url)
+    assert refused.returncode == 1 and "invalid-argument" in refused.stderr
+    for i in range(3):
+        assert _run("publish", "--topic", "jobs/eu", f"job {i}", url).returncode == 0
+    purged = _run("queue", "purge", "jobs", url)
+    assert json.loads(purged.stdout) == {"purged": "jobs", "messages": 3}
+    shown = json.loads(_run("queue", "show", "jobs", url).stdout)
+    assert shown["depth"] == 0 and shown["max_deliveries"] == 3
+
+
 def test_groups_are_created_listed_and_deleted_with_their_settings(
     served: dict[str, int],
 ) -> None:
