@@ -267,11 +267,10 @@ class Broker:
         if not allowed:
             raise PermissionDenied(f"{principal.username!r} may not {action} on queue {queue!r}")
 
-    def _route(self, publication: Publication) -> list[QueueConfig]:
-        if publication.queue is not None:
+    def _route(self, publication: Publication, topic: str | None) -> list[QueueConfig]:
+        if topic is None:
+            assert publication.queue is not None
             return [self.queue(publication.queue)]
-        assert publication.topic is not None
-        topic = normalize_topic(publication.topic)
         names = self._index.match(topic)
         if not names:
             raise NoRoute(f"no queue subscribes to topic {topic!r}")
@@ -281,7 +280,8 @@ class Broker:
         self, principal: Principal, publication: Publication, now: float
     ) -> list[Message]:
         out = []
-        for queue in self._route(publication):
+        topic = None if publication.topic is None else normalize_topic(publication.topic)
+        for queue in self._route(publication, topic):
             self._check(principal, "publish", queue.name)
             if len(publication.payload) > queue.max_message_size:
                 raise MessageTooLarge(
@@ -302,7 +302,7 @@ class Broker:
                     key=key,
                     payload=publication.payload,
                     properties=publication.properties,
-                    topic=None if publication.topic is None else normalize_topic(publication.topic),
+                    topic=topic,
                     publish_time=now,
                     deliver_at=publication.deliver_at,
                     expire_at=expire_at,
