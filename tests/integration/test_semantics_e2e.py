@@ -9,7 +9,7 @@ import time
 import pytest
 
 from core.errors import QueueFull
-from gateway.client import Client, Message
+from gateway.client import Client, Consumer, Message
 from gateway.server import Gateway
 from tests.integration.conftest import native_url
 from tests.support.wait import eventually
@@ -19,16 +19,16 @@ async def _client(gateway: Gateway) -> Client:
     return await Client(native_url(gateway)).connect()
 
 
-async def _drain(consumer: object, idle: float = 0.5) -> list[Message]:
-    """Receive until nothing arrives for ``idle`` seconds (acking everything)."""
+async def _take(consumer: Consumer, count: int) -> list[Message]:
+    """Receive exactly ``count`` messages (acking each), then check that no more come."""
     got = []
-    while True:
-        try:
-            msg = await consumer.receive(timeout=idle)  # type: ignore[attr-defined]
-        except TimeoutError:
-            return got
+    for _ in range(count):
+        msg = await consumer.receive(timeout=10)
         got.append(msg)
-        await consumer.acknowledge(msg)  # type: ignore[attr-defined]
+        await consumer.acknowledge(msg)
+    with pytest.raises(TimeoutError):
+        await consumer.receive(timeout=0.3)
+    return got
 
 
 async def test_strict_key_order_holds_one_unacked_message_per_key(gateway: Gateway) -> None:
@@ -58,8 +58,8 @@ async def test_a_group_tag_filter_skips_messages_that_do_not_match(gateway: Gate
         await client.publish("events", region.encode(), key=region, properties={"region": region})
     eu = await client.subscribe("events", group="eu-only", tags={"region": "eu"})
     everyone = await client.subscribe("events", group="all")
-    assert [m.payload for m in await _drain(eu)] == [b"eu", b"eu"]
-    assert sorted(m.payload for m in await _drain(everyone)) == [b"eu", b"eu", b"us"]
+    assert [m.payload for m in await _take(eu, 2)] == [b"eu", b"eu"]
+    assert sorted(m.payload for m in await _take(everyone, 3)) == [b"eu", b"eu", b"us"]
     await client.close()
 
 
@@ -83,7 +83,7 @@ async def test_expired_messages_are_not_delivered(gateway: Gateway) -> None:
     await client.publish("news", b"fresh", key="k")
     await asyncio.sleep(0.4)  # let the first one's TTL pass before anyone consumes
     consumer = await client.subscribe("news", group="g")
-    assert [m.payload for m in await _drain(consumer)] == [b"fresh"]
+    assert [m.payload for m in await _take(consumer, 1)] == [b"fresh"]
     await client.close()
 
 
@@ -107,7 +107,7 @@ async def test_a_repeated_dedup_id_is_confirmed_but_stored_once(gateway: Gateway
     second = await client.publish("payments", b"pay 10", key="k", dedup_id="tx-1")
     assert first == second
     consumer = await client.subscribe("payments", group="g")
-    assert [m.payload for m in await _drain(consumer)] == [b"pay 10"]
+    assert [m.payload for m in await _take(consumer, 1)] == [b"pay 10"]
     await client.close()
 
 
@@ -124,7 +124,7 @@ async def test_cumulative_ack_settles_everything_up_to_the_message(gateway: Gate
     await eventually(lambda: runtime.status().partitions[0].committed_seq == got[3].seq)
     await consumer.close(shutdown=True)  # hand over at once: only the unsettled one returns
     again = await client.subscribe("log", group="g")
-    redelivered = await _drain(again)
+    redelivered = await _take(again, 1)
     assert [(m.payload, m.redelivered) for m in redelivered] == [(b"4", True)]
     await client.close()
 
@@ -136,8 +136,19 @@ async def test_a_shared_group_spreads_messages_over_its_consumers(gateway: Gatew
     b = await client_b.subscribe("work", group="pool", window=5)
     for n in range(20):
         await client_a.publish("work", b"%d" % n)
-    got_a, got_b = await asyncio.gather(_drain(a), _drain(b))
-    assert len(got_a) + len(got_b) == 20 and got_a and got_b
+    got: dict[Consumer, list[Message]] = {a: [], b: []}
+
+    async def pull(consumer: Consumer) -> None:
+        while sum(map(len, got.values())) < 20:
+            try:
+                msg = await consumer.receive(timeout=0.2)
+            except TimeoutError:
+                continue
+            got[consumer].append(msg)
+            await consumer.acknowledge(msg)
+
+    await asyncio.wait_for(asyncio.gather(pull(a), pull(b)), 30)
+    assert len(got[a]) + len(got[b]) == 20 and got[a] and got[b]
     await client_a.close()
     await client_b.close()
 
@@ -161,7 +172,7 @@ async def test_a_group_started_at_latest_skips_the_existing_backlog(gateway: Gat
     await client.publish("ticks", b"old", key="k")
     consumer = await client.subscribe("ticks", group="live", start="latest")
     await client.publish("ticks", b"new", key="k")
-    assert [m.payload for m in await _drain(consumer)] == [b"new"]
+    assert [m.payload for m in await _take(consumer, 1)] == [b"new"]
     await client.close()
 
 
@@ -175,7 +186,7 @@ async def test_a_full_queue_accepts_again_soon_after_its_messages_are_acked(
     with pytest.raises(QueueFull):
         await client.publish("bounded", b"one too many", key="k")
     consumer = await client.subscribe("bounded", group="g")
-    assert len(await _drain(consumer)) == 10
+    assert len(await _take(consumer, 10)) == 10
 
     async def accepted() -> bool:
         try:
