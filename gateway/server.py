@@ -106,6 +106,7 @@ class Gateway:
     lost_lease: bool = False
     _listeners: dict[str, Listener] = field(default_factory=dict)
     _stopped: asyncio.Event = field(default_factory=asyncio.Event)
+    _closed: asyncio.Event = field(default_factory=asyncio.Event)
     _lease_task: asyncio.Task[None] | None = None
     _stopping: asyncio.Task[None] | None = None
     _housekeeping: Housekeeping | None = None
@@ -193,10 +194,18 @@ class Gateway:
 
     async def stop(self) -> None:
         """Stop accepting, close connections, flush acks, release the lease, close the
-        store. Idempotent."""
+        store. Idempotent: a second call returns when the first has finished."""
         if self._stopped.is_set():
+            await self._closed.wait()  # a stop is under way: return when it is done
             return
         self._stopped.set()
+        try:
+            await self._shut_down()
+        finally:
+            self._closed.set()
+        log.info("gateway stopped")
+
+    async def _shut_down(self) -> None:
         if self._lease_task is not None and self._lease_task is not asyncio.current_task():
             self._lease_task.cancel()
         for name, listener in reversed(list(self._listeners.items())):
@@ -218,7 +227,10 @@ class Gateway:
                 except KeygateError as e:
                     log.warning("releasing the gateway lease failed: %s", e)
             await self.store.close()
-        log.info("gateway stopped")
+
+    async def wait_closed(self) -> None:
+        """Return once a stop (asked for, or after losing the lease) has finished."""
+        await self._closed.wait()
 
     async def serve_forever(self) -> None:
         """Start, run until SIGTERM/SIGINT, then stop gracefully."""

@@ -69,7 +69,7 @@ async def test_a_gateway_that_finds_its_lease_taken_stops_itself(db_url: str) ->
                 sa.update(kg_gateway_lease).values(holder="someone-else", expires_at=1e12)
             )
         await eventually(lambda: gateway.lost_lease, timeout=5)
-        await eventually(lambda: gateway._stopped.is_set(), timeout=5)
+        await asyncio.wait_for(gateway.wait_closed(), 30)
         with pytest.raises(OSError):
             await asyncio.open_connection("127.0.0.1", gateway.ports["native"])
     finally:
