@@ -25,12 +25,9 @@ from core.keys import murmur3_32, partition_for
 from gateway.server import Gateway
 from protocols.mqtt import (
     MQTT_5,
-    ConnAck,
     Connect,
     Disconnect,
-    MqttCodec,
     MqttProperties,
-    Packet,
     PubAck,
     PubComp,
     Publish,
@@ -38,6 +35,7 @@ from protocols.mqtt import (
     PubRel,
 )
 from tests.integration.sqlcheck import KEY, Sql, declare, open_sql
+from tests.support.mqtt_raw import RawMqtt as Raw
 
 WAIT = 10.0
 
@@ -94,35 +92,6 @@ class Paho:
     async def stop(self) -> None:
         self.client.disconnect()
         await asyncio.to_thread(self.client.loop_stop)
-
-
-class Raw:
-    """The project's MQTT codec over a socket, for exact control of what is (re)sent."""
-
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader, self.writer = reader, writer
-        self.codec = MqttCodec(version=MQTT_5)
-
-    @classmethod
-    async def connected(cls, port: int, connect: Connect) -> tuple[Raw, ConnAck]:
-        raw = cls(*await asyncio.open_connection("127.0.0.1", port))
-        await raw.send(connect)
-        connack = await raw.receive()
-        assert isinstance(connack, ConnAck) and connack.reason_code == 0, connack
-        return raw, connack
-
-    async def send(self, packet: Packet) -> None:
-        self.writer.write(self.codec.send(packet))
-        await self.writer.drain()
-
-    async def receive(self) -> Packet | None:
-        async with asyncio.timeout(WAIT):
-            while (packet := self.codec.next_event()) is None:
-                data = await self.reader.read(65536)
-                if not data:
-                    return None
-                self.codec.receive_data(data)
-        return packet
 
 
 def _properties(**user: str) -> Properties:
@@ -267,7 +236,7 @@ async def test_publish_beyond_max_depth_gets_0x97_quota_exceeded(
         await client.stop()
     assert codes == [0, 0, 0x97]
     # paho ignores a PUBREC's reason code (it sends PUBREL regardless), so QoS 2 is raw.
-    raw, _ = await Raw.connected(gateway.ports["mqtt"], Connect("quota2"))
+    raw = await Raw.connected(gateway.ports["mqtt"], Connect("quota2"))
     try:
         await raw.send(Publish("tiny/x", b"3", 2, packet_id=1))
         pubrec = await raw.receive()
@@ -290,13 +259,13 @@ async def test_qos2_publish_resent_after_reconnect_of_the_same_session_is_stored
         properties=MqttProperties(session_expiry_interval=60),
     )
     key = MqttProperties(user_properties=(("JMSXGroupID", KEY),))
-    first, _ = await Raw.connected(port, session)
+    first = await Raw.connected(port, session)
     await first.send(Publish("orders/q2", b"once", 2, packet_id=7, properties=key))
     assert await first.receive() == PubRec(7)
     first.writer.transport.abort()  # the PUBREC is "lost": the client re-sends the PUBLISH
-    second, connack = await Raw.connected(port, session)
+    second = await Raw.connected(port, session)
     try:
-        assert connack.session_present
+        assert second.connack.session_present
         await second.send(Publish("orders/q2", b"once", 2, dup=True, packet_id=7, properties=key))
         assert await second.receive() == PubRec(7)
         await second.send(PubRel(7))

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -23,10 +22,8 @@ from protocols.mqtt import (
     ConnAck,
     Connect,
     Disconnect,
-    MqttCodec,
     MqttListener,
     MqttProperties,
-    Packet,
     PubAck,
     PubComp,
     Publish,
@@ -39,6 +36,7 @@ from protocols.mqtt import (
 )
 from protocols.sink import Principal
 from tests.support.memory_sink import MemorySink
+from tests.support.mqtt_raw import RawMqtt as Raw
 
 WAIT = 10.0
 ADMIN = Principal("admin", "test")
@@ -54,11 +52,7 @@ async def sink() -> MemorySink:
 @pytest.fixture(autouse=True)
 async def close_raw_clients() -> AsyncIterator[None]:
     yield
-    for client in Raw.opened:
-        client.writer.close()
-        with contextlib.suppress(ConnectionError):
-            await client.writer.wait_closed()
-    Raw.opened.clear()
+    await Raw.close_all()
 
 
 @dataclass
@@ -72,50 +66,6 @@ async def served(sink: MemorySink) -> AsyncIterator[Served]:
     server = MqttListener(sink, max_packet_size=64 * 1024, receive_maximum=8)
     yield Served(server, await server.start("127.0.0.1", 0, None))
     await server.close()
-
-
-class Raw:
-    """A test client speaking our codec over a plain socket."""
-
-    opened: list[Raw] = []
-
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, version: int):
-        self.reader, self.writer = reader, writer
-        self.codec = MqttCodec(version=version)
-        self.connack = ConnAck()
-
-    @classmethod
-    async def open(cls, port: int, version: int = MQTT_5) -> Raw:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        client = cls(reader, writer, version)
-        cls.opened.append(client)
-        return client
-
-    @classmethod
-    async def connected(cls, port: int, connect: Connect) -> Raw:
-        client = await cls.open(port, connect.protocol_level)
-        await client.send(connect)
-        connack = await client.receive()
-        assert isinstance(connack, ConnAck) and connack.reason_code == 0, connack
-        client.connack = connack
-        return client
-
-    async def send(self, packet: Packet) -> None:
-        self.writer.write(self.codec.send(packet))
-        await self.writer.drain()
-
-    async def receive(self) -> Packet | None:
-        """The next packet, or None once the server closed the connection."""
-        async with asyncio.timeout(WAIT):
-            while (packet := self.codec.next_event()) is None:
-                data = await self.reader.read(4096)
-                if not data:
-                    return None
-                self.codec.receive_data(data)
-        return packet
-
-    def abort(self) -> None:
-        self.writer.transport.abort()
 
 
 class Paho:
