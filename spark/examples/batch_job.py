@@ -12,13 +12,11 @@ Run it twice: the second run only sees the failures.
 
 from __future__ import annotations
 
-import argparse
-
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 import spark
-from spark.examples.demo import message_count, seed, use_this_python
+from spark.examples.demo import arguments, local_session
 
 
 def totals(df: DataFrame) -> list[str]:
@@ -30,23 +28,9 @@ def totals(df: DataFrame) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--url", default="sqlite:///keygate-demo.db")
-    parser.add_argument("--queue", default="demo-orders")
-    parser.add_argument("--group", default="billing")
-    args = parser.parse_args()
-    if message_count(args.url, args.queue) == 0:
-        seed(args.url, args.queue, 1_000)
-    use_this_python()
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("keygate-batch-example")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "4")
-        .getOrCreate()
-    )
+    args = arguments(__doc__, group="billing").parse_args()
+    session = local_session("keygate-batch-example", args.url, args.queue)
     try:
-        spark.register(session)
         result = spark.consume_batch(session, args.url, args.queue, args.group, totals)
         print(result)
     finally:

@@ -7,6 +7,7 @@ hashed to partitions as the gateway would, and appended in chunks through
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import os
 import sys
@@ -15,7 +16,9 @@ import uuid
 from typing import Final
 
 import sqlalchemy as sa
+from pyspark.sql import SparkSession
 
+import spark
 from core.keys import partition_for
 from core.model import Message, QueueConfig
 from spark.db import write_engine
@@ -83,3 +86,29 @@ def seed(
 def use_this_python() -> None:
     """Make Spark's Python workers run this interpreter (where keygate is importable)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+
+def arguments(doc: str | None, group: str) -> argparse.ArgumentParser:
+    """The options both examples take: the database, the queue and the group."""
+    parser = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0])
+    parser.add_argument("--url", default="sqlite:///keygate-demo.db")
+    parser.add_argument("--queue", default="demo-orders")
+    parser.add_argument("--group", default=group)
+    return parser
+
+
+def local_session(app: str, url: str, queue: str) -> SparkSession:
+    """Seed the demo queue when it is empty, then start a local[2] session with the keygate
+    source registered."""
+    if message_count(url, queue) == 0:
+        seed(url, queue, 1_000)
+    use_this_python()
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName(app)
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "4")
+        .getOrCreate()
+    )
+    spark.register(session)
+    return session

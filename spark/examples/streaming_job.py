@@ -12,35 +12,18 @@ checkpoint (``<out>/checkpoint``), committing the group's progress in SQL. With
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
-from pyspark.sql import SparkSession
-
-import spark
-from spark.examples.demo import message_count, seed, use_this_python
+from spark.examples.demo import arguments, local_session
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--url", default="sqlite:///keygate-demo.db")
-    parser.add_argument("--queue", default="demo-orders")
-    parser.add_argument("--group", default="archive")
+    parser = arguments(__doc__, group="archive")
     parser.add_argument("--out", type=Path, default=Path("keygate-demo-out"))
     parser.add_argument("--follow", action="store_true")
     args = parser.parse_args()
-    if message_count(args.url, args.queue) == 0:
-        seed(args.url, args.queue, 1_000)
-    use_this_python()
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("keygate-streaming-example")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "4")
-        .getOrCreate()
-    )
+    session = local_session("keygate-streaming-example", args.url, args.queue)
     try:
-        spark.register(session)
         stream = (
             session.readStream.format("keygate")
             .option("url", args.url)

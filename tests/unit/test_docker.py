@@ -46,6 +46,8 @@ def test_the_compose_spark_job_passes_only_flags_its_example_accepts() -> None:
     compose = (ROOT / "docker" / "compose.yaml").read_text()
     command = re.search(r'command: \["spark\.examples\.(\w+)"(.*)\]', compose)
     assert command is not None
-    example = (ROOT / "spark" / "examples" / f"{command.group(1)}.py").read_text()
+    examples = ROOT / "spark" / "examples"
+    # An example's own options plus the ones every example shares (demo.arguments).
+    example = (examples / f"{command.group(1)}.py").read_text() + (examples / "demo.py").read_text()
     for flag in re.findall(r'"(--[\w-]+)"', command.group(2)):
         assert f'"{flag}"' in example, f"{command.group(1)} has no {flag} option"
