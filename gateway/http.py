@@ -1,5 +1,6 @@
 """The admin HTTP API (JSON) and ``/metrics`` (Prometheus text format).
 
+    GET    /                                the web console (gateway/console/)
     GET    /healthz                         liveness
     GET    /metrics                         Prometheus metrics
     GET    /api/queues                      every queue with its settings and stats
@@ -43,6 +44,7 @@ from core.model import (
     StartPosition,
 )
 from gateway.broker import Broker
+from gateway.console import STATIC_DIR
 from gateway.inspect import inspect_queue, queue_summary
 from protocols.sink import Principal
 
@@ -150,6 +152,8 @@ class AdminServer:
         )
         app.add_routes(
             [
+                web.get("/", self._console),
+                web.static("/console", STATIC_DIR),
                 web.get("/healthz", self._health),
                 web.get("/metrics", self._metrics),
                 web.get("/api/queues", self._list),
@@ -198,6 +202,9 @@ class AdminServer:
 
     async def close(self) -> None:
         await self._runner.cleanup()
+
+    async def _console(self, request: web.Request) -> web.FileResponse:
+        return web.FileResponse(STATIC_DIR / "index.html")
 
     async def _health(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
