@@ -3,6 +3,7 @@
     GET    /                                the web console (gateway/console/)
     GET    /healthz                         liveness
     GET    /metrics                         Prometheus metrics
+    GET    /api/openapi.json                this API as an OpenAPI 3.1 document
     GET    /api/queues                      every queue with its settings and stats
     POST   /api/queues                      create: {"name": ..., "partitions": ..., ...}
     GET    /api/queues/{name}               one queue, its settings and stats
@@ -18,7 +19,8 @@
                                             "key": ..., "properties": {...}}
     POST   /api/topics/{topic}/messages     publish to a topic (same body)
 
-Errors are ``{"error": code, "message": text}`` with the KeygateError's HTTP status.
+Errors are ``{"error": code, "message": text}`` with the KeygateError's HTTP status; an
+unknown path or method answers the same way (``not-found``, ``method-not-allowed``).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import json
 import logging
 import ssl
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, fields
+from dataclasses import asdict
 from typing import Any, Final
 
 from aiohttp import web
@@ -42,15 +44,16 @@ from core.model import (
     Publication,
     QueueConfig,
     StartPosition,
+    queue_settings,
 )
 from gateway.broker import Broker
 from gateway.console import STATIC_DIR
 from gateway.inspect import inspect_queue, queue_summary
+from gateway.openapi import openapi_document, package_version
 from protocols.sink import Principal
 
 log = logging.getLogger("keygate.http")
 
-_QUEUE_FIELDS = {f.name for f in fields(QueueConfig)}
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -62,17 +65,12 @@ def queue_json(queue: QueueConfig) -> dict[str, Any]:
 
 
 def queue_from_json(body: dict[str, Any]) -> QueueConfig:
-    unknown = set(body) - _QUEUE_FIELDS
-    if unknown:
-        raise InvalidArgument(f"unknown queue settings: {', '.join(sorted(unknown))}")
     if "name" not in body:
         raise InvalidArgument("a queue needs a name")
-    values = dict(body)
-    values["subscriptions"] = tuple(values.get("subscriptions") or ())
-    try:
-        return QueueConfig(**values)
-    except TypeError as e:
-        raise InvalidArgument(str(e)) from e
+    if not isinstance(body["name"], str):
+        raise InvalidArgument("name must be of type str")
+    settings = queue_settings({k: v for k, v in body.items() if k != "name"})
+    return QueueConfig(body["name"], **settings)  # type: ignore[arg-type]
 
 
 def group_json(group: GroupConfig) -> dict[str, Any]:
@@ -116,6 +114,11 @@ def group_from_json(queue: str, body: dict[str, Any], default_mode: GroupMode) -
 async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        code = e.reason.lower().replace(" ", "-")
+        return web.json_response({"error": code, "message": e.reason}, status=e.status)
     except KeygateError as e:
         response = web.json_response({"error": e.code, "message": e.message}, status=e.status)
         if isinstance(e, AuthenticationFailed):
@@ -156,6 +159,7 @@ class AdminServer:
                 web.static("/console", STATIC_DIR),
                 web.get("/healthz", self._health),
                 web.get("/metrics", self._metrics),
+                web.get("/api/openapi.json", self._openapi),
                 web.get("/api/queues", self._list),
                 web.post("/api/queues", self._create),
                 web.get("/api/queues/{name}", self._show),
@@ -170,6 +174,7 @@ class AdminServer:
                 web.post("/api/topics/{topic:.+}/messages", self._publish_topic),
             ]
         )
+        self.app = app
         self._runner = web.AppRunner(app, access_log=None)
         self._site: web.TCPSite | None = None
 
@@ -209,6 +214,9 @@ class AdminServer:
     async def _health(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
 
+    async def _openapi(self, request: web.Request) -> web.Response:
+        return web.json_response(openapi_document(package_version()))
+
     async def _metrics(self, request: web.Request) -> web.Response:
         return web.Response(body=self.broker.metrics.render(), content_type="text/plain")
 
@@ -229,14 +237,9 @@ class AdminServer:
         return web.json_response(await queue_summary(self.broker, queue))
 
     async def _alter(self, request: web.Request) -> web.Response:
-        body = await _body(request)
-        unknown = set(body) - _QUEUE_FIELDS
-        if unknown:
-            raise InvalidArgument(f"unknown queue settings: {', '.join(sorted(unknown))}")
-        if "subscriptions" in body:
-            body["subscriptions"] = tuple(body["subscriptions"])
+        changes = queue_settings(await _body(request))
         self.broker.check_admin(_principal(request))
-        queue = await self.broker.alter_queue(request.match_info["name"], **body)
+        queue = await self.broker.alter_queue(request.match_info["name"], **changes)
         return web.json_response(queue_json(queue))
 
     async def _delete(self, request: web.Request) -> web.Response:
@@ -278,7 +281,7 @@ class AdminServer:
         if "payload_b64" in body:
             try:
                 payload = base64.b64decode(body["payload_b64"], validate=True)
-            except (binascii.Error, TypeError) as e:
+            except (binascii.Error, TypeError, ValueError) as e:
                 raise InvalidArgument(f"payload_b64 is not base64: {e}") from e
         else:
             payload = str(body.get("payload", "")).encode()
