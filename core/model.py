@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Final, TypeAlias
 
@@ -168,37 +168,6 @@ class QueueConfig:
         if self.dead_letter_queue == "":
             return None
         return self.dead_letter_queue or self.name + DLQ_SUFFIX
-
-
-def queue_settings(values: Mapping[str, object]) -> dict[str, object]:
-    """Check queue settings from an untyped source (JSON, TOML) against ``QueueConfig``'s
-    field types, so a wrong type is an InvalidArgument naming the setting, never a crash
-    deeper in. Lists become tuples; ints are accepted where a float is expected."""
-    out: dict[str, object] = {}
-    for name, value in values.items():
-        annotation = _QUEUE_FIELD_TYPES.get(name)
-        if annotation is None:
-            raise InvalidArgument(f"unknown queue setting {name!r}")
-        kinds = [part.strip() for part in annotation.split("|")]
-        (kind,) = [k for k in kinds if k != "None"]
-        if value is None and "None" in kinds:
-            out[name] = None
-        elif kind.startswith("tuple[") and isinstance(value, list | tuple):
-            if not all(isinstance(item, str) for item in value):
-                raise InvalidArgument(f"{name} must be a list of strings")
-            out[name] = tuple(value)
-        elif isinstance(value, bool) != (kind == "bool"):
-            raise InvalidArgument(f"{name} must be of type {kind}")
-        elif kind == "float" and isinstance(value, int | float):
-            out[name] = float(value)
-        elif kind in ("int", "bool", "str") and type(value).__name__ == kind:
-            out[name] = value
-        else:
-            raise InvalidArgument(f"{name} must be of type {kind}")
-    return out
-
-
-_QUEUE_FIELD_TYPES: Final = {f.name: str(f.type) for f in fields(QueueConfig)}
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,28 +24,12 @@ from typing import Any
 
 from core.errors import KeygateError
 from core.model import GroupMode, KeyOrder, StartPosition
+from core.settings import QUEUE_SETTINGS
 from gateway import logs
 from gateway.config import LISTENERS, load_config
 from gateway.server import Gateway
 
 DEFAULT_URL = "http://127.0.0.1:8080"
-QUEUE_FLAGS: dict[str, tuple[str, type]] = {
-    "partitions": ("--partitions", int),
-    "max_deliveries": ("--max-deliveries", int),
-    "rebalance_delay": ("--rebalance-delay", float),
-    "max_handoff_time": ("--max-handoff-time", float),
-    "ttl": ("--ttl", float),
-    "window": ("--window", int),
-    "max_message_size": ("--max-message-size", int),
-    "max_depth_messages": ("--max-depth-messages", int),
-    "max_depth_bytes": ("--max-depth-bytes", int),
-    "backoff_initial": ("--backoff-initial", float),
-    "backoff_multiplier": ("--backoff-multiplier", float),
-    "backoff_max": ("--backoff-max", float),
-    "dedup_window": ("--dedup-window", float),
-    "dead_letter_queue": ("--dead-letter-queue", str),
-    "key_from": ("--key-from", str),
-}
 
 
 class CliError(Exception):
@@ -137,9 +121,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _queue(args: argparse.Namespace) -> int:
     settings: dict[str, Any] = {
-        name: value
-        for name in (*QUEUE_FLAGS, "dead_letter_expired")
-        if (value := getattr(args, name)) is not None
+        s.name: value for s in QUEUE_SETTINGS if (value := getattr(args, s.name)) is not None
     }
     if args.action == "create":
         body = {"name": args.name, "subscriptions": args.subscribe or [], **settings}
@@ -196,10 +178,29 @@ def _group(args: argparse.Namespace) -> int:
 
 def _group_flags(parser: argparse.ArgumentParser) -> None:
     """Settings a group gets when it is created (explicitly, or by its first consumer)."""
-    parser.add_argument("--mode", choices=[m.value for m in GroupMode])
-    parser.add_argument("--key-order", dest="key_order", choices=[k.value for k in KeyOrder])
-    parser.add_argument("--start", choices=[p.value for p in StartPosition])
-    parser.add_argument("--ack-timeout", dest="ack_timeout", type=float, metavar="SECONDS")
+    parser.add_argument(
+        "--mode",
+        choices=[m.value for m in GroupMode],
+        help="partitioned (default on a partitioned queue), exclusive or shared",
+    )
+    parser.add_argument(
+        "--key-order",
+        dest="key_order",
+        choices=[k.value for k in KeyOrder],
+        help="partition (default) or strict: at most one unacked message per key",
+    )
+    parser.add_argument(
+        "--start",
+        choices=[p.value for p in StartPosition],
+        help="where a new group starts: earliest retained message (default) or latest",
+    )
+    parser.add_argument(
+        "--ack-timeout",
+        dest="ack_timeout",
+        type=float,
+        metavar="SECONDS",
+        help="redeliver a message left unacked this long (default: never)",
+    )
     parser.add_argument(
         "--tag",
         action="append",
@@ -290,6 +291,33 @@ def _credentials(parser: argparse.ArgumentParser) -> None:
     )
 
 
+_METAVARS = {"s": "SECONDS", "bytes": "BYTES", "messages": "N"}
+
+
+def _queue_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per row of the settings table (core.settings), help text included."""
+    parser.add_argument(
+        "--subscribe",
+        action="append",
+        metavar="TOPIC",
+        help="topic subscription, MQTT wildcards + and # (repeat for more; alter replaces all)",
+    )
+    for setting in QUEUE_SETTINGS:
+        text = setting.help
+        if setting.kind is bool:
+            parser.add_argument(
+                setting.flag, dest=setting.name, action="store_true", default=None, help=text
+            )
+        else:
+            parser.add_argument(
+                setting.flag,
+                dest=setting.name,
+                type=setting.kind,
+                metavar=_METAVARS.get(setting.unit, "N" if setting.kind is int else "VALUE"),
+                help=text,
+            )
+
+
 def _admin_api(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", default=DEFAULT_URL, help="admin API URL")
     _credentials(parser)
@@ -300,7 +328,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="run a gateway")
-    serve.add_argument("--config", help="TOML configuration file")
+    serve.add_argument("--config", metavar="FILE", help="TOML configuration file")
     serve.add_argument("--db", help="SQLAlchemy URL (default sqlite:///keygate.db)")
     serve.add_argument("--host", help="address to listen on (default 0.0.0.0)")
     for name in LISTENERS:
@@ -309,56 +337,60 @@ def build_parser() -> argparse.ArgumentParser:
     serve.set_defaults(func=_serve)
 
     queue = sub.add_parser("queue", help="create, list, show or delete queues")
-    queue.add_argument("action", choices=["create", "alter", "list", "show", "purge", "delete"])
-    queue.add_argument("name", nargs="?")
-    _admin_api(queue)
-    queue.add_argument("--subscribe", action="append", metavar="TOPIC")
-    for field_name, (flag, kind) in QUEUE_FLAGS.items():
-        queue.add_argument(flag, dest=field_name, type=kind)
     queue.add_argument(
-        "--dead-letter-expired",
-        action="store_true",
-        default=None,
-        help="dead-letter expired messages instead of dropping them",
+        "action",
+        choices=["create", "alter", "list", "show", "purge", "delete"],
+        help="what to do (purge drops every message, keeps settings and groups)",
     )
+    queue.add_argument("name", nargs="?", help="the queue (every action but list)")
+    _admin_api(queue)
+    _queue_flags(queue)
     queue.set_defaults(func=_queue)
 
     group = sub.add_parser("group", help="create, list or delete consumer groups")
-    group.add_argument("action", choices=["create", "list", "delete"])
-    group.add_argument("queue")
-    group.add_argument("name", nargs="?")
+    group.add_argument("action", choices=["create", "list", "delete"], help="what to do")
+    group.add_argument("queue", help="the queue the group consumes")
+    group.add_argument("name", nargs="?", help="the group (create and delete)")
     _admin_api(group)
     _group_flags(group)
     group.set_defaults(func=_group)
 
     inspect = sub.add_parser("inspect", help="partitions, owners, backlog and lag of a queue")
-    inspect.add_argument("queue")
+    inspect.add_argument("queue", help="the queue to inspect")
     _admin_api(inspect)
-    inspect.add_argument("--json", action="store_true")
+    inspect.add_argument("--json", action="store_true", help="print the admin API's JSON")
     inspect.set_defaults(func=_inspect)
 
     publish = sub.add_parser("publish", help="publish one message through the admin API")
-    publish.add_argument("queue", nargs="?")
-    publish.add_argument("payload")
-    publish.add_argument("--topic")
-    publish.add_argument("--key")
-    publish.add_argument("--property", action="append", metavar="NAME=VALUE")
+    publish.add_argument("queue", nargs="?", help="the queue (or give --topic instead)")
+    publish.add_argument("payload", help="the message body (UTF-8 text)")
+    publish.add_argument("--topic", help="publish to a topic: every subscribed queue gets it")
+    publish.add_argument("--key", help="partition key (QUEUE_PARTITION_KEY)")
+    publish.add_argument(
+        "--property", action="append", metavar="NAME=VALUE", help="a property (repeat for more)"
+    )
     _admin_api(publish)
     publish.set_defaults(func=_publish)
 
     consume = sub.add_parser("consume", help="consume and ack messages (native protocol)")
-    consume.add_argument("queue")
-    consume.add_argument("--group", required=True)
-    consume.add_argument("--server", default="keygate://127.0.0.1:55555")
+    consume.add_argument("queue", help="the queue to consume")
+    consume.add_argument("--group", required=True, help="consumer group (created if new)")
+    consume.add_argument(
+        "--server", default="keygate://127.0.0.1:55555", help="native protocol URL"
+    )
     _credentials(consume)
-    consume.add_argument("--window", type=int, default=100)
+    consume.add_argument(
+        "--window", type=int, default=100, help="most delivered-unacked messages (default 100)"
+    )
     consume.add_argument("--count", type=int, default=0, help="stop after N (0 = until idle)")
     consume.add_argument("--timeout", type=float, default=5.0, help="stop when idle this long")
     _group_flags(consume)
     consume.set_defaults(func=_consume)
 
     demo = sub.add_parser("demo", help="run a gateway with real traffic and verify it")
-    demo.add_argument("--messages", type=int, default=3000)
+    demo.add_argument(
+        "--messages", type=int, default=3000, help="messages to publish (default 3000)"
+    )
     demo.set_defaults(func=_demo)
     return parser
 

@@ -44,8 +44,8 @@ from core.model import (
     Publication,
     QueueConfig,
     StartPosition,
-    queue_settings,
 )
+from core.settings import queue_settings
 from gateway.broker import Broker
 from gateway.console import STATIC_DIR
 from gateway.inspect import inspect_queue, queue_summary

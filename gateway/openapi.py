@@ -1,20 +1,19 @@
 """The admin API's OpenAPI 3.1 document, served at ``/api/openapi.json``.
 
-Queue settings are derived from ``core.model.QueueConfig``'s fields, so a new setting
-appears here without a second list to keep. ``tests/integration/test_openapi.py`` checks
+Queue settings come from the settings table (``core.settings``), so a new setting appears
+here without a second list to keep. ``tests/integration/test_openapi.py`` checks
 that every route the server has is documented (and nothing more), and runs schemathesis
 against a live gateway with a small budget.
 """
 
 from __future__ import annotations
 
-from dataclasses import fields
 from importlib import metadata
 from typing import Any, Final
 
-from core.model import QueueConfig
+from core.settings import QUEUE_SETTINGS
 
-_SCALARS: Final = {"int": "integer", "float": "number", "bool": "boolean", "str": "string"}
+_JSON_TYPES: Final = {int: "integer", float: "number", bool: "boolean", str: "string"}
 
 
 def package_version() -> str:
@@ -25,23 +24,17 @@ def package_version() -> str:
         return "0+unknown"
 
 
-def _setting_schema(annotation: str) -> dict[str, Any]:
-    """JSON Schema of one QueueConfig field from its annotation (``int | None``, ...)."""
-    parts = [p.strip() for p in annotation.split("|")]
-    nullable = "None" in parts
-    (base,) = [p for p in parts if p != "None"]
-    schema: dict[str, Any]
-    if base.startswith("tuple["):
-        schema = {"type": "array", "items": {"type": "string"}}
-    else:
-        schema = {"type": _SCALARS[base]}
-    if nullable:
-        schema["type"] = [schema["type"], "null"]
-    return schema
-
-
 def _queue_settings() -> dict[str, Any]:
-    return {f.name: _setting_schema(str(f.type)) for f in fields(QueueConfig) if f.name != "name"}
+    """JSON Schema of every queue setting, from the settings table."""
+    out: dict[str, Any] = {"subscriptions": {"type": "array", "items": {"type": "string"}}}
+    for setting in QUEUE_SETTINGS:
+        kind = _JSON_TYPES[setting.kind]
+        unit = f" ({setting.unit})" if setting.unit else ""
+        out[setting.name] = {
+            "type": [kind, "null"] if setting.optional else kind,
+            "description": setting.help + unit,
+        }
+    return out
 
 
 def _json(schema: dict[str, Any]) -> dict[str, Any]:
