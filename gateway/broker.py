@@ -255,6 +255,10 @@ class Broker:
             self.check_admin(principal)
         return await self.create_queue(config, exist_ok=exist_ok)
 
+    def authorize(self, principal: Principal, action: str, queue: str) -> None:
+        """Raise PermissionDenied unless ``principal`` may ``action`` on ``queue``."""
+        self._check(principal, action, queue)
+
     def _check(self, principal: Principal, action: str, queue: str) -> None:
         if not self.config.users:
             return  # anonymous access: everyone may do everything

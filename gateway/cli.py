@@ -1,7 +1,7 @@
 """The ``keygate`` command.
 
 keygate serve [--config FILE] [--db URL] [--host H] [--native-port N] ...
-keygate queue create|alter|list|show|purge|delete ...  (admin HTTP API, --url)
+keygate queue create|alter|list|show|browse|purge|delete ...  (admin HTTP API, --url)
 keygate group create|list|delete QUEUE ...            (admin HTTP API, --url)
 keygate inspect QUEUE [--json]                        (admin HTTP API, --url)
 keygate publish QUEUE|--topic T PAYLOAD               (admin HTTP API, --url)
@@ -141,9 +141,42 @@ def _queue(args: argparse.Namespace) -> int:
         )
     elif args.action == "show":
         print(json.dumps(_http(args, "GET", f"/api/queues/{args.name}"), indent=2))
+    elif args.action == "browse":
+        _browse(args)
     else:
         print(json.dumps(_http(args, "DELETE", f"/api/queues/{args.name}")))
     return 0
+
+
+def _browse(args: argparse.Namespace) -> None:
+    """Page through the stored messages, partition by partition, ``--limit`` at most."""
+    if args.partition is not None:
+        partitions: Sequence[int] = [args.partition]
+    else:
+        partitions = range(max(1, _http(args, "GET", f"/api/queues/{args.name}")["partitions"]))
+    rows: list[dict[str, Any]] = []
+    for partition in partitions:
+        from_seq = args.from_seq
+        while len(rows) < args.limit:
+            page = _http(
+                args,
+                "GET",
+                f"/api/queues/{args.name}/messages?partition={partition}"
+                f"&from_seq={from_seq}&limit={min(1000, args.limit - len(rows))}",
+            )
+            if not page:
+                break
+            rows.extend(page)
+            from_seq = page[-1]["seq"] + 1
+            if args.limit > 1000:
+                print(f"browsed {len(rows)} messages (partition {partition})", file=sys.stderr)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return
+    for row in rows:
+        payload = row["payload"] if row["payload"] is not None else "<binary>"
+        row["payload"] = payload if len(payload) <= 40 else payload[:37] + "..."
+    _print_table(rows, ["partition", "seq", "key", "size", "message_id", "payload"])
 
 
 def _tags(pairs: list[str] | None) -> dict[str, str]:
@@ -339,12 +372,20 @@ def build_parser() -> argparse.ArgumentParser:
     queue = sub.add_parser("queue", help="create, list, show or delete queues")
     queue.add_argument(
         "action",
-        choices=["create", "alter", "list", "show", "purge", "delete"],
-        help="what to do (purge drops every message, keeps settings and groups)",
+        choices=["create", "alter", "list", "show", "browse", "purge", "delete"],
+        help="what to do (browse shows stored messages without consuming them; purge drops "
+        "every message, keeps settings and groups)",
     )
     queue.add_argument("name", nargs="?", help="the queue (every action but list)")
     _admin_api(queue)
     _queue_flags(queue)
+    browse = queue.add_argument_group("browse")
+    browse.add_argument("--partition", type=int, help="browse only this partition")
+    browse.add_argument(
+        "--from-seq", dest="from_seq", type=int, default=0, help="first seq to show (default 0)"
+    )
+    browse.add_argument("--limit", type=int, default=100, help="most messages (default 100)")
+    browse.add_argument("--json", action="store_true", help="print the messages as JSON")
     queue.set_defaults(func=_queue)
 
     group = sub.add_parser("group", help="create, list or delete consumer groups")

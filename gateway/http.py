@@ -15,6 +15,8 @@
     POST   /api/queues/{name}/groups        create: {"name": ..., "mode": ..., "key_order": ...,
                                             "start": ..., "tags": {...}, "ack_timeout": ...}
     DELETE /api/queues/{name}/groups/{group}  delete a group and its progress
+    GET    /api/queues/{name}/messages      browse stored messages without consuming them:
+                                            ?partition=P&from_seq=N&limit=K (limit <= 1000)
     POST   /api/queues/{name}/messages      publish: {"payload": str | "payload_b64": str,
                                             "key": ..., "properties": {...}}
     POST   /api/topics/{topic}/messages     publish to a topic (same body)
@@ -30,7 +32,7 @@ import binascii
 import json
 import logging
 import ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import asdict
 from typing import Any, Final
 
@@ -143,6 +145,35 @@ async def _body(request: web.Request) -> dict[str, Any]:
     return body
 
 
+BROWSE_LIMIT: Final = 1000
+
+
+def _int_param(
+    query: Mapping[str, str], name: str, default: int | None, low: int, high: int | None = None
+) -> int | None:
+    raw = query.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise InvalidArgument(f"{name} must be an integer") from None
+    if value < low or (high is not None and value > high):
+        raise InvalidArgument(f"{name} must be between {low} and {high or 'any'}")
+    return value
+
+
+def browsed_json(row: dict[str, Any]) -> dict[str, Any]:
+    """A browsed kg_messages row as JSON: the payload as text when it is UTF-8, and always
+    as base64; properties in their stored form (bytes as {"$b64": ...})."""
+    payload = bytes(row.pop("payload"))
+    try:
+        text: str | None = payload.decode()
+    except UnicodeDecodeError:
+        text = None
+    return {**row, "payload": text, "payload_b64": base64.b64encode(payload).decode()}
+
+
 class AdminServer:
     """Implements protocols.sink.Listener so the gateway starts it like the others."""
 
@@ -170,6 +201,7 @@ class AdminServer:
                 web.get("/api/queues/{name}/groups", self._groups),
                 web.post("/api/queues/{name}/groups", self._create_group),
                 web.delete("/api/queues/{name}/groups/{group}", self._delete_group),
+                web.get("/api/queues/{name}/messages", self._browse),
                 web.post("/api/queues/{name}/messages", self._publish_queue),
                 web.post("/api/topics/{topic:.+}/messages", self._publish_topic),
             ]
@@ -273,6 +305,20 @@ class AdminServer:
         self.broker.check_admin(_principal(request))
         await self.broker.delete_group(name, group)
         return web.json_response({"deleted": group, "queue": name})
+
+    async def _browse(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        self.broker.queue(name)
+        self.broker.authorize(_principal(request), "consume", name)
+        query = request.query
+        partition = _int_param(query, "partition", None, 0)
+        rows = await self.broker.store.browse(
+            name,
+            partition=partition,
+            from_seq=_int_param(query, "from_seq", 0, 0) or 0,
+            limit=_int_param(query, "limit", 100, 1, BROWSE_LIMIT) or 100,
+        )
+        return web.json_response([browsed_json(row) for row in rows])
 
     async def _publish(
         self, request: web.Request, *, queue: str | None = None, topic: str | None = None

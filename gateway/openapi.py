@@ -58,6 +58,13 @@ def _op(summary: str, responses: dict[str, Any], **extra: Any) -> dict[str, Any]
     return {"summary": summary, "responses": {**responses, **errors}, **extra}
 
 
+def _query(name: str, description: str) -> dict[str, Any]:
+    schema = {"type": "integer", "minimum": 1 if name == "limit" else 0}
+    if name == "limit":
+        schema["maximum"] = 1000
+    return {"name": name, "in": "query", "schema": schema, "description": description}
+
+
 def _body(schema: dict[str, Any]) -> dict[str, Any]:
     return {"requestBody": {"required": True, "content": _json(schema)}}
 
@@ -180,6 +187,15 @@ def openapi_document(version: str) -> dict[str, Any]:
             },
             "/api/queues/{name}/messages": {
                 **queue_path,
+                "get": _op(
+                    "Browse stored messages without consuming them (needs consume)",
+                    _ok("Messages in (partition, seq) order", {"type": "array", "items": _OBJECT}),
+                    parameters=[
+                        _query("partition", "only this partition"),
+                        _query("from_seq", "first seq to show (default 0)"),
+                        _query("limit", "most messages (default 100, at most 1000)"),
+                    ],
+                ),
                 "post": _op(
                     "Publish to the queue", _ok("Stored", receipt, "201"), **_body(message)
                 ),

@@ -93,7 +93,15 @@ def test_a_queue_is_altered_and_purged_from_the_command_line(served: dict[str, i
     refused = _run("queue", "alter", "jobs", "--partitions", "4", url)
     assert refused.returncode == 1 and "invalid-argument" in refused.stderr
     for i in range(3):
-        assert _run("publish", "--topic", "jobs/eu", f"job {i}", url).returncode == 0
+        assert _run("publish", "--topic", "jobs/eu", f"job {i}", "--key", "k", url).returncode == 0
+    browsed = _run("queue", "browse", "jobs", "--json", url)
+    assert [m["payload"] for m in json.loads(browsed.stdout)] == ["job 0", "job 1", "job 2"]
+    (partition,) = {m["partition"] for m in json.loads(browsed.stdout)}
+    table = _run("queue", "browse", "jobs", f"--partition={partition}", "--from-seq=2", url)
+    assert [line.split()[-2:] for line in table.stdout.splitlines()[1:]] == [
+        ["job", "1"],
+        ["job", "2"],
+    ]
     purged = _run("queue", "purge", "jobs", url)
     assert json.loads(purged.stdout) == {"purged": "jobs", "messages": 3}
     shown = json.loads(_run("queue", "show", "jobs", url).stdout)
