@@ -121,6 +121,9 @@ class QueueConfig:
     # None, "app_id" (AMQP app_id) or "topic:N" (topic level N, 0-based).
     key_from: str | None = None
     dead_letter_expired: bool = False
+    # Keep settled messages this long after publish (replay with a group reset, browse);
+    # 0 = delete a message as soon as every group has settled it.
+    retention: float = 0.0
 
     def __post_init__(self) -> None:
         validate_name("queue", self.name)
@@ -146,6 +149,8 @@ class QueueConfig:
             raise InvalidArgument("window must be >= 1")
         if self.dedup_window < 0:
             raise InvalidArgument("dedup_window must be >= 0")
+        if not 0 <= self.retention < float("inf"):
+            raise InvalidArgument("retention must be a finite number of seconds >= 0")
         if self.dead_letter_queue:
             validate_name("dead-letter queue", self.dead_letter_queue)
             if self.dead_letter_queue == self.name:

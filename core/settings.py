@@ -67,6 +67,9 @@ QUEUE_SETTINGS: Final = (
                  "'topic:N'", optional=True, amqp="x-key-from"),
     QueueSetting("dead_letter_expired", bool, "dead-letter expired messages instead of "
                  "dropping them", amqp="x-dead-letter-expired"),
+    QueueSetting("retention", float, "keep settled messages this long after publish, for "
+                 "replay and browsing (0 = delete once settled)", "s", amqp="x-retention",
+                 millis=True),
 )  # fmt: skip
 
 _BY_NAME: Final = {s.name: s for s in QUEUE_SETTINGS}

@@ -150,6 +150,7 @@ QUEUE_ARGUMENTS: Final[Mapping[str, tuple[str, Callable[[str, Any], Any]]]] = {
     "x-window": ("window", _int),
     "x-dedup-window": ("dedup_window", _millis),
     "x-dead-letter-expired": ("dead_letter_expired", _bool),
+    "x-retention": ("retention", _millis),
 }
 
 
