@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from enum import StrEnum
 from typing import Final, TypeAlias
 
@@ -249,3 +250,48 @@ class Publication:
     def __post_init__(self) -> None:
         if (self.queue is None) == (self.topic is None):
             raise InvalidArgument("a publication names exactly one of queue and topic")
+
+
+class ResetKind(StrEnum):
+    EARLIEST = "earliest"
+    LATEST = "latest"
+    SEQ = "seq"
+    TIME = "time"
+
+
+@dataclass(frozen=True, slots=True)
+class ResetPosition:
+    """Where ``keygate group reset`` moves a group: the earliest retained message, the
+    latest (skip everything stored), given seqs per partition (the first seq to deliver;
+    partitions not named keep their position), or the first message published at or after
+    ``time``."""
+
+    kind: ResetKind
+    seqs: Mapping[int, int] = field(default_factory=dict)
+    time: float | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> ResetPosition:
+        """``earliest``, ``latest``, ``seq:P=N,P=N`` or ``time:ISO8601``."""
+        kind, _, rest = text.partition(":")
+        if text in (ResetKind.EARLIEST, ResetKind.LATEST):
+            return cls(ResetKind(text))
+        if kind == ResetKind.SEQ and rest:
+            seqs = {}
+            for pair in rest.split(","):
+                partition, sep, seq = pair.partition("=")
+                if not (sep and partition.isdigit() and seq.isdigit() and int(seq) >= 1):
+                    raise InvalidArgument(f"bad partition position {pair!r}: use P=N, N >= 1")
+                seqs[int(partition)] = int(seq)
+            return cls(ResetKind.SEQ, seqs=seqs)
+        if kind == ResetKind.TIME and rest:
+            try:
+                moment = datetime.fromisoformat(rest)
+            except ValueError:
+                raise InvalidArgument(f"bad time {rest!r}: use ISO 8601") from None
+            if moment.tzinfo is None:
+                raise InvalidArgument(f"time {rest!r} needs a UTC offset (e.g. Z or +02:00)")
+            return cls(ResetKind.TIME, time=moment.timestamp())
+        raise InvalidArgument(
+            f"bad reset position {text!r}: use earliest, latest, seq:P=N,... or time:ISO8601"
+        )

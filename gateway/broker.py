@@ -41,6 +41,7 @@ from core.model import (
     Message,
     Publication,
     QueueConfig,
+    ResetPosition,
     StartPosition,
 )
 from core.topics import SubscriptionIndex, normalize_topic, validate_pattern
@@ -214,6 +215,46 @@ class Broker:
             self._leased.discard((queue, name))
             await self.store.release_group_lease(queue, name, self.lease_owner)
         await self.store.delete_group(queue, name)
+
+    async def reset_group(
+        self, queue: str, name: str, target: ResetPosition, *, force: bool = False
+    ) -> dict[int, int]:
+        """Move a group to ``target`` (keygate group reset). Refused (Conflict) while
+        consumers are bound, unless ``force``: then the group's state machine is flushed and
+        reloaded at the new position, and its consumers are bound again to the reloaded
+        group with the partitions they held; what they had not acked is delivered anew."""
+        await self.store.get_group(queue, name)
+        # Held while the group is rewritten, so a consumer binding meanwhile loads the group
+        # after the reset, not before it.
+        async with self._loading.setdefault((queue, name), asyncio.Lock()):
+            runtime = self._runtimes.get((queue, name))
+            bound = [] if runtime is None else runtime.status().flows
+            if bound and not force:
+                raise Conflict(
+                    f"group {name!r} of {queue!r} has {len(bound)} bound consumer(s); close "
+                    "them first or force the reset"
+                )
+            outputs = {} if runtime is None else dict(runtime.outputs)
+            if runtime is not None:
+                del self._runtimes[(queue, name)]
+                await runtime.close()
+            positions = await self.store.reset_group(queue, name, target)
+        if bound:
+            assert runtime is not None
+            reloaded = await self._runtime(runtime.group)
+            for flow in bound:
+                principal = self._flows[flow.flow_id].principal
+                reloaded.bind(
+                    flow.flow_id,
+                    flow.client,
+                    flow.window,
+                    flow.ack_mode,
+                    frozenset(flow.partitions),
+                    outputs[flow.flow_id],
+                )
+                self._flows[flow.flow_id] = _Flow(reloaded, principal)
+        log.info("group %s/%s reset to %s: %s", queue, name, target.kind, positions)
+        return positions
 
     # --- Sink -----------------------------------------------------------------------
 

@@ -2,7 +2,7 @@
 
 keygate serve [--config FILE] [--db URL] [--host H] [--native-port N] ...
 keygate queue create|alter|list|show|browse|purge|delete ...  (admin HTTP API, --url)
-keygate group create|list|delete QUEUE ...            (admin HTTP API, --url)
+keygate group create|list|delete|reset QUEUE ...      (admin HTTP API, --url)
 keygate inspect QUEUE [--json]                        (admin HTTP API, --url)
 keygate publish QUEUE|--topic T PAYLOAD               (admin HTTP API, --url)
 keygate consume QUEUE --group G                       (native protocol, --server)
@@ -202,6 +202,11 @@ def _group(args: argparse.Namespace) -> int:
     elif args.action == "list":
         rows = _http(args, "GET", path)
         _print_table(rows, ["name", "mode", "key_order", "start", "tags", "ack_timeout"])
+    elif args.action == "reset":
+        if not (args.name and args.to):
+            raise CliError("group reset needs QUEUE, NAME and --to")
+        body = {"to": args.to, "force": args.force}
+        print(json.dumps(_http(args, "POST", f"{path}/{args.name}/reset", body)))
     else:
         if not args.name:
             raise CliError("group delete needs QUEUE and NAME")
@@ -389,9 +394,24 @@ def build_parser() -> argparse.ArgumentParser:
     queue.set_defaults(func=_queue)
 
     group = sub.add_parser("group", help="create, list or delete consumer groups")
-    group.add_argument("action", choices=["create", "list", "delete"], help="what to do")
+    group.add_argument(
+        "action",
+        choices=["create", "list", "delete", "reset"],
+        help="what to do (reset moves the group to --to: replay or skip)",
+    )
     group.add_argument("queue", help="the queue the group consumes")
-    group.add_argument("name", nargs="?", help="the group (create and delete)")
+    group.add_argument("name", nargs="?", help="the group (create, delete and reset)")
+    group.add_argument(
+        "--to",
+        metavar="POSITION",
+        help="reset position: earliest, latest, seq:P=N,... (first seq to deliver per "
+        "partition) or time:ISO8601 (first message published then or later)",
+    )
+    group.add_argument(
+        "--force",
+        action="store_true",
+        help="reset even with bound consumers: they are rebound at the new position",
+    )
     _admin_api(group)
     _group_flags(group)
     group.set_defaults(func=_group)

@@ -15,6 +15,9 @@
     POST   /api/queues/{name}/groups        create: {"name": ..., "mode": ..., "key_order": ...,
                                             "start": ..., "tags": {...}, "ack_timeout": ...}
     DELETE /api/queues/{name}/groups/{group}  delete a group and its progress
+    POST   /api/queues/{name}/groups/{group}/reset  replay or skip: {"to": "earliest" |
+                                            "latest" | "seq:P=N,..." | "time:ISO8601",
+                                            "force": bool}
     GET    /api/queues/{name}/messages      browse stored messages without consuming them:
                                             ?partition=P&from_seq=N&limit=K (limit <= 1000)
     POST   /api/queues/{name}/messages      publish: {"payload": str | "payload_b64": str,
@@ -45,6 +48,7 @@ from core.model import (
     KeyOrder,
     Publication,
     QueueConfig,
+    ResetPosition,
     StartPosition,
 )
 from core.settings import queue_settings
@@ -201,6 +205,7 @@ class AdminServer:
                 web.get("/api/queues/{name}/groups", self._groups),
                 web.post("/api/queues/{name}/groups", self._create_group),
                 web.delete("/api/queues/{name}/groups/{group}", self._delete_group),
+                web.post("/api/queues/{name}/groups/{group}/reset", self._reset_group),
                 web.get("/api/queues/{name}/messages", self._browse),
                 web.post("/api/queues/{name}/messages", self._publish_queue),
                 web.post("/api/topics/{topic:.+}/messages", self._publish_topic),
@@ -305,6 +310,20 @@ class AdminServer:
         self.broker.check_admin(_principal(request))
         await self.broker.delete_group(name, group)
         return web.json_response({"deleted": group, "queue": name})
+
+    async def _reset_group(self, request: web.Request) -> web.Response:
+        name, group = request.match_info["name"], request.match_info["group"]
+        body = await _body(request)
+        if not isinstance(body.get("to"), str) or not isinstance(body.get("force", False), bool):
+            raise InvalidArgument('a reset needs "to" (a string) and an optional "force" (bool)')
+        self.broker.check_admin(_principal(request))
+        target = ResetPosition.parse(body["to"])
+        positions = await self.broker.reset_group(
+            name, group, target, force=body.get("force", False)
+        )
+        return web.json_response(
+            {"queue": name, "group": group, "committed": {str(p): s for p, s in positions.items()}}
+        )
 
     async def _browse(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]

@@ -185,6 +185,30 @@ def openapi_document(version: str) -> dict[str, Any]:
                 ],
                 "delete": _op("Delete a group and its progress (admin)", _ok("Deleted", _OBJECT)),
             },
+            "/api/queues/{name}/groups/{group}/reset": {
+                "parameters": [
+                    _NAME,
+                    {"name": "group", "in": "path", "required": True, "schema": {"type": "string"}},
+                ],
+                "post": _op(
+                    "Replay or skip: move the group (admin; refused while consumers are bound "
+                    "unless force)",
+                    _ok("The committed seq per partition moved", _OBJECT),
+                    **_body(
+                        {
+                            "type": "object",
+                            "required": ["to"],
+                            "properties": {
+                                "to": {
+                                    "type": "string",
+                                    "description": "earliest, latest, seq:P=N,... or time:ISO8601",
+                                },
+                                "force": {"type": "boolean"},
+                            },
+                        }
+                    ),
+                ),
+            },
             "/api/queues/{name}/messages": {
                 **queue_path,
                 "get": _op(
