@@ -41,6 +41,19 @@ ORIGINAL_PARTITION: Final = "x-original-partition"
 ORIGINAL_SEQ: Final = "x-original-seq"
 DELIVERY_COUNT: Final = "x-delivery-count"
 FIRST_DELIVERY_TIME: Final = "x-first-delivery-time"
+REDRIVE_COUNT: Final = "x-redrive-count"
+# What dead-lettering adds to a message; a redrive takes it off again.
+DEAD_LETTER_PROPERTIES: Final = frozenset(
+    {
+        DEAD_LETTER_REASON,
+        ORIGINAL_QUEUE,
+        ORIGINAL_GROUP,
+        ORIGINAL_PARTITION,
+        ORIGINAL_SEQ,
+        DELIVERY_COUNT,
+        FIRST_DELIVERY_TIME,
+    }
+)
 
 # Queue and group names: letters, digits and . _ - ; 1 to 200 characters; not starting with
 # a dot so that "<queue>.dlq" is always derived, never ambiguous with a hidden name.

@@ -10,6 +10,8 @@ commit listener feeds committed messages, in commit order, to the loaded group r
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import hmac
 import logging
 import random
@@ -49,6 +51,7 @@ from gateway.config import GatewayConfig
 from gateway.metrics import Metrics, RuntimeMetrics
 from gateway.runtime import FlowOutput, GroupRuntime
 from protocols.sink import Principal, Receipt
+from storage.redrive import redrive_batch
 from storage.store import SqlStore
 
 log = logging.getLogger("keygate.broker")
@@ -56,6 +59,8 @@ log = logging.getLogger("keygate.broker")
 # A group with native flows is leased in SQL (kind "native") so a Spark job refuses it;
 # renewed every retention interval, released when the group's last flow leaves.
 GROUP_LEASE_TTL: Final = 30.0
+# Dead letters moved per redrive transaction.
+REDRIVE_BATCH: Final = 500
 
 
 def new_message_id(now: float) -> str:
@@ -255,6 +260,55 @@ class Broker:
                 self._flows[flow.flow_id] = _Flow(reloaded, principal)
         log.info("group %s/%s reset to %s: %s", queue, name, target.kind, positions)
         return positions
+
+    async def redrive(
+        self,
+        principal: Principal,
+        dlq: str,
+        *,
+        to: str | None = None,
+        key: str | None = None,
+        limit: int | None = None,
+    ) -> dict[str, int]:
+        """Move up to ``limit`` dead letters of ``dlq`` (only those of ``key`` when given) back
+        to their original queue, or to ``to`` (storage.redrive), one transaction per batch.
+        Refused (Conflict) while consumers are bound to the dead-letter queue; its groups
+        are unloaded and kept from loading meanwhile, so none delivers a moved letter."""
+        self.check_admin(principal)
+        self.queue(dlq)
+        if to is not None:
+            self.queue(to)
+        keys = sorted((dlq, g.name) for g in await self.store.list_groups(dlq))
+        async with contextlib.AsyncExitStack() as stack:
+            for k in keys:
+                await stack.enter_async_context(self._loading.setdefault(k, asyncio.Lock()))
+            busy = [rt for rt in self.runtimes(dlq) if rt.outputs]
+            if busy:
+                raise Conflict(f"queue {dlq!r} has bound consumers; close them before a redrive")
+            for k in keys:
+                if (runtime := self._runtimes.pop(k, None)) is not None:
+                    await runtime.close()
+            moved = skipped = 0
+            after = (-1, 0)
+            while limit is None or moved < limit:
+                now = self._clock()
+                batch = await redrive_batch(
+                    self.store,
+                    dlq,
+                    to=to,
+                    key=key,
+                    after=after,
+                    limit=REDRIVE_BATCH if limit is None else min(REDRIVE_BATCH, limit - moved),
+                    new_id=functools.partial(new_message_id, now),
+                    now=now,
+                )
+                moved += len(batch.moved)
+                skipped += batch.skipped
+                if batch.cursor is None:
+                    break
+                after = batch.cursor
+        log.info("redrive of %s: %d moved, %d left in place", dlq, moved, skipped)
+        return {"moved": moved, "skipped": skipped}
 
     # --- Sink -----------------------------------------------------------------------
 

@@ -3,6 +3,7 @@
 keygate serve [--config FILE] [--db URL] [--host H] [--native-port N] ...
 keygate queue create|alter|list|show|browse|purge|delete ...  (admin HTTP API, --url)
 keygate group create|list|delete|reset QUEUE ...      (admin HTTP API, --url)
+keygate dlq redrive QUEUE.dlq [--to Q] [--limit K] [--where key=K]  (admin HTTP API)
 keygate inspect QUEUE [--json]                        (admin HTTP API, --url)
 keygate publish QUEUE|--topic T PAYLOAD               (admin HTTP API, --url)
 keygate consume QUEUE --group G                       (native protocol, --server)
@@ -177,6 +178,27 @@ def _browse(args: argparse.Namespace) -> None:
         payload = row["payload"] if row["payload"] is not None else "<binary>"
         row["payload"] = payload if len(payload) <= 40 else payload[:37] + "..."
     _print_table(rows, ["partition", "seq", "key", "size", "message_id", "payload"])
+
+
+def _redrive(args: argparse.Namespace) -> int:
+    """Redrive in calls of at most 1,000 letters, printing progress between them."""
+    key = None
+    if args.where is not None:
+        name, sep, key = args.where.partition("=")
+        if name != "key" or not sep:
+            raise CliError("--where takes key=VALUE")
+    moved = skipped = 0
+    while args.limit is None or moved < args.limit:
+        chunk = 1000 if args.limit is None else min(1000, args.limit - moved)
+        body = {"to": args.to, "key": key, "limit": chunk}
+        result = _http(args, "POST", f"/api/queues/{args.dlq}/redrive", body)
+        moved += result["moved"]
+        skipped = result["skipped"]
+        if result["moved"] < chunk:
+            break
+        print(f"moved {moved} ...", file=sys.stderr)
+    print(json.dumps({"moved": moved, "left_in_place": skipped}))
+    return 0
 
 
 def _tags(pairs: list[str] | None) -> dict[str, str]:
@@ -415,6 +437,15 @@ def build_parser() -> argparse.ArgumentParser:
     _admin_api(group)
     _group_flags(group)
     group.set_defaults(func=_group)
+
+    dlq = sub.add_parser("dlq", help="dead-letter queues: move letters back (redrive)")
+    dlq.add_argument("action", choices=["redrive"], help="what to do")
+    dlq.add_argument("dlq", help="the dead-letter queue, e.g. orders.dlq")
+    dlq.add_argument("--to", help="target queue (default: each letter's original queue)")
+    dlq.add_argument("--limit", type=int, help="move at most this many (default: all)")
+    dlq.add_argument("--where", metavar="key=VALUE", help="only the letters of this key")
+    _admin_api(dlq)
+    dlq.set_defaults(func=_redrive)
 
     inspect = sub.add_parser("inspect", help="partitions, owners, backlog and lag of a queue")
     inspect.add_argument("queue", help="the queue to inspect")

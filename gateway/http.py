@@ -10,6 +10,9 @@
     PATCH  /api/queues/{name}               alter settings
     DELETE /api/queues/{name}               delete (messages, groups, offsets)
     POST   /api/queues/{name}/purge         drop every message, keep settings and groups
+    POST   /api/queues/{name}/redrive       move dead letters back: {"to": queue, "limit": K,
+                                            "key": K} (all optional; default: the original
+                                            queue of each letter, every letter)
     GET    /api/queues/{name}/inspect       groups, partitions and flows (PAI-EAS style)
     GET    /api/queues/{name}/groups        the queue's consumer groups and their settings
     POST   /api/queues/{name}/groups        create: {"name": ..., "mode": ..., "key_order": ...,
@@ -201,6 +204,7 @@ class AdminServer:
                 web.patch("/api/queues/{name}", self._alter),
                 web.delete("/api/queues/{name}", self._delete),
                 web.post("/api/queues/{name}/purge", self._purge),
+                web.post("/api/queues/{name}/redrive", self._redrive),
                 web.get("/api/queues/{name}/inspect", self._inspect),
                 web.get("/api/queues/{name}/groups", self._groups),
                 web.post("/api/queues/{name}/groups", self._create_group),
@@ -310,6 +314,18 @@ class AdminServer:
         self.broker.check_admin(_principal(request))
         await self.broker.delete_group(name, group)
         return web.json_response({"deleted": group, "queue": name})
+
+    async def _redrive(self, request: web.Request) -> web.Response:
+        body = await _body(request)
+        to, key, limit = body.get("to"), body.get("key"), body.get("limit")
+        if not all(isinstance(v, str | None) for v in (to, key)) or not (
+            limit is None or (type(limit) is int and limit >= 1)
+        ):
+            raise InvalidArgument("redrive takes optional to (str), key (str), limit (int >= 1)")
+        result = await self.broker.redrive(
+            _principal(request), request.match_info["name"], to=to, key=key, limit=limit
+        )
+        return web.json_response(result)
 
     async def _reset_group(self, request: web.Request) -> web.Response:
         name, group = request.match_info["name"], request.match_info["group"]

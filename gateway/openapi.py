@@ -169,6 +169,23 @@ def openapi_document(version: str) -> dict[str, Any]:
                 **queue_path,
                 "post": _op("Drop every message (admin)", _ok("Purged", _OBJECT)),
             },
+            "/api/queues/{name}/redrive": {
+                **queue_path,
+                "post": _op(
+                    "Move dead letters back to their original queue, or to `to` (admin)",
+                    _ok("How many moved, how many were left in place", _OBJECT),
+                    **_body(
+                        {
+                            "type": "object",
+                            "properties": {
+                                "to": {"type": ["string", "null"]},
+                                "key": {"type": ["string", "null"]},
+                                "limit": {"type": ["integer", "null"], "minimum": 1},
+                            },
+                        }
+                    ),
+                ),
+            },
             "/api/queues/{name}/inspect": {
                 **queue_path,
                 "get": _op("Groups, partitions and flows", _ok("Inspection", _OBJECT)),
