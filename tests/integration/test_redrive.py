@@ -15,6 +15,7 @@ from gateway.cli import main
 from gateway.client import Client, Consumer
 from gateway.server import Gateway
 from tests.integration.conftest import native_url
+from tests.support.wait import eventually
 
 
 async def _redrive(gateway: Gateway, **body: Any) -> tuple[int, Any]:
@@ -35,6 +36,17 @@ async def _dead_letter_everything(client: Client, count: int) -> None:
     await consumer.close(shutdown=True)
 
 
+async def _dead_lettered(gateway: Gateway, count: int) -> None:
+    """Dead letters are written by the group's executor after the reject: wait for them."""
+    assert gateway.broker is not None
+    store = gateway.broker.store
+
+    async def stored() -> bool:
+        return (await store.depth("orders.dlq"))[0] == count
+
+    await eventually(stored)
+
+
 async def _receive(consumer: Consumer, count: int) -> list[Any]:
     out = []
     for _ in range(count):
@@ -49,6 +61,7 @@ async def test_redrive_returns_letters_to_their_queue_in_order_with_their_key(
 ) -> None:
     async with Client(native_url(gateway)) as client:
         await _dead_letter_everything(client, 6)
+        await _dead_lettered(gateway, 6)
         status, body = await _redrive(gateway)
         assert (status, body) == (200, {"moved": 6, "skipped": 0})
         consumer = await client.subscribe("orders", group="g")
@@ -66,6 +79,7 @@ async def test_redrive_returns_letters_to_their_queue_in_order_with_their_key(
 async def test_redrive_of_one_key_with_a_limit_and_a_target(gateway: Gateway) -> None:
     async with Client(native_url(gateway)) as client:
         await _dead_letter_everything(client, 6)
+        await _dead_lettered(gateway, 6)
         await client.declare_queue("retry", partitions=1)
         status, body = await _redrive(gateway, key="a", limit=2, to="retry")
         assert (status, body) == (200, {"moved": 2, "skipped": 0})
@@ -83,6 +97,7 @@ async def test_keygate_dlq_redrive_moves_letters_and_reports_counts(
 ) -> None:
     async with Client(native_url(gateway)) as client:
         await _dead_letter_everything(client, 4)
+    await _dead_lettered(gateway, 4)
     url = f"--url=http://127.0.0.1:{gateway.ports['http']}"
     code = await asyncio.to_thread(main, ["dlq", "redrive", "orders.dlq", "--where", "key=b", url])
     assert code == 0
