@@ -48,7 +48,7 @@ from core.model import (
 )
 from core.topics import SubscriptionIndex, normalize_topic, validate_pattern
 from gateway.config import GatewayConfig
-from gateway.metrics import Metrics, RuntimeMetrics
+from gateway.metrics import GroupGauge, Metrics, QueueGauge, RuntimeMetrics
 from gateway.runtime import FlowOutput, GroupRuntime
 from protocols.sink import Principal, Receipt
 from storage.redrive import redrive_batch
@@ -114,7 +114,7 @@ class Broker:
         self._leased: set[tuple[str, str]] = set()
         # Permission answers per (user, action, queue); the configuration is fixed.
         self._allowed: dict[tuple[str | None, str, str], bool] = {}
-        metrics.watch_groups(self._group_gauges)
+        metrics.watch(self._queue_gauges, self._group_gauges, clock)
 
     async def start(self) -> None:
         for queue in await self.store.list_queues():
@@ -614,12 +614,39 @@ class Broker:
     def runtimes(self, queue: str | None = None) -> list[GroupRuntime]:
         return [rt for (q, _), rt in sorted(self._runtimes.items()) if queue in (None, q)]
 
-    def _group_gauges(self) -> Iterable[tuple[str, str, int, int]]:
+    def _group_gauges(self) -> Iterable[GroupGauge]:
+        heads = self.store.heads
         for runtime in self.runtimes():
             status = runtime.status()
-            in_flight = sum(p.in_flight for p in status.partitions)
-            buffered = sum(p.buffered for p in status.partitions)
-            yield runtime.queue.name, runtime.group.name, buffered, in_flight
+            parts = status.partitions
+            name = runtime.queue.name
+            times = [p.oldest for p in parts if p.oldest is not None]
+            yield GroupGauge(
+                name,
+                runtime.group.name,
+                backlog=sum(p.buffered for p in parts),
+                in_flight=sum(p.in_flight for p in parts),
+                lag=sum(max(0, heads.get((name, p.partition), 0) - p.committed_seq) for p in parts),
+                owners=sum(1 for flow in status.flows if flow.partitions),
+                oldest=min(times, default=None),
+            )
+
+    def _queue_gauges(self) -> Iterable[QueueGauge]:
+        in_flight: dict[str, int] = {}
+        for runtime in self.runtimes():
+            flying = sum(p.in_flight for p in runtime.status().partitions)
+            in_flight[runtime.queue.name] = in_flight.get(runtime.queue.name, 0) + flying
+        depths = self.store.depths
+        for queue in self.queues():
+            messages, size = depths.get(queue.name, (0, 0))
+            dlq = queue.dlq_name
+            yield QueueGauge(
+                queue.name,
+                messages,
+                size,
+                in_flight.get(queue.name, 0),
+                depths.get(dlq, (0, 0))[0] if dlq else 0,
+            )
 
     async def renew_group_leases(self) -> None:
         """Renew the native lease of every group with bound flows; release the others."""

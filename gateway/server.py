@@ -129,6 +129,7 @@ class Gateway:
             raise
         self._lease_task = asyncio.create_task(self._keep_lease())
         self.broker = Broker(self.store, self.config, Metrics())
+        self.broker.metrics.active.set(1)
         # Flows of an earlier run (a crash leaves their rows) died with its connections.
         await self.store.forget_consumers(self.broker.lease_owner)
         await self.broker.start()
@@ -188,6 +189,8 @@ class Gateway:
                 log.error("lost the gateway lease; stopping so that one gateway stays active")
                 self.lost_lease = True
                 self._active = False
+                if self.broker is not None:
+                    self.broker.metrics.active.set(0)
                 # stop() cancels the lease task, so it must not run inside it.
                 self._stopping = asyncio.create_task(self.stop())
                 return

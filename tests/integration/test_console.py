@@ -11,14 +11,14 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
 from gateway.client import Client
 from gateway.server import Gateway
-from tests.integration.conftest import native_url, start_gateway
+from tests.integration.conftest import native_url
 from tests.support.wait import eventually
 
 webdriver = pytest.importorskip("selenium.webdriver")
@@ -43,15 +43,6 @@ def browser() -> Iterator[Any]:
         yield driver
     finally:
         driver.quit()
-
-
-@pytest.fixture
-async def gateway(sqlite_url: str) -> AsyncIterator[Gateway]:
-    gw = await start_gateway(sqlite_url)
-    try:
-        yield gw
-    finally:
-        await gw.stop()
 
 
 _READ_MAP = """
@@ -80,20 +71,20 @@ async def _page_shows(driver: Any, check: Callable[[dict[int, tuple[str, str]]],
 
 
 async def test_console_shows_unbound_partitions_during_the_rebalance_delay_then_the_new_owner(
-    gateway: Gateway, browser: Any
+    sqlite_gateway: Gateway, browser: Any
 ) -> None:
-    async with Client(native_url(gateway)) as admin:
+    async with Client(native_url(sqlite_gateway)) as admin:
         await admin.declare_queue("orders", partitions=4, rebalance_delay=3.0)
         for n in range(20):
             await admin.publish("orders", b"x", key=f"k{n}")
-    a_client = await Client(native_url(gateway), client_name="consumer-a").connect()
-    b_client = await Client(native_url(gateway), client_name="consumer-b").connect()
+    a_client = await Client(native_url(sqlite_gateway), client_name="consumer-a").connect()
+    b_client = await Client(native_url(sqlite_gateway), client_name="consumer-b").connect()
     a = await a_client.subscribe("orders", group="billing", window=1)
     b = await b_client.subscribe("orders", group="billing", window=1)
     await eventually(lambda: len(a.partitions) == 2 and len(b.partitions) == 2)
     b_parts = set(b.partitions)
 
-    url = f"http://127.0.0.1:{gateway.ports['http']}/?interval=200#queue=orders"
+    url = f"http://127.0.0.1:{sqlite_gateway.ports['http']}/?interval=200#queue=orders"
     await asyncio.to_thread(browser.get, url)
     await _page_shows(
         browser,
@@ -120,10 +111,10 @@ async def test_console_shows_unbound_partitions_during_the_rebalance_delay_then_
     await a_client.close()
 
 
-async def test_console_page_and_assets_are_served_from_the_package(gateway: Gateway) -> None:
+async def test_console_page_and_assets_are_served_from_the_package(sqlite_gateway: Gateway) -> None:
     import aiohttp
 
-    base = f"http://127.0.0.1:{gateway.ports['http']}"
+    base = f"http://127.0.0.1:{sqlite_gateway.ports['http']}"
     async with aiohttp.ClientSession() as session:
         for path, kind in (
             ("/", "text/html"),

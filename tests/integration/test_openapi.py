@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import shutil
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
@@ -15,38 +14,30 @@ import pytest
 
 from gateway.http import AdminServer
 from gateway.server import Gateway
-from tests.integration.conftest import start_gateway
 
 _METHODS = {"GET", "POST", "PATCH", "PUT", "DELETE"}
 
 
-@pytest.fixture
-async def gateway(sqlite_url: str) -> AsyncIterator[Gateway]:
-    gw = await start_gateway(sqlite_url)
-    try:
-        yield gw
-    finally:
-        await gw.stop()
-
-
-async def _document(gateway: Gateway) -> dict[str, object]:
-    url = f"http://127.0.0.1:{gateway.ports['http']}/api/openapi.json"
+async def _document(sqlite_gateway: Gateway) -> dict[str, object]:
+    url = f"http://127.0.0.1:{sqlite_gateway.ports['http']}/api/openapi.json"
     async with aiohttp.ClientSession() as session, session.get(url) as response:
         assert response.status == 200
         document: dict[str, object] = await response.json()
         return document
 
 
-async def test_every_route_the_server_has_is_in_the_openapi_document(gateway: Gateway) -> None:
-    document = await _document(gateway)
+async def test_every_route_the_server_has_is_in_the_openapi_document(
+    sqlite_gateway: Gateway,
+) -> None:
+    document = await _document(sqlite_gateway)
     assert document["openapi"] == "3.1.0"
     paths = document["paths"]
     assert isinstance(paths, dict)
     documented = {(path, method.upper()) for path, ops in paths.items() for method in ops}
     documented -= {(path, "PARAMETERS") for path in paths}
-    assert gateway.broker is not None
+    assert sqlite_gateway.broker is not None
     served = set()
-    for route in AdminServer(gateway.broker).app.router.routes():
+    for route in AdminServer(sqlite_gateway.broker).app.router.routes():
         info = route.resource.get_info() if route.resource is not None else {}
         if "prefix" in info or route.method not in _METHODS:
             continue  # static assets (/console/...) and automatic HEADs
@@ -55,8 +46,8 @@ async def test_every_route_the_server_has_is_in_the_openapi_document(gateway: Ga
     assert served == documented
 
 
-async def test_unknown_paths_and_methods_answer_with_a_json_error(gateway: Gateway) -> None:
-    base = f"http://127.0.0.1:{gateway.ports['http']}"
+async def test_unknown_paths_and_methods_answer_with_a_json_error(sqlite_gateway: Gateway) -> None:
+    base = f"http://127.0.0.1:{sqlite_gateway.ports['http']}"
     async with aiohttp.ClientSession() as session:
         async with session.get(base + "/api/nothing-here") as response:
             assert response.status == 404
@@ -67,12 +58,12 @@ async def test_unknown_paths_and_methods_answer_with_a_json_error(gateway: Gatew
 
 
 async def test_schemathesis_finds_no_server_error_or_undocumented_response(
-    gateway: Gateway, tmp_path: Path
+    sqlite_gateway: Gateway, tmp_path: Path
 ) -> None:
     schemathesis = shutil.which("schemathesis", path=str(Path(sys.executable).parent))
     if schemathesis is None:
         pytest.skip("schemathesis is not installed (it is in the test extra)")
-    url = f"http://127.0.0.1:{gateway.ports['http']}/api/openapi.json"
+    url = f"http://127.0.0.1:{sqlite_gateway.ports['http']}/api/openapi.json"
     process = await asyncio.create_subprocess_exec(
         schemathesis,
         "run",

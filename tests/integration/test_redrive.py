@@ -12,9 +12,10 @@ import aiohttp
 import pytest
 
 from gateway.cli import main
-from gateway.client import Client, Consumer
+from gateway.client import Client
 from gateway.server import Gateway
 from tests.integration.conftest import native_url
+from tests.support.consume import take
 from tests.support.wait import eventually
 
 
@@ -47,15 +48,6 @@ async def _dead_lettered(gateway: Gateway, count: int) -> None:
     await eventually(stored)
 
 
-async def _receive(consumer: Consumer, count: int) -> list[Any]:
-    out = []
-    for _ in range(count):
-        message = await consumer.receive(timeout=10)
-        out.append(message)
-        await consumer.acknowledge(message)
-    return out
-
-
 async def test_redrive_returns_letters_to_their_queue_in_order_with_their_key(
     gateway: Gateway,
 ) -> None:
@@ -65,7 +57,7 @@ async def test_redrive_returns_letters_to_their_queue_in_order_with_their_key(
         status, body = await _redrive(gateway)
         assert (status, body) == (200, {"moved": 6, "skipped": 0})
         consumer = await client.subscribe("orders", group="g")
-        back = await _receive(consumer, 6)
+        back = await take(consumer, 6)
         for key in "ab":
             mine = [m for m in back if m.key == key]
             assert [m.properties["n"] for m in mine] == sorted(m.properties["n"] for m in mine)
@@ -84,9 +76,9 @@ async def test_redrive_of_one_key_with_a_limit_and_a_target(gateway: Gateway) ->
         status, body = await _redrive(gateway, key="a", limit=2, to="retry")
         assert (status, body) == (200, {"moved": 2, "skipped": 0})
         consumer = await client.subscribe("retry", group="r")
-        assert [m.payload for m in await _receive(consumer, 2)] == [b"a0", b"a2"]
+        assert [m.payload for m in await take(consumer, 2)] == [b"a0", b"a2"]
         dlq = await client.subscribe("orders.dlq", group="inspect")
-        left = await _receive(dlq, 4)
+        left = await take(dlq, 4)
         assert sorted(m.payload for m in left) == [b"a4", b"b1", b"b3", b"b5"]
         status, body = await _redrive(gateway)
         assert (status, body["error"]) == (409, "conflict")  # a consumer is bound to the DLQ

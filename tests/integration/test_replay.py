@@ -12,6 +12,7 @@ import aiohttp
 from gateway.client import Client, Consumer
 from gateway.server import Gateway
 from tests.integration.conftest import native_url
+from tests.support.consume import take
 
 
 async def _reset(gateway: Gateway, to: str, *, force: bool = False) -> tuple[int, Any]:
@@ -24,12 +25,7 @@ async def _reset(gateway: Gateway, to: str, *, force: bool = False) -> tuple[int
 
 
 async def _take(consumer: Consumer, count: int) -> list[str]:
-    out = []
-    for _ in range(count):
-        message = await consumer.receive(timeout=10)
-        out.append(message.payload.decode())
-        await consumer.acknowledge(message)
-    return out
+    return [m.payload.decode() for m in await take(consumer, count)]
 
 
 async def _publish(client: Client, first: int, last: int) -> None:
