@@ -4,6 +4,7 @@ keygate serve [--config FILE] [--db URL] [--host H] [--native-port N] ...
 keygate queue create|alter|list|show|browse|purge|delete ...  (admin HTTP API, --url)
 keygate group create|list|delete|reset QUEUE ...      (admin HTTP API, --url)
 keygate dlq redrive QUEUE.dlq [--to Q] [--limit K] [--where key=K]  (admin HTTP API)
+keygate status [--json]                               (admin HTTP API, --url)
 keygate inspect QUEUE [--json]                        (admin HTTP API, --url)
 keygate publish QUEUE|--topic T PAYLOAD               (admin HTTP API, --url)
 keygate consume QUEUE --group G                       (native protocol, --server)
@@ -269,6 +270,21 @@ def _group_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _status(args: argparse.Namespace) -> int:
+    data = _http(args, "GET", "/api/status")
+    if args.json:
+        print(json.dumps(data, indent=2))
+        return 0
+    print(f"gateway {data['name']}: {data['role']}")
+    print(f"keygate {data['version']}, Python {data['python']}, database {data['database']}")
+    print(f"{data['queues']} queues, {data['groups_loaded']} consumer groups loaded")
+    _print_table(
+        [{"listener": name, "port": port} for name, port in sorted(data["listeners"].items())],
+        ["listener", "port"],
+    )
+    return 0
+
+
 def _inspect(args: argparse.Namespace) -> int:
     data = _http(args, "GET", f"/api/queues/{args.queue}/inspect")
     if args.json:
@@ -446,6 +462,11 @@ def build_parser() -> argparse.ArgumentParser:
     dlq.add_argument("--where", metavar="key=VALUE", help="only the letters of this key")
     _admin_api(dlq)
     dlq.set_defaults(func=_redrive)
+
+    status = sub.add_parser("status", help="the gateway's role, version and listeners")
+    _admin_api(status)
+    status.add_argument("--json", action="store_true", help="print the admin API's JSON")
+    status.set_defaults(func=_status)
 
     inspect = sub.add_parser("inspect", help="partitions, owners, backlog and lag of a queue")
     inspect.add_argument("queue", help="the queue to inspect")

@@ -4,6 +4,7 @@
     GET    /healthz                         liveness
     GET    /metrics                         Prometheus metrics
     GET    /api/openapi.json                this API as an OpenAPI 3.1 document
+    GET    /api/status                      role, name, version, database, listeners
     GET    /api/queues                      every queue with its settings and stats
     POST   /api/queues                      create: {"name": ..., "partitions": ..., ...}
     GET    /api/queues/{name}               one queue, its settings and stats
@@ -37,6 +38,7 @@ import base64
 import binascii
 import json
 import logging
+import platform
 import ssl
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import asdict
@@ -186,8 +188,10 @@ class AdminServer:
 
     name = "http"
 
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: Broker, *, ports: Mapping[str, int] | None = None) -> None:
         self.broker = broker
+        # The gateway's bound ports by listener, filled in as its listeners start.
+        self._ports = ports if ports is not None else {}
         app = web.Application(
             middlewares=[_errors, self._authenticate], client_max_size=64 * 1024 * 1024
         )
@@ -198,6 +202,7 @@ class AdminServer:
                 web.get("/healthz", self._health),
                 web.get("/metrics", self._metrics),
                 web.get("/api/openapi.json", self._openapi),
+                web.get("/api/status", self._status),
                 web.get("/api/queues", self._list),
                 web.post("/api/queues", self._create),
                 web.get("/api/queues/{name}", self._show),
@@ -254,6 +259,21 @@ class AdminServer:
 
     async def _health(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
+
+    async def _status(self, request: web.Request) -> web.Response:
+        config = self.broker.config
+        return web.json_response(
+            {
+                "name": config.name,
+                "role": "active",
+                "version": package_version(),
+                "python": platform.python_version(),
+                "database": self.broker.store.engine.dialect.name,
+                "listeners": dict(self._ports),
+                "queues": len(self.broker.queues()),
+                "groups_loaded": len(self.broker.runtimes()),
+            }
+        )
 
     async def _openapi(self, request: web.Request) -> web.Response:
         return web.json_response(openapi_document(package_version()))

@@ -144,6 +144,12 @@ def openapi_document(version: str) -> dict[str, Any]:
             "/healthz": {"get": _op("Liveness", _ok("Alive", _OBJECT), security=[{}])},
             "/metrics": {"get": _op("Prometheus metrics (text format)", _ok("Metrics"))},
             "/api/openapi.json": {"get": _op("This document", _ok("OpenAPI 3.1", _OBJECT))},
+            "/api/status": {
+                "get": _op(
+                    "The gateway: role, name, version, database and listeners' ports",
+                    _ok("Status", _OBJECT),
+                )
+            },
             "/api/queues": {
                 "get": _op(
                     "Every queue with its settings and stats",

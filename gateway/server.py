@@ -21,6 +21,7 @@ import socket
 import ssl
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -48,7 +49,9 @@ class PortInUse(KeygateError):
         )
 
 
-def _listeners(broker: Broker, config: GatewayConfig) -> dict[str, Listener]:
+def _listeners(
+    broker: Broker, config: GatewayConfig, ports: Mapping[str, int]
+) -> dict[str, Listener]:
     # Imported here so that a protocol package is only loaded when its listener is on.
     out: dict[str, Listener] = {}
     if config.port("native") is not None:
@@ -66,7 +69,7 @@ def _listeners(broker: Broker, config: GatewayConfig) -> dict[str, Listener]:
 
         out["stomp"] = StompListener(broker)
     if config.port("http") is not None:
-        out["http"] = AdminServer(broker)
+        out["http"] = AdminServer(broker, ports=ports)
     return out
 
 
@@ -137,7 +140,7 @@ class Gateway:
         self._housekeeping.start()
         context = ssl_context(self.config)
         try:
-            for name, listener in _listeners(self.broker, self.config).items():
+            for name, listener in _listeners(self.broker, self.config, self.ports).items():
                 port = self.config.port(name)
                 assert port is not None
                 try:

@@ -71,6 +71,16 @@ def test_serve_writes_every_bound_port_and_admin_commands_work(served: dict[str,
     assert "group billing" in table and "committed_seq" in table
 
 
+def test_status_shows_the_role_the_version_and_every_listener(served: dict[str, int]) -> None:
+    url = f"--url=http://127.0.0.1:{served['http']}"
+    shown = _run("status", url)
+    assert shown.returncode == 0, shown.stderr
+    assert ": active" in shown.stdout.splitlines()[0]
+    assert "database sqlite" in shown.stdout
+    data = json.loads(_run("status", "--json", url).stdout)
+    assert data["listeners"] == served
+
+
 def test_a_queue_is_altered_and_purged_from_the_command_line(served: dict[str, int]) -> None:
     url = f"--url=http://127.0.0.1:{served['http']}"
     assert _run("queue", "create", "jobs", "--partitions", "2", url).returncode == 0
