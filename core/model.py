@@ -7,6 +7,7 @@ caller (core/ never reads a clock).
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -253,6 +254,9 @@ class Publication:
     ttl: float | None = None
     deliver_at: float | None = None
     expire_at: float | None = None
+    # Seconds after the publish time (a delay header, core.schedule); ignored when
+    # ``deliver_at`` is set.
+    delay: float | None = None
     producer: str | None = None
     dedup_id: str | None = None
     content_type: str | None = None
@@ -263,6 +267,8 @@ class Publication:
     def __post_init__(self) -> None:
         if (self.queue is None) == (self.topic is None):
             raise InvalidArgument("a publication names exactly one of queue and topic")
+        if self.delay is not None and not (math.isfinite(self.delay) and self.delay >= 0):
+            raise InvalidArgument("delay must be a finite number of seconds >= 0")
 
 
 class ResetKind(StrEnum):

@@ -73,6 +73,13 @@ def new_message_id(now: float) -> str:
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
+def _deliver_at(publication: Publication, now: float) -> float | None:
+    """The scheduled delivery time: explicit, or publish time + a delay header's delay."""
+    if publication.deliver_at is None and publication.delay:
+        return now + publication.delay
+    return publication.deliver_at
+
+
 @dataclass(frozen=True, slots=True)
 class BindResult:
     flow_id: str
@@ -403,7 +410,7 @@ class Broker:
                     properties=publication.properties,
                     topic=topic,
                     publish_time=now,
-                    deliver_at=publication.deliver_at,
+                    deliver_at=_deliver_at(publication, now),
                     expire_at=expire_at,
                     producer=publication.producer,
                     dedup_id=publication.dedup_id,

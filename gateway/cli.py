@@ -6,7 +6,7 @@ keygate group create|list|delete|reset QUEUE ...      (admin HTTP API, --url)
 keygate dlq redrive QUEUE.dlq [--to Q] [--limit K] [--where key=K]  (admin HTTP API)
 keygate status [--json]                               (admin HTTP API, --url)
 keygate inspect QUEUE [--json]                        (admin HTTP API, --url)
-keygate publish QUEUE|--topic T PAYLOAD               (admin HTTP API, --url)
+keygate publish QUEUE|--topic T PAYLOAD [--delay S] [--ttl S] [--dedup-id ID]
 keygate consume QUEUE --group G                       (native protocol, --server)
 keygate demo                                          (a self-contained end-to-end run)
 """
@@ -296,7 +296,10 @@ def _inspect(args: argparse.Namespace) -> int:
 
 def _publish(args: argparse.Namespace) -> int:
     props = dict(p.split("=", 1) for p in args.property or [])
-    body = {"payload": args.payload, "key": args.key, "properties": props}
+    body: dict[str, Any] = {"payload": args.payload, "key": args.key, "properties": props}
+    for name in ("delay", "ttl", "dedup_id"):
+        if (value := getattr(args, name)) is not None:
+            body[name] = value
     if not (args.topic or args.queue):
         raise CliError("name a queue or --topic")
     if args.topic:
@@ -481,6 +484,15 @@ def build_parser() -> argparse.ArgumentParser:
     publish.add_argument("--key", help="partition key (QUEUE_PARTITION_KEY)")
     publish.add_argument(
         "--property", action="append", metavar="NAME=VALUE", help="a property (repeat for more)"
+    )
+    publish.add_argument(
+        "--delay", type=float, metavar="SECONDS", help="deliver no earlier than this after now"
+    )
+    publish.add_argument("--ttl", type=float, metavar="SECONDS", help="expire after this long")
+    publish.add_argument(
+        "--dedup-id",
+        dest="dedup_id",
+        help="dedup id (queues with a dedup window store one message per id)",
     )
     _admin_api(publish)
     publish.set_defaults(func=_publish)

@@ -25,7 +25,8 @@
     GET    /api/queues/{name}/messages      browse stored messages without consuming them:
                                             ?partition=P&from_seq=N&limit=K (limit <= 1000)
     POST   /api/queues/{name}/messages      publish: {"payload": str | "payload_b64": str,
-                                            "key": ..., "properties": {...}}
+                                            "key": ..., "properties": {...}, "ttl": s,
+                                            "delay": s, "dedup_id": ..., "content_type": ...}
     POST   /api/topics/{topic}/messages     publish to a topic (same body)
 
 Errors are ``{"error": code, "message": text}`` with the KeygateError's HTTP status; an
@@ -38,6 +39,7 @@ import base64
 import binascii
 import json
 import logging
+import math
 import platform
 import ssl
 from collections.abc import Awaitable, Callable, Mapping
@@ -181,6 +183,23 @@ def browsed_json(row: dict[str, Any]) -> dict[str, Any]:
     except UnicodeDecodeError:
         text = None
     return {**row, "payload": text, "payload_b64": base64.b64encode(payload).decode()}
+
+
+def _seconds(body: dict[str, Any], name: str, *, positive: bool) -> float | None:
+    """A publish field in seconds: a finite number, > 0 (``positive``) or >= 0."""
+    value = body.get(name)
+    if value is None:
+        return None
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value < 0
+        or (positive and value == 0)
+    ):
+        bound = "> 0" if positive else ">= 0"
+        raise InvalidArgument(f"{name} must be a number of seconds {bound}")
+    return float(value)
 
 
 class AdminServer:
@@ -389,13 +408,17 @@ class AdminServer:
         properties = body.get("properties") or {}
         if not isinstance(properties, dict):
             raise InvalidArgument("properties must be an object")
+        dedup_id = body.get("dedup_id")
+        if dedup_id is not None and not isinstance(dedup_id, str):
+            raise InvalidArgument("dedup_id must be a string")
         publication = Publication(
             payload=payload,
             key=body.get("key"),
             properties=properties,
-            ttl=body.get("ttl"),
+            ttl=_seconds(body, "ttl", positive=True),
+            delay=_seconds(body, "delay", positive=False),
             producer="http",
-            dedup_id=body.get("dedup_id"),
+            dedup_id=dedup_id,
             content_type=body.get("content_type"),
             queue=queue,
             topic=topic,

@@ -99,7 +99,11 @@ def openapi_document(version: str) -> dict[str, Any]:
             "payload_b64": {"type": "string", "description": "base64 payload (binary)"},
             "key": {"type": ["string", "null"]},
             "properties": {"type": "object"},
-            "ttl": {"type": ["number", "null"]},
+            "ttl": {"type": ["number", "null"], "description": "seconds until it expires"},
+            "delay": {
+                "type": ["number", "null"],
+                "description": "seconds before it may be delivered (scheduled delivery)",
+            },
             "dedup_id": {"type": ["string", "null"]},
             "content_type": {"type": ["string", "null"]},
         },

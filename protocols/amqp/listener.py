@@ -24,8 +24,10 @@ import ssl
 from collections import deque
 from typing import Final
 
-from core.errors import InvalidArgument, KeygateError, StorageError, Unavailable
+from core.errors import InvalidArgument, KeygateError, QueueNotFound, StorageError, Unavailable
+from core.model import QueueConfig
 from protocols.amqp import events as ev
+from protocols.amqp.arguments import check_equivalent
 from protocols.amqp.codec import HEARTBEAT_FRAME
 from protocols.amqp.connection import AmqpConnection, State
 from protocols.amqp.constants import ReplyCode
@@ -211,24 +213,43 @@ class _Session:
     async def _queue_operation(self, principal: Principal, op: ev.Operation) -> int:
         sink = self.sink
         if isinstance(op, ev.DeclareQueue):
-            stored = await sink.declare_queue(principal, op.config, passive=op.passive)
+            stored = await self._declare(principal, op)
             return await sink.queue_depth(principal, stored.name)
         if isinstance(op, ev.DeleteQueue):
-            # AMQP consumers do not exist yet, so if-unused always holds here.
-            if op.if_empty and await sink.queue_depth(principal, op.queue) > 0:
-                raise AmqpChannelError(
-                    ReplyCode.PRECONDITION_FAILED, f"queue '{op.queue}' is not empty", 50, 40
-                )
-            return await sink.delete_queue(principal, op.queue)
+            # Deleting a queue that does not exist is delete-ok, as in RabbitMQ. AMQP
+            # consumers do not exist yet, so if-unused always holds here.
+            try:
+                if op.if_empty and await sink.queue_depth(principal, op.queue) > 0:
+                    raise AmqpChannelError(
+                        ReplyCode.PRECONDITION_FAILED, f"queue '{op.queue}' is not empty", 50, 40
+                    )
+                return await sink.delete_queue(principal, op.queue)
+            except QueueNotFound:
+                return 0
         if isinstance(op, ev.PurgeQueue):
             return await sink.purge_queue(principal, op.queue)
         if isinstance(op, ev.BindQueue):
-            if op.unbind:
-                await sink.unsubscribe(principal, op.queue, op.pattern)
-            else:
+            if not op.unbind:
+                assert op.pattern is not None
                 await sink.subscribe(principal, op.queue, op.pattern)
+            elif op.pattern is not None:
+                with contextlib.suppress(QueueNotFound):  # unbind is idempotent (RabbitMQ)
+                    await sink.unsubscribe(principal, op.queue, op.pattern)
             return 0
         raise InvalidArgument(f"unexpected operation {op!r}")
+
+    async def _declare(self, principal: Principal, op: ev.DeclareQueue) -> QueueConfig:
+        """Passive: the queue or 404. Otherwise an existing queue must match every setting
+        the declare names (406 otherwise); a missing one is created."""
+        try:
+            stored = await self.sink.declare_queue(principal, op.config, passive=True)
+        except QueueNotFound:
+            if op.passive:
+                raise
+            return await self.sink.declare_queue(principal, op.config)
+        if not op.passive:
+            check_equivalent(stored, op.config, op.given)
+        return stored
 
     async def _publish(
         self, batch: list[ev.Publish]

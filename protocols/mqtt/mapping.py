@@ -3,7 +3,8 @@
 Correlation Data is binary in MQTT and a string in keygate: it becomes ``correlation_id``
 as UTF-8 text when it decodes as UTF-8, else as lowercase hex; the exact bytes are always
 kept in the ``x-mqtt-correlation-data`` property. A user property name repeated in one
-packet keeps its first value (keygate properties are a mapping).
+packet keeps its first value (keygate properties are a mapping). The user property
+``x-delay`` (milliseconds) also delays delivery (core.schedule).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from typing import Final
 
 from core.model import PropertyValue, Publication
+from core.schedule import DELAY_HEADER, delay_seconds
 from protocols.mqtt.packets import MqttProperties
 
 CORRELATION_DATA_PROPERTY: Final = "x-mqtt-correlation-data"
@@ -36,6 +38,15 @@ def correlation_id(data: bytes) -> str:
         return data.hex()
 
 
+def delay_of(properties: MqttProperties) -> float | None:
+    """The delay (seconds) the ``x-delay`` user property asks for, first value winning;
+    raises InvalidArgument for a value that is not milliseconds >= 0."""
+    for name, value in properties.user_properties:
+        if name == DELAY_HEADER:
+            return delay_seconds(DELAY_HEADER, value)
+    return None
+
+
 def to_publication(
     topic: str, payload: bytes, properties: MqttProperties, *, retain: bool, client_id: str
 ) -> Publication:
@@ -54,6 +65,7 @@ def to_publication(
         topic=topic,
         properties=props,
         ttl=float(expiry) if expiry is not None else None,
+        delay=delay_of(properties),
         producer=f"mqtt:{client_id}",
         content_type=properties.content_type,
         correlation_id=(

@@ -11,8 +11,7 @@ import asyncio
 import datetime
 import decimal
 from collections import defaultdict
-from collections.abc import AsyncIterator, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aio_pika
@@ -20,13 +19,12 @@ import pika
 import pika.exceptions
 import pytest
 from pamqp import commands
-from pika.adapters.blocking_connection import BlockingChannel
 
 from core.keys import partition_for
 from gateway.server import Gateway
 from tests.integration.sqlcheck import KEY, Sql, declare, open_sql
+from tests.support.amqp import HOST, pika_channel
 
-HOST = "127.0.0.1"
 NOT_IMPLEMENTED = 540
 
 
@@ -34,30 +32,6 @@ NOT_IMPLEMENTED = 540
 async def sql(db_url: str) -> AsyncIterator[Sql]:
     async with open_sql(db_url) as opened:
         yield opened
-
-
-@contextmanager
-def _channel(
-    gateway: Gateway, *, confirm: bool
-) -> Iterator[tuple[pika.BlockingConnection, BlockingChannel]]:
-    """A pika connection named ``pika-it`` and a channel (in confirm mode when asked);
-    the connection is closed however the scenario ends."""
-    connection = pika.BlockingConnection(
-        pika.ConnectionParameters(
-            HOST,
-            gateway.ports["amqp"],
-            connection_attempts=1,
-            client_properties={"connection_name": "pika-it"},
-        )
-    )
-    try:
-        channel = connection.channel()
-        if confirm:
-            channel.confirm_delivery()
-        yield connection, channel
-    finally:
-        if connection.is_open:
-            connection.close()
 
 
 async def test_pika_confirmed_publish_is_partitioned_by_jmsxgroupid_with_every_field_stored(
@@ -91,7 +65,7 @@ async def test_pika_confirmed_publish_is_partitioned_by_jmsxgroupid_with_every_f
     )
 
     def publish() -> None:
-        with _channel(gateway, confirm=True) as (_, channel):
+        with pika_channel(gateway, confirm=True) as (_, channel):
             channel.basic_publish("", "orders", b'{"a": 1}', props)
             channel.basic_publish(
                 "",
@@ -138,7 +112,7 @@ async def test_byte_array_header_is_stored_as_bytes(gateway: Gateway, sql: Sql) 
     await declare(gateway, "orders")
 
     def publish() -> None:
-        with _channel(gateway, confirm=True) as (_, channel):
+        with pika_channel(gateway, confirm=True) as (_, channel):
             headers = {"blob": b"\x00\xff"}
             channel.basic_publish("", "orders", b"x", pika.BasicProperties(headers=headers))
 
@@ -153,7 +127,7 @@ async def test_mandatory_unroutable_publish_raises_unroutable_error_and_stores_n
     await declare(gateway, "orders", partitions=4, subscriptions=["orders/#"])
 
     def publish() -> None:
-        with _channel(gateway, confirm=True) as (_, channel):
+        with pika_channel(gateway, confirm=True) as (_, channel):
             with pytest.raises(pika.exceptions.UnroutableError):
                 channel.basic_publish("amq.topic", "nowhere.eu", b"lost", mandatory=True)
             with pytest.raises(pika.exceptions.UnroutableError):
@@ -170,7 +144,7 @@ async def test_too_large_message_is_nacked_and_the_connection_survives(
     await declare(gateway, "small", max_message_size=1000)
 
     def publish() -> None:
-        with _channel(gateway, confirm=True) as (connection, channel):
+        with pika_channel(gateway, confirm=True) as (connection, channel):
             with pytest.raises(pika.exceptions.NackError):
                 channel.basic_publish("", "small", b"x" * 1001)
             channel.basic_publish("", "small", b"y" * 1000)
@@ -214,7 +188,7 @@ async def test_amq_topic_binding_with_hash_routes_a_dotted_routing_key_into_the_
     await declare(gateway, "orders", partitions=16)
 
     def bind_and_publish() -> None:
-        with _channel(gateway, confirm=True) as (_, channel):
+        with pika_channel(gateway, confirm=True) as (_, channel):
             channel.queue_bind("orders", "amq.topic", "orders.#")
             channel.basic_publish(
                 "amq.topic",
@@ -233,7 +207,7 @@ async def test_queue_declare_with_x_partitions_creates_a_keygate_queue_in_kg_que
     gateway: Gateway, sql: Sql
 ) -> None:
     def declare() -> int:
-        with _channel(gateway, confirm=True) as (_, channel):
+        with pika_channel(gateway, confirm=True) as (_, channel):
             ok = channel.queue_declare("declared", arguments={"x-partitions": 12})
             channel.basic_publish(
                 "",
@@ -259,7 +233,7 @@ async def test_basic_consume_is_refused_with_540_and_the_connection_stays_usable
     await declare(gateway, "jobs")
 
     def consume() -> int:
-        with _channel(gateway, confirm=False) as (connection, channel):
+        with pika_channel(gateway, confirm=False) as (connection, channel):
             with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
                 channel.basic_consume("jobs", lambda *args: None)
             again = connection.channel()

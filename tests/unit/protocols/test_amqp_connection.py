@@ -270,9 +270,15 @@ def test_exchange_redeclared_with_another_type_fails_the_channel(client: Client)
 
 
 def test_unknown_exchange_type_is_a_connection_error(client: Client) -> None:
-    [close] = client.method(1, commands.Exchange.Declare(exchange="h", exchange_type="headers"))
+    [close] = client.method(1, commands.Exchange.Declare(exchange="h", exchange_type="bogus"))
     assert isinstance(close.payload, commands.Connection.Close)
     assert close.payload.reply_code == ReplyCode.COMMAND_INVALID
+
+
+def test_headers_exchange_is_refused_with_540_on_its_channel(client: Client) -> None:
+    [close] = client.method(1, commands.Exchange.Declare(exchange="h", exchange_type="headers"))
+    assert isinstance(close.payload, commands.Channel.Close)
+    assert close.payload.reply_code == ReplyCode.NOT_IMPLEMENTED
 
 
 _INDEXES = sorted(commands.INDEX_MAPPING)

@@ -96,8 +96,31 @@ def test_passive_declare_of_a_missing_exchange_is_not_found(exchanges: Exchanges
 
 def test_unknown_exchange_type_is_command_invalid(exchanges: Exchanges) -> None:
     with pytest.raises(AmqpConnectionError) as info:
-        exchanges.declare("h", "headers", passive=False)
+        exchanges.declare("h", "bogus", passive=False)
     assert info.value.reply_code is ReplyCode.COMMAND_INVALID
+
+
+def test_delayed_message_exchange_routes_as_its_x_delayed_type(exchanges: Exchanges) -> None:
+    delayed = exchanges.declare(
+        "later", "x-delayed-message", passive=False, arguments={"x-delayed-type": "topic"}
+    )
+    assert publish_topic(delayed, "a.b") == "$amqp/later/a/b"
+    assert (
+        exchanges.declare(
+            "later", "x-delayed-message", passive=False, arguments={"x-delayed-type": "topic"}
+        )
+        is delayed
+    )
+    with pytest.raises(AmqpChannelError) as plain:
+        exchanges.declare("later", "topic", passive=False)
+    with pytest.raises(AmqpChannelError) as untyped:
+        exchanges.declare("other", "x-delayed-message", passive=False)
+    assert plain.value.reply_code is untyped.value.reply_code is ReplyCode.PRECONDITION_FAILED
+
+
+def test_deleting_a_missing_exchange_is_ok(exchanges: Exchanges) -> None:
+    exchanges.delete("never-declared")
+    assert exchanges.find("never-declared") is None
 
 
 def test_deleted_exchange_is_gone(exchanges: Exchanges) -> None:
