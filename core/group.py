@@ -302,6 +302,7 @@ class GroupMachine(DeliveryBook):
                     len(part.inflight),
                     part.ledger.committed,
                     len(part.buffer),
+                    part.oldest(),
                 )
             )
         flows = sorted(self._flows.values(), key=lambda f: f.order)

@@ -10,6 +10,8 @@ commit listener feeds committed messages, in commit order, to the loaded group r
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import hmac
 import logging
 import random
@@ -41,13 +43,15 @@ from core.model import (
     Message,
     Publication,
     QueueConfig,
+    ResetPosition,
     StartPosition,
 )
 from core.topics import SubscriptionIndex, normalize_topic, validate_pattern
 from gateway.config import GatewayConfig
-from gateway.metrics import Metrics, RuntimeMetrics
+from gateway.metrics import GroupGauge, Metrics, QueueGauge, RuntimeMetrics
 from gateway.runtime import FlowOutput, GroupRuntime
 from protocols.sink import Principal, Receipt
+from storage.redrive import redrive_batch
 from storage.store import SqlStore
 
 log = logging.getLogger("keygate.broker")
@@ -55,6 +59,8 @@ log = logging.getLogger("keygate.broker")
 # A group with native flows is leased in SQL (kind "native") so a Spark job refuses it;
 # renewed every retention interval, released when the group's last flow leaves.
 GROUP_LEASE_TTL: Final = 30.0
+# Dead letters moved per redrive transaction.
+REDRIVE_BATCH: Final = 500
 
 
 def new_message_id(now: float) -> str:
@@ -115,7 +121,7 @@ class Broker:
         self._leased: set[tuple[str, str]] = set()
         # Permission answers per (user, action, queue); the configuration is fixed.
         self._allowed: dict[tuple[str | None, str, str], bool] = {}
-        metrics.watch_groups(self._group_gauges)
+        metrics.watch(self._queue_gauges, self._group_gauges, clock)
 
     async def start(self) -> None:
         for queue in await self.store.list_queues():
@@ -222,6 +228,95 @@ class Broker:
             await self.store.release_group_lease(queue, name, self.lease_owner)
         await self.store.delete_group(queue, name)
 
+    async def reset_group(
+        self, queue: str, name: str, target: ResetPosition, *, force: bool = False
+    ) -> dict[int, int]:
+        """Move a group to ``target`` (keygate group reset). Refused (Conflict) while
+        consumers are bound, unless ``force``: then the group's state machine is flushed and
+        reloaded at the new position, and its consumers are bound again to the reloaded
+        group with the partitions they held; what they had not acked is delivered anew."""
+        await self.store.get_group(queue, name)
+        # Held while the group is rewritten, so a consumer binding meanwhile loads the group
+        # after the reset, not before it.
+        async with self._loading.setdefault((queue, name), asyncio.Lock()):
+            runtime = self._runtimes.get((queue, name))
+            bound = [] if runtime is None else runtime.status().flows
+            if bound and not force:
+                raise Conflict(
+                    f"group {name!r} of {queue!r} has {len(bound)} bound consumer(s); close "
+                    "them first or force the reset"
+                )
+            outputs = {} if runtime is None else dict(runtime.outputs)
+            if runtime is not None:
+                del self._runtimes[(queue, name)]
+                await runtime.close()
+            positions = await self.store.reset_group(queue, name, target)
+        if bound:
+            assert runtime is not None
+            reloaded = await self._runtime(runtime.group)
+            for flow in bound:
+                principal = self._flows[flow.flow_id].principal
+                reloaded.bind(
+                    flow.flow_id,
+                    flow.client,
+                    flow.window,
+                    flow.ack_mode,
+                    frozenset(flow.partitions),
+                    outputs[flow.flow_id],
+                )
+                self._flows[flow.flow_id] = _Flow(reloaded, principal)
+        log.info("group %s/%s reset to %s: %s", queue, name, target.kind, positions)
+        return positions
+
+    async def redrive(
+        self,
+        principal: Principal,
+        dlq: str,
+        *,
+        to: str | None = None,
+        key: str | None = None,
+        limit: int | None = None,
+    ) -> dict[str, int]:
+        """Move up to ``limit`` dead letters of ``dlq`` (only those of ``key`` when given) back
+        to their original queue, or to ``to`` (storage.redrive), one transaction per batch.
+        Refused (Conflict) while consumers are bound to the dead-letter queue; its groups
+        are unloaded and kept from loading meanwhile, so none delivers a moved letter."""
+        self.check_admin(principal)
+        self.queue(dlq)
+        if to is not None:
+            self.queue(to)
+        keys = sorted((dlq, g.name) for g in await self.store.list_groups(dlq))
+        async with contextlib.AsyncExitStack() as stack:
+            for k in keys:
+                await stack.enter_async_context(self._loading.setdefault(k, asyncio.Lock()))
+            busy = [rt for rt in self.runtimes(dlq) if rt.outputs]
+            if busy:
+                raise Conflict(f"queue {dlq!r} has bound consumers; close them before a redrive")
+            for k in keys:
+                if (runtime := self._runtimes.pop(k, None)) is not None:
+                    await runtime.close()
+            moved = skipped = 0
+            after = (-1, 0)
+            while limit is None or moved < limit:
+                now = self._clock()
+                batch = await redrive_batch(
+                    self.store,
+                    dlq,
+                    to=to,
+                    key=key,
+                    after=after,
+                    limit=REDRIVE_BATCH if limit is None else min(REDRIVE_BATCH, limit - moved),
+                    new_id=functools.partial(new_message_id, now),
+                    now=now,
+                )
+                moved += len(batch.moved)
+                skipped += batch.skipped
+                if batch.cursor is None:
+                    break
+                after = batch.cursor
+        log.info("redrive of %s: %d moved, %d left in place", dlq, moved, skipped)
+        return {"moved": moved, "skipped": skipped}
+
     # --- Sink -----------------------------------------------------------------------
 
     @property
@@ -261,6 +356,10 @@ class Broker:
         if not (exist_ok and config.name in self._queues):
             self.check_admin(principal)
         return await self.create_queue(config, exist_ok=exist_ok)
+
+    def authorize(self, principal: Principal, action: str, queue: str) -> None:
+        """Raise PermissionDenied unless ``principal`` may ``action`` on ``queue``."""
+        self._check(principal, action, queue)
 
     def _check(self, principal: Principal, action: str, queue: str) -> None:
         if not self.config.users:
@@ -522,12 +621,39 @@ class Broker:
     def runtimes(self, queue: str | None = None) -> list[GroupRuntime]:
         return [rt for (q, _), rt in sorted(self._runtimes.items()) if queue in (None, q)]
 
-    def _group_gauges(self) -> Iterable[tuple[str, str, int, int]]:
+    def _group_gauges(self) -> Iterable[GroupGauge]:
+        heads = self.store.heads
         for runtime in self.runtimes():
             status = runtime.status()
-            in_flight = sum(p.in_flight for p in status.partitions)
-            buffered = sum(p.buffered for p in status.partitions)
-            yield runtime.queue.name, runtime.group.name, buffered, in_flight
+            parts = status.partitions
+            name = runtime.queue.name
+            times = [p.oldest for p in parts if p.oldest is not None]
+            yield GroupGauge(
+                name,
+                runtime.group.name,
+                backlog=sum(p.buffered for p in parts),
+                in_flight=sum(p.in_flight for p in parts),
+                lag=sum(max(0, heads.get((name, p.partition), 0) - p.committed_seq) for p in parts),
+                owners=sum(1 for flow in status.flows if flow.partitions),
+                oldest=min(times, default=None),
+            )
+
+    def _queue_gauges(self) -> Iterable[QueueGauge]:
+        in_flight: dict[str, int] = {}
+        for runtime in self.runtimes():
+            flying = sum(p.in_flight for p in runtime.status().partitions)
+            in_flight[runtime.queue.name] = in_flight.get(runtime.queue.name, 0) + flying
+        depths = self.store.depths
+        for queue in self.queues():
+            messages, size = depths.get(queue.name, (0, 0))
+            dlq = queue.dlq_name
+            yield QueueGauge(
+                queue.name,
+                messages,
+                size,
+                in_flight.get(queue.name, 0),
+                depths.get(dlq, (0, 0))[0] if dlq else 0,
+            )
 
     async def renew_group_leases(self) -> None:
         """Renew the native lease of every group with bound flows; release the others."""

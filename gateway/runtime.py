@@ -66,7 +66,7 @@ class FlowOutput(Protocol):
 
 
 class RuntimeHooks(Protocol):
-    def delivered(self, queue: str, group: str, count: int) -> None: ...
+    def delivered(self, queue: str, group: str, deliveries: Sequence[Deliver]) -> None: ...
     def dead_lettered(self, queue: str, group: str, count: int) -> None: ...
     def dropped(self, queue: str, group: str, reason: str) -> None: ...
 
@@ -309,7 +309,7 @@ class GroupRuntime:
     def _flush_run(self, run: list[Deliver]) -> None:
         if run and (output := self.outputs.get(run[0].flow_id)) is not None:
             output.deliver(run)
-            self._hooks.delivered(self.queue.name, self.group.name, len(run))
+            self._hooks.delivered(self.queue.name, self.group.name, run)
 
     async def _persist(self, write: Callable[[], Awaitable[object]]) -> None:
         delay = 0.05

@@ -21,6 +21,7 @@ import socket
 import ssl
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -48,7 +49,9 @@ class PortInUse(KeygateError):
         )
 
 
-def _listeners(broker: Broker, config: GatewayConfig) -> dict[str, Listener]:
+def _listeners(
+    broker: Broker, config: GatewayConfig, ports: Mapping[str, int]
+) -> dict[str, Listener]:
     # Imported here so that a protocol package is only loaded when its listener is on.
     out: dict[str, Listener] = {}
     if config.port("native") is not None:
@@ -66,7 +69,7 @@ def _listeners(broker: Broker, config: GatewayConfig) -> dict[str, Listener]:
 
         out["stomp"] = StompListener(broker)
     if config.port("http") is not None:
-        out["http"] = AdminServer(broker)
+        out["http"] = AdminServer(broker, ports=ports)
     return out
 
 
@@ -129,6 +132,7 @@ class Gateway:
             raise
         self._lease_task = asyncio.create_task(self._keep_lease())
         self.broker = Broker(self.store, self.config, Metrics())
+        self.broker.metrics.active.set(1)
         # Flows of an earlier run (a crash leaves their rows) died with its connections.
         await self.store.forget_consumers(self.broker.lease_owner)
         await self.broker.start()
@@ -136,7 +140,7 @@ class Gateway:
         self._housekeeping.start()
         context = ssl_context(self.config)
         try:
-            for name, listener in _listeners(self.broker, self.config).items():
+            for name, listener in _listeners(self.broker, self.config, self.ports).items():
                 port = self.config.port(name)
                 assert port is not None
                 try:
@@ -188,6 +192,8 @@ class Gateway:
                 log.error("lost the gateway lease; stopping so that one gateway stays active")
                 self.lost_lease = True
                 self._active = False
+                if self.broker is not None:
+                    self.broker.metrics.active.set(0)
                 # stop() cancels the lease task, so it must not run inside it.
                 self._stopping = asyncio.create_task(self.stop())
                 return

@@ -55,6 +55,8 @@ kg_queues: Final = sa.Table(
     sa.Column("dedup_window", Time, nullable=False),
     sa.Column("key_from", sa.String(50)),
     sa.Column("dead_letter_expired", sa.Boolean, nullable=False),
+    # Seconds settled messages are kept after publish (0 = deleted once settled).
+    sa.Column("retention", Time, nullable=False, server_default="0"),
     sa.Column("created_at", Time, nullable=False),
 )
 

@@ -23,6 +23,7 @@ from typing import Any, Final
 
 from core.errors import InvalidArgument
 from core.model import QueueConfig
+from core.settings import QUEUE_SETTINGS, QueueSetting
 from protocols.amqp.constants import ReplyCode
 from protocols.amqp.errors import AmqpChannelError
 
@@ -65,10 +66,6 @@ def _millis(name: str, value: Any) -> float:
     return _int(name, value) / 1000
 
 
-def _positive_millis(name: str, value: Any) -> float:
-    return _positive(name, value) / 1000
-
-
 def _str(name: str, value: Any) -> str:
     if isinstance(value, bytes):
         value = value.decode("utf-8", errors="replace")
@@ -89,26 +86,24 @@ def _float(name: str, value: Any) -> float:
     return float(value)
 
 
-# x-argument → (QueueConfig field, converter). Durations are milliseconds throughout, the
-# RabbitMQ convention set by x-message-ttl.
+def _converter(setting: QueueSetting) -> Callable[[str, Any], Any]:
+    if setting.kind is bool:
+        return _bool
+    if setting.kind is str:
+        return _str
+    if setting.kind is int:
+        return _int
+    return _millis if setting.millis else _float
+
+
+# x-argument → (QueueConfig field, converter), from the settings table (core.settings):
+# durations are milliseconds throughout, the RabbitMQ convention set by x-message-ttl.
+# Out-of-range values (a zero x-message-ttl, a negative x-max-length) are refused by
+# QueueConfig's own checks, as 406.
 QUEUE_ARGUMENTS: Final[Mapping[str, tuple[str, Callable[[str, Any], Any]]]] = {
-    "x-partitions": ("partitions", _int),
-    "x-max-deliveries": ("max_deliveries", _int),
+    **{s.amqp: (s.name, _converter(s)) for s in QUEUE_SETTINGS if s.amqp is not None},
+    # RabbitMQ's name for the same limit (quorum queues).
     "x-delivery-limit": ("max_deliveries", _int),
-    "x-message-ttl": ("ttl", _positive_millis),
-    "x-dead-letter-queue": ("dead_letter_queue", _str),
-    "x-rebalance-delay": ("rebalance_delay", _millis),
-    "x-max-handoff-time": ("max_handoff_time", _millis),
-    "x-max-length": ("max_depth_messages", _positive),
-    "x-max-length-bytes": ("max_depth_bytes", _positive),
-    "x-max-message-size": ("max_message_size", _int),
-    "x-key-from": ("key_from", _str),
-    "x-backoff-initial": ("backoff_initial", _millis),
-    "x-backoff-multiplier": ("backoff_multiplier", _float),
-    "x-backoff-max": ("backoff_max", _millis),
-    "x-window": ("window", _int),
-    "x-dedup-window": ("dedup_window", _millis),
-    "x-dead-letter-expired": ("dead_letter_expired", _bool),
 }
 
 
@@ -184,7 +179,19 @@ def declared_queue(name: str, arguments: Mapping[str, Any] | None) -> DeclaredQu
     try:
         return DeclaredQueue(QueueConfig(name=name, **fields), given)
     except InvalidArgument as e:
-        raise _precondition(e.message) from e
+        raise _culprit(name, arguments, fields, given) or _precondition(e.message) from e
+
+
+def _culprit(
+    name: str, arguments: Mapping[str, Any], fields: Mapping[str, Any], given: Mapping[str, str]
+) -> AmqpChannelError | None:
+    """Name the argument whose value QueueConfig refuses, as RabbitMQ's 406 does."""
+    for field_name, argument in given.items():
+        try:
+            QueueConfig(name=name, **{field_name: fields[field_name]})
+        except InvalidArgument as e:
+            return _invalid(argument, arguments[argument], e.message)
+    return None
 
 
 def _setting(config: QueueConfig, field_name: str) -> Any:
