@@ -419,7 +419,8 @@ class AmqpConnection:
             name = server_named_queue()
         elif name.startswith("amq.") and not method.passive:
             raise AmqpChannelError(ReplyCode.ACCESS_REFUSED, f"queue name '{name}' is reserved")
-        declared = declared_queue(name, method.arguments)
+        # A passive declare only checks existence: RabbitMQ ignores its arguments.
+        declared = declared_queue(name, None if method.passive else method.arguments)
         self._events.append(
             ev.DeclareQueue(
                 channel.number,

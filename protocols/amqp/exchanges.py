@@ -102,11 +102,14 @@ class Exchanges:
         wanted = _exchange(name, type_name, arguments or {})
         existing = self.find(name)
         if existing is not None:
-            if existing.type_name != wanted.type_name or existing.type is not wanted.type:
+            argument, received, current = "type", wanted.type_name, existing.type_name
+            if received == current and existing.type is not wanted.type:
+                argument, received, current = "x-delayed-type", wanted.type, existing.type
+            if received != current:
                 raise AmqpChannelError(
                     ReplyCode.PRECONDITION_FAILED,
-                    f"inequivalent arg 'type' for exchange '{name}' in vhost '/': "
-                    f"received '{wanted.type_name}' but current is '{existing.type_name}'",
+                    f"inequivalent arg '{argument}' for exchange '{name}' in vhost '/': "
+                    f"received '{received}' but current is '{current}'",
                 )
             return existing
         if name == "" or name.startswith("amq."):

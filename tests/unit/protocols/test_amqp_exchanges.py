@@ -113,6 +113,10 @@ def test_delayed_message_exchange_routes_as_its_x_delayed_type(exchanges: Exchan
     )
     with pytest.raises(AmqpChannelError) as plain:
         exchanges.declare("later", "topic", passive=False)
+    with pytest.raises(AmqpChannelError, match="inequivalent arg 'x-delayed-type'"):
+        exchanges.declare(
+            "later", "x-delayed-message", passive=False, arguments={"x-delayed-type": "direct"}
+        )
     with pytest.raises(AmqpChannelError) as untyped:
         exchanges.declare("other", "x-delayed-message", passive=False)
     assert plain.value.reply_code is untyped.value.reply_code is ReplyCode.PRECONDITION_FAILED
