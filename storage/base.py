@@ -175,6 +175,23 @@ class StoreBase:
                 self._on_fenced(error)
         return error
 
+    async def foreign_heads(self, queues: Iterable[str]) -> dict[str, dict[int, int]]:
+        """Heads that other writers advanced past this store's cache, per queue and
+        partition, in one query; the cache takes them over, so each is reported once."""
+        names = sorted(set(queues) & self.queues.keys())
+        if not names:
+            return {}
+        p = kg_partitions
+        query = sa.select(p.c.queue, p.c.partition, p.c.head_seq).where(p.c.queue.in_(names))
+        async with self.transaction(fenced=False) as conn:
+            rows = (await conn.execute(query)).all()
+        advanced: dict[str, dict[int, int]] = {}
+        for queue, partition, head in rows:
+            if head > self.heads.get((queue, partition), 0):
+                self.heads[(queue, partition)] = head
+                advanced.setdefault(queue, {})[partition] = head
+        return advanced
+
     @asynccontextmanager
     async def transaction(self, *, fenced: bool = True) -> AsyncIterator[AsyncConnection]:
         """One transaction; driver failures become StorageError, keygate errors pass.
