@@ -471,6 +471,14 @@ class Broker:
             if queue in by_queue:
                 runtime.append(by_queue[queue])
 
+    async def check_heads(self) -> None:
+        """Let running groups see rows other writers appended (a Spark job's dead letters,
+        a fenced-off gateway's last commits): one query for every queue with a group."""
+        advanced = await self.store.foreign_heads(queue for queue, _ in self._runtimes)
+        for (queue, _), runtime in list(self._runtimes.items()):
+            if queue in advanced:
+                runtime.heads(advanced[queue])
+
     async def declare_queue(
         self, principal: Principal, config: QueueConfig, *, passive: bool = False
     ) -> QueueConfig:

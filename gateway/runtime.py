@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import Any, Final, Protocol
 
 from core.actions import (
@@ -193,6 +193,10 @@ class GroupRuntime:
 
     def append(self, messages: Sequence[Message]) -> None:
         self.submit(self.machine.append(self._clock(), messages))
+
+    def heads(self, heads: Mapping[int, int]) -> None:
+        """Partition heads another writer advanced (Broker.check_heads)."""
+        self.submit(self.machine.heads(self._clock(), heads))
 
     def ack(self, flow_id: str, message_ids: Sequence[str]) -> None:
         self.submit(self.machine.ack(self._clock(), flow_id, message_ids))

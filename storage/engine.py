@@ -29,6 +29,7 @@ _SQLITE_PRAGMAS: Final = (
     f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}",
 )
 _SEARCH_PATH: Final = "search_path"
+IDLE_IN_TRANSACTION_TIMEOUT_MS: Final = 5000
 
 
 def _require_driver(module: str) -> None:
@@ -81,9 +82,13 @@ def async_engine(url: str) -> AsyncEngine:
         _sqlite_setup(engine.sync_engine)
         return engine
     _require_driver("asyncpg")
-    connect_args: dict[str, Any] = {}
+    # A transaction left open by a frozen (SIGSTOPped) gateway holds the gateway lease
+    # row FOR SHARE (storage.base): the server ends such a session, so a standby can
+    # take the lease over.
+    settings = {"idle_in_transaction_session_timeout": str(IDLE_IN_TRANSACTION_TIMEOUT_MS)}
     if search_path:
-        connect_args["server_settings"] = {"search_path": search_path}
+        settings["search_path"] = search_path
+    connect_args: dict[str, Any] = {"server_settings": settings}
     # pre_ping: a connection the server dropped (restart, failover, idle timeout) is
     # replaced at checkout instead of failing the transaction (one round-trip per
     # transaction, which group commit amortises).

@@ -189,6 +189,8 @@ kg_gateway_lease: Final = sa.Table(
     sa.Column("name", sa.String(200), primary_key=True),
     sa.Column("holder", sa.String(500), nullable=False),
     sa.Column("expires_at", Time, nullable=False),
+    # The fencing token: +1 at every takeover; the holder's writes check it (storage.base).
+    sa.Column("epoch", sa.BigInteger, nullable=False, server_default=sa.text("0")),
 )
 
 

@@ -227,7 +227,7 @@ class SqlStore(InspectionOps, LeaseOps, ConsumerOps):
             .order_by(m.c.seq)
             .limit(limit)
         )
-        async with self.transaction() as conn:
+        async with self.transaction(fenced=False) as conn:
             return [message_from_row(row) for row in (await conn.execute(query)).mappings()]
 
     async def head_seqs(self, queue: str) -> dict[int, int]:

@@ -295,16 +295,6 @@ async def test_a_spark_lease_refuses_native_consumers_until_it_expires(store: Sq
         await store.acquire_group_lease("orders", "nope", "spark", "job-1", ttl=30, now=NOW)
 
 
-async def test_one_gateway_holds_the_lease_until_it_stops_renewing(store: SqlStore) -> None:
-    assert await store.acquire_gateway_lease("main", "gw-a", ttl=10, now=NOW)
-    assert not await store.acquire_gateway_lease("main", "gw-b", ttl=10, now=NOW + 5)
-    assert await store.acquire_gateway_lease("main", "gw-a", ttl=10, now=NOW + 9)
-    assert not await store.acquire_gateway_lease("main", "gw-b", ttl=10, now=NOW + 18)
-    assert await store.acquire_gateway_lease("main", "gw-b", ttl=10, now=NOW + 19)
-    await store.release_gateway_lease("main", "gw-b")
-    assert await store.acquire_gateway_lease("main", "gw-a", ttl=10, now=NOW + 20)
-
-
 async def test_concurrent_dispatch_records_share_one_transaction(
     store: SqlStore, make_message: MessageFactory
 ) -> None:
