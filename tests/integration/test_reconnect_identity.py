@@ -63,7 +63,9 @@ class _Collector:
 async def _publish(gateway: Gateway, rounds: range) -> None:
     async with Client(native_url(gateway)) as producer:
         for n in rounds:
-            await asyncio.gather(*(producer.publish("orders", f"{k}:{n}".encode(), key=k) for k in KEYS))
+            await asyncio.gather(
+                *(producer.publish("orders", f"{k}:{n}".encode(), key=k) for k in KEYS)
+            )
 
 
 async def _cut_and_restore(proxy: TcpProxy) -> float:
