@@ -6,12 +6,20 @@ the gateway sends only after the message is committed. While the client is recon
 new calls wait for the new connection. A publish that was in flight when the connection
 dropped raises ``ConnectionLost`` (it may or may not be stored) — unless it has a
 ``dedup_id``, in which case it is resent on the new connection and the gateway's dedup
-window drops the copy.
+window drops the copy (on a queue that enables dedup).
+
+Identity. A ``Client`` object is one client for the gateway across all its reconnects: it
+sends the same ``client_name`` in every HELLO — the one given, else one generated when the
+object is made (``keygate-py-<random>``). The gateway recognises the re-binds of a
+reconnect by that name plus the partition set each consumer held (DESIGN.md §4
+Rebalance), so a reconnect inside the rebalance delay keeps the partitions. A new
+``Client`` object (a restarted process) re-binds with no previous set and is a newcomer.
 """
 
 from __future__ import annotations
 
 import ssl
+import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import fields, replace
 from types import TracebackType
@@ -70,8 +78,12 @@ class Client:
         host, port, tls = parse_url(service_url)
         if tls and ssl_context is None:
             ssl_context = ssl.create_default_context()
+        self._client_name = client_name or f"keygate-py-{uuid.uuid4().hex}"
         hello = Hello(
-            client_name=client_name or "", username=username, password=password, max_frame=max_frame
+            client_name=self._client_name,
+            username=username,
+            password=password,
+            max_frame=max_frame,
         )
         self._session = Session(
             host,
@@ -86,6 +98,11 @@ class Client:
         self._ack_batch_size = ack_batch_size
         self._ack_flush_interval = ack_flush_interval
         self._consumers: list[Consumer] = []
+
+    @property
+    def client_name(self) -> str:
+        """The name sent in every HELLO of this object: the one given or a generated one."""
+        return self._client_name
 
     @property
     def session(self) -> Session:

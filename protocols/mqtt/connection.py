@@ -396,6 +396,10 @@ class ServerConnection:
 
         The session learns of a stored QoS 2 message even when the connection has
         already closed, so the PUBLISH re-sent after a reconnect is not stored twice.
+
+        MQTT 3.1.1 has no negative PUBACK/PUBREC, and a confirm means stored (DESIGN.md
+        §3.7): a refusal (reason >= 0x80) closes the connection unacknowledged instead,
+        so the client keeps the message and sends it again after reconnecting.
         """
         if packet_id is None or self.session is None:
             return
@@ -406,6 +410,9 @@ class ServerConnection:
         if qos == 1 or reason >= 0x80:
             self._inflight.discard(packet_id)
         if self.state is State.CLOSED:
+            return
+        if reason >= 0x80 and not self.v5:
+            self._fail(reason)
             return
         props = NO_PROPERTIES if detail is None else MqttProperties(reason_string=detail)
         ack = PubAck if qos == 1 else PubRec

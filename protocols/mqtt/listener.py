@@ -45,7 +45,7 @@ from protocols.mqtt.connection import (
     State,
 )
 from protocols.mqtt.errors import MqttProtocolError
-from protocols.mqtt.packets import MQTT_5, ReasonCode
+from protocols.mqtt.packets import ReasonCode
 from protocols.mqtt.session import SessionStore
 from protocols.mqtt.wire import MAX_VBI
 from protocols.sink import Principal, Sink
@@ -71,14 +71,15 @@ class MqttStats:
     qos0_dropped: int = 0
     protocol_errors: int = 0
     wills: int = 0
+    # MQTT 3.1.1 connections closed instead of acknowledging a QoS 1/2 publish that was
+    # not stored (3.1.1 has no negative ack; the client resends after reconnecting).
+    unconfirmed_closes: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class _Outcome:
     reason: ReasonCode
     detail: str | None = None
-    # A failure the client should retry (storage down): MQTT 3.1.1 gets no ack at all.
-    transient: bool = False
 
 
 # Permanent refusals, first match wins; any other KeygateError is 0x83.
@@ -265,7 +266,7 @@ class _Client:
             await self.listener.sink.publish(principal, publication)
         except (StorageError, Unavailable) as e:
             log.warning("mqtt %s: publish failed: %s", self.conn.client_id, e.message)
-            return _Outcome(ReasonCode.UNSPECIFIED_ERROR, e.message, transient=True)
+            return _Outcome(ReasonCode.UNSPECIFIED_ERROR, e.message)
         except KeygateError as e:
             reason = next(
                 (code for cls, code in _REJECTIONS if isinstance(e, cls)),
@@ -274,7 +275,7 @@ class _Client:
             return _Outcome(reason, e.message)
         except Exception:
             log.exception("mqtt %s: publish failed unexpectedly", self.conn.client_id)
-            return _Outcome(ReasonCode.UNSPECIFIED_ERROR, "internal error", transient=True)
+            return _Outcome(ReasonCode.UNSPECIFIED_ERROR, "internal error")
         return _Outcome(ReasonCode.SUCCESS)
 
     def _append(self, item: tuple[PublishRequest, asyncio.Task[_Outcome]] | None) -> None:
@@ -313,13 +314,21 @@ class _Client:
                     stats.qos0_dropped += 1
             else:
                 stats.publishes += 1
-            if outcome.transient and request.qos and self.conn.codec.version != MQTT_5:
-                # 3.1.1 has no negative ack: close unacknowledged so the client re-sends.
+            was_open = self.conn.state is not State.CLOSED
+            self.conn.complete(request.qos, request.packet_id, outcome.reason, outcome.detail)
+            if was_open and self.conn.state is State.CLOSED:
+                # MQTT 3.1.1 refusal: no PUBACK, the connection ends (see conn.complete).
+                stats.unconfirmed_closes += 1
+                log.warning(
+                    "mqtt %s: closing without acknowledging packet %s (%s: %s); "
+                    "the client resends it after reconnecting",
+                    self.conn.client_id,
+                    request.packet_id,
+                    outcome.reason.name,
+                    outcome.detail,
+                )
                 if self._reader_task is not None:
                     self._reader_task.cancel()
-                self.conn.disconnect(outcome.reason)
-                continue
-            self.conn.complete(request.qos, request.packet_id, outcome.reason, outcome.detail)
 
     async def _finish_session(self) -> None:
         conn, listener = self.conn, self.listener

@@ -62,7 +62,9 @@ class Paho:
         self.connected = threading.Event()
         self.acks: dict[int, int] = {}
         self.acked = threading.Condition()
+        self.disconnected = threading.Event()
         self.client.on_connect = lambda _c, _u, _f, _rc, _p: self.connected.set()
+        self.client.on_disconnect = lambda _c, _u, _f, _rc, _p: self.disconnected.set()
         self.client.on_publish = self._on_publish
 
     def _on_publish(self, _c: Any, _u: Any, mid: int, rc: Any, _p: Any) -> None:
@@ -247,6 +249,25 @@ async def test_publish_beyond_max_depth_gets_0x97_quota_exceeded(
     finally:
         raw.writer.close()
     assert [r.payload for r in await sql.messages("tiny")] == [b"0", b"1"]
+
+
+async def test_mqtt311_gets_a_puback_only_for_stored_messages_and_is_closed_at_the_first_refusal(
+    gateway: Gateway, sql: Sql
+) -> None:
+    await declare(gateway, "tiny", subscriptions=["tiny/#"], max_depth_messages=5)
+    client = Paho(gateway.ports["mqtt"], "paho311-full", paho.MQTTv311)
+    await client.connect()
+    try:
+        mids = [client.publish("tiny/x", str(i).encode(), 1) for i in range(10)]
+        assert await asyncio.to_thread(client.disconnected.wait, WAIT), "not closed"
+    finally:
+        await client.stop()
+    stored = await sql.messages("tiny")
+    assert [r.payload for r in stored] == [str(i).encode() for i in range(5)]
+    assert sorted(client.acks) == mids[:5]  # one PUBACK per stored message, none more
+    assert gateway.broker is not None
+    metrics = gateway.broker.metrics.render().decode()
+    assert 'keygate_listener_unconfirmed_closes_total{listener="mqtt"} 1.0' in metrics
 
 
 async def test_qos2_publish_resent_after_reconnect_of_the_same_session_is_stored_once(

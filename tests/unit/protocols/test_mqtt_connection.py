@@ -173,6 +173,18 @@ def test_a_refused_qos2_publish_frees_its_packet_id() -> None:
     assert harness.feed(Publish("t", b"x", 2, packet_id=3)) is not None
 
 
+@pytest.mark.parametrize("qos", [1, 2])
+def test_an_mqtt311_refusal_closes_the_connection_instead_of_acknowledging(qos: int) -> None:
+    harness = Harness(MQTT_3_1_1)
+    harness.connect(Connect("c1", MQTT_3_1_1))
+    harness.feed(Publish("t", b"a", qos, packet_id=1))
+    harness.feed(Publish("t", b"b", qos, packet_id=2))
+    harness.conn.complete(qos, 1, ReasonCode.SUCCESS)
+    harness.conn.complete(qos, 2, ReasonCode.QUOTA_EXCEEDED, "queue 'q' is full")
+    assert harness.replies() == [(PubAck if qos == 1 else PubRec)(1)]
+    assert harness.conn.state is State.CLOSED
+
+
 def test_reason_strings_are_dropped_when_the_client_asks_for_no_problem_information() -> None:
     harness = Harness()
     props = MqttProperties(request_problem_information=0)

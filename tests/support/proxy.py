@@ -1,0 +1,99 @@
+"""A TCP proxy between a client and the gateway that can cut the network, for tests.
+
+``cut()`` resets every proxied connection on both sides (SO_LINGER 0, so each peer sees
+an RST, as after a router or NAT failure) and refuses new connections — each is accepted
+and reset at once — until ``restore()``. ``refused`` counts the connections refused, so
+a test can wait until a client has tried to come back before letting it through.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import struct
+from typing import Final
+
+_LINGER_RESET: Final = struct.pack("ii", 1, 0)
+_CHUNK: Final = 65536
+
+
+def _reset(writer: asyncio.StreamWriter) -> None:
+    sock = writer.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)
+    writer.transport.abort()
+
+
+class TcpProxy:
+    """``async with TcpProxy(port) as proxy``: listens on ``proxy.port`` (loopback)."""
+
+    def __init__(self, target_port: int, target_host: str = "127.0.0.1") -> None:
+        self._target = (target_host, target_port)
+        self._server: asyncio.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._refusing = False
+        self.refused = 0
+        self.port = 0
+
+    async def __aenter__(self) -> TcpProxy:
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        self.port = int(self._server.sockets[0].getsockname()[1])
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        self._reset_all()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._server.wait_closed()
+
+    @property
+    def url(self) -> str:
+        return f"keygate://127.0.0.1:{self.port}"
+
+    def cut(self) -> None:
+        """Reset every connection (both sides) and refuse new ones until ``restore()``."""
+        self._refusing = True
+        self._reset_all()
+
+    def restore(self) -> None:
+        self._refusing = False
+
+    def _reset_all(self) -> None:
+        for writer in list(self._writers):
+            _reset(writer)
+        self._writers.clear()
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._refusing:
+            self.refused += 1
+            _reset(writer)
+            return
+        try:
+            up_reader, up_writer = await asyncio.open_connection(*self._target)
+        except OSError:
+            _reset(writer)
+            return
+        self._writers.update((writer, up_writer))
+        for src, dst in ((reader, up_writer), (up_reader, writer)):
+            task = asyncio.create_task(self._pipe(src, dst))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _pipe(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+        try:
+            while data := await src.read(_CHUNK):
+                dst.write(data)
+                await dst.drain()
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            # One side ended or was reset: the other side sees it the same way.
+            if dst in self._writers:
+                self._writers.discard(dst)
+                _reset(dst)
