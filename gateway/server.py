@@ -24,13 +24,14 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from core.errors import KeygateError
+from core.errors import InvalidArgument, KeygateError
 from gateway.broker import Broker
-from gateway.config import GatewayConfig
+from gateway.config import LISTENERS, TLS_LISTENERS, GatewayConfig
 from gateway.housekeeping import Housekeeping
 from gateway.http import AdminServer
 from gateway.metrics import Metrics
 from gateway.native_listener import NativeListener
+from gateway.security import check_security
 from protocols.sink import Listener
 from storage.store import SqlStore, open_store
 
@@ -48,25 +49,32 @@ class PortInUse(KeygateError):
         )
 
 
-def _listeners(broker: Broker, config: GatewayConfig) -> dict[str, Listener]:
+def _listener(protocol: str, broker: Broker, config: GatewayConfig) -> Listener:
     # Imported here so that a protocol package is only loaded when its listener is on.
-    out: dict[str, Listener] = {}
-    if config.port("native") is not None:
-        out["native"] = NativeListener(broker, server_name=config.name)
-    if config.port("mqtt") is not None:
+    if protocol == "native":
+        return NativeListener(broker, server_name=config.name)
+    if protocol == "mqtt":
         from protocols.mqtt import MqttListener
 
-        out["mqtt"] = MqttListener(broker)
-    if config.port("amqp") is not None:
+        return MqttListener(broker)
+    if protocol == "amqp":
         from protocols.amqp import AmqpListener
 
-        out["amqp"] = AmqpListener(broker)
-    if config.port("stomp") is not None:
+        return AmqpListener(broker)
+    if protocol == "stomp":
         from protocols.stomp import StompListener
 
-        out["stomp"] = StompListener(broker)
-    if config.port("http") is not None:
-        out["http"] = AdminServer(broker)
+        return StompListener(broker)
+    return AdminServer(broker)
+
+
+def _listeners(broker: Broker, config: GatewayConfig) -> dict[str, Listener]:
+    """Every enabled listener by name; a ``<protocol>_tls`` twin only with a certificate."""
+    out: dict[str, Listener] = {}
+    for name in LISTENERS:
+        if config.port(name) is None or (name in TLS_LISTENERS and not config.tls_cert):
+            continue
+        out[name] = _listener(name.removesuffix("_tls"), broker, config)
     return out
 
 
@@ -87,10 +95,21 @@ def _remove_ports_file(name: str | None) -> None:
 
 
 def ssl_context(config: GatewayConfig) -> ssl.SSLContext | None:
+    """The TLS listeners' context: TLS 1.2 or newer; with ``tls_ca``, client certificates
+    signed by it are verified (and required with ``tls_require_client_cert``)."""
     if not config.tls_cert:
         return None
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(config.tls_cert, config.tls_key)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(config.tls_cert, config.tls_key)
+        if config.tls_ca:
+            context.load_verify_locations(config.tls_ca)
+            context.verify_mode = (
+                ssl.CERT_REQUIRED if config.tls_require_client_cert else ssl.CERT_OPTIONAL
+            )
+    except (OSError, ssl.SSLError) as e:
+        raise InvalidArgument(f"cannot load the TLS certificate, key or CA: {e}") from e
     return context
 
 
@@ -117,6 +136,8 @@ class Gateway:
 
         Raises PortInUse naming the port. While another gateway is active this waits.
         """
+        check_security(self.config)
+        context = ssl_context(self.config)
         # A file left by an earlier run must not pass for this one's readiness.
         _remove_ports_file(self.config.ports_file)
         self.store = await open_store(self.config.db)
@@ -134,13 +155,13 @@ class Gateway:
         await self.broker.start()
         self._housekeeping = Housekeeping(self.broker)
         self._housekeeping.start()
-        context = ssl_context(self.config)
         try:
             for name, listener in _listeners(self.broker, self.config).items():
                 port = self.config.port(name)
                 assert port is not None
+                tls = context if name in TLS_LISTENERS else None
                 try:
-                    self.ports[name] = await listener.start(self.config.host, port, context)
+                    self.ports[name] = await listener.start(self.config.host, port, tls)
                 except OSError as e:
                     if e.errno == errno.EADDRINUSE:
                         raise PortInUse(name, self.config.host, port) from e

@@ -71,7 +71,8 @@ class Exchanges:
             raise AmqpChannelError(ReplyCode.NOT_FOUND, f"no exchange '{name}' in vhost '/'")
         return exchange
 
-    def declare(self, name: str, type_name: str, *, passive: bool) -> Exchange:
+    def declare(self, name: str, type_name: str, *, passive: bool, create: bool) -> Exchange:
+        """The exchange, created if absent and ``create`` (the user may administer)."""
         if not _NAME_RE.match(name):
             raise AmqpChannelError(ReplyCode.PRECONDITION_FAILED, f"invalid exchange name {name!r}")
         if passive:
@@ -92,6 +93,10 @@ class Exchanges:
             return existing
         if name == "" or name.startswith("amq."):
             raise AmqpChannelError(ReplyCode.ACCESS_REFUSED, f"exchange name '{name}' is reserved")
+        if not create:
+            raise AmqpChannelError(
+                ReplyCode.ACCESS_REFUSED, f"not allowed to create exchange '{name}'"
+            )
         exchange = Exchange(name, kind)
         self._declared[name] = exchange
         return exchange
