@@ -4,6 +4,8 @@ format carries its parameters, so the gateway checks them at that cost), made on
 from __future__ import annotations
 
 import functools
+import ipaddress
+import socket
 from typing import Final
 
 from gateway.config import FULL_PERMISSION
@@ -23,4 +25,16 @@ def hashed_users(**passwords: str) -> dict[str, str]:
     return {name: password_hash(password) for name, password in passwords.items()}
 
 
-__all__ = ["ADMIN", "hashed_users", "password_hash"]
+def non_loopback_address() -> str | None:
+    """An address of this host that is not loopback (a connection to it is seen by the
+    listener as coming from it), or None when the host has none."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.1", 9))  # UDP: picks the outgoing address, sends nothing
+        except OSError:
+            return None
+        address = str(probe.getsockname()[0])
+    return None if ipaddress.ip_address(address).is_loopback else address
+
+
+__all__ = ["ADMIN", "hashed_users", "non_loopback_address", "password_hash"]
