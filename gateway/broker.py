@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import hmac
 import logging
 import random
 import time
@@ -22,7 +21,6 @@ from dataclasses import dataclass
 from typing import Final
 
 from core.errors import (
-    AuthenticationFailed,
     Conflict,
     InvalidArgument,
     KeygateError,
@@ -50,6 +48,7 @@ from core.topics import SubscriptionIndex, normalize_topic, validate_pattern
 from gateway.config import GatewayConfig
 from gateway.metrics import GroupGauge, Metrics, QueueGauge, RuntimeMetrics
 from gateway.runtime import FlowOutput, GroupRuntime
+from gateway.security import Authenticator
 from protocols.sink import Principal, Receipt
 from storage.redrive import redrive_batch
 from storage.store import SqlStore
@@ -121,6 +120,11 @@ class Broker:
         self._leased: set[tuple[str, str]] = set()
         # Permission answers per (user, action, queue); the configuration is fixed.
         self._allowed: dict[tuple[str | None, str, str], bool] = {}
+        self.auth = Authenticator(
+            config.users,
+            certificate_users=config.certificate_users,
+            allow_anonymous=config.allow_anonymous,
+        )
         metrics.watch(self._queue_gauges, self._group_gauges, clock)
 
     async def start(self) -> None:
@@ -330,47 +334,64 @@ class Broker:
         return self._appends_in_flight > 50_000
 
     async def authenticate(
-        self, username: str | None, password: str | None, *, protocol: str, client_id: str | None
+        self,
+        username: str | None,
+        password: str | None,
+        *,
+        protocol: str,
+        client_id: str | None,
+        peer: str | None = None,
+        certificate_user: str | None = None,
     ) -> Principal:
-        users = self.config.users
-        if users:
-            expected = users.get(username or "")
-            # Constant-time: the comparison must not tell how much of a password was right.
-            if expected is None or not hmac.compare_digest(
-                expected.encode(), (password or "").encode()
-            ):
-                raise AuthenticationFailed("bad username or password")
-        return Principal(username, protocol, client_id)
+        user = await self.auth.authenticate(
+            username, password, peer=peer, certificate_user=certificate_user
+        )
+        return Principal(user, protocol, client_id)
 
     def check_admin(self, principal: Principal) -> None:
-        """Creating, changing and deleting queues, groups and subscriptions needs the
-        ``admin`` permission (every user has it unless the configuration says otherwise)."""
-        if self.config.users and not self.config.permission(principal.username).admin:
+        """Creating, changing and deleting queues, groups, subscriptions and AMQP exchanges
+        needs the ``admin`` permission (deny by default: only users granted it)."""
+        if not self.may_administer(principal):
             raise PermissionDenied(f"{principal.username!r} may not administer queues")
+
+    def may_administer(self, principal: Principal) -> bool:
+        return self.config.permission(principal.username).admin
+
+    def may_monitor(self, principal: Principal, queue: str) -> bool:
+        return self._allows(principal, "monitor", queue)
+
+    def check_monitor(self, principal: Principal, queue: str) -> None:
+        """Inspecting a queue (depth, groups, owners, passive declare) needs ``monitor``,
+        ``consume`` or ``admin``."""
+        self._check(principal, "monitor", queue)
 
     async def declare(
         self, principal: Principal, config: QueueConfig, *, exist_ok: bool
     ) -> QueueConfig:
         """Create a queue (admin only), or check an existing one with the same settings —
-        which any user may do, as publishers declare their queues on connect."""
+        which a user who may publish to or monitor it may do, as clients declare their
+        queues on connect."""
         if not (exist_ok and config.name in self._queues):
             self.check_admin(principal)
+        elif not self._allows(principal, "publish", config.name):
+            self.check_monitor(principal, config.name)
         return await self.create_queue(config, exist_ok=exist_ok)
 
     def authorize(self, principal: Principal, action: str, queue: str) -> None:
         """Raise PermissionDenied unless ``principal`` may ``action`` on ``queue``."""
         self._check(principal, action, queue)
 
-    def _check(self, principal: Principal, action: str, queue: str) -> None:
-        if not self.config.users:
-            return  # anonymous access: everyone may do everything
+    def _allows(self, principal: Principal, action: str, queue: str) -> bool:
         key = (principal.username, action, queue)
         allowed = self._allowed.get(key)
         if allowed is None:
             allowed = self._allowed[key] = self.config.permission(principal.username).allows(
                 action, queue
             )
-        if not allowed:
+        return allowed
+
+    def _check(self, principal: Principal, action: str, queue: str) -> None:
+        if not self._allows(principal, action, queue):
             raise PermissionDenied(f"{principal.username!r} may not {action} on queue {queue!r}")
 
     def _route(self, publication: Publication, topic: str | None) -> list[QueueConfig]:
@@ -483,6 +504,10 @@ class Broker:
         self, principal: Principal, config: QueueConfig, *, passive: bool = False
     ) -> QueueConfig:
         if passive:
+            # Checking that a queue exists is what publishers do at start-up (and what a
+            # non-passive declare of an existing queue allows them): publish suffices.
+            if not self._allows(principal, "publish", config.name):
+                self.check_monitor(principal, config.name)
             return self.queue(config.name)
         return await self.declare(principal, config, exist_ok=True)
 
@@ -496,6 +521,7 @@ class Broker:
         return await self.store.purge_queue(name)
 
     async def queue_depth(self, principal: Principal, name: str) -> int:
+        self.check_monitor(principal, name)
         self.queue(name)
         return (await self.store.depth(name))[0]
 

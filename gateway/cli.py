@@ -8,6 +8,7 @@ keygate status [--json]                               (admin HTTP API, --url)
 keygate inspect QUEUE [--json]                        (admin HTTP API, --url)
 keygate publish QUEUE|--topic T PAYLOAD [--delay S] [--ttl S] [--dedup-id ID]
 keygate consume QUEUE --group G                       (native protocol, --server)
+keygate passwd < password                             (a password hash for [users])
 keygate demo                                          (a self-contained end-to-end run)
 """
 
@@ -357,6 +358,25 @@ def _demo(args: argparse.Namespace) -> int:
     return asyncio.run(run_demo(messages=args.messages))
 
 
+def _passwd(args: argparse.Namespace) -> int:
+    """Read a password (twice, unechoed, on a terminal; one line from a pipe) and print
+    its scrypt hash."""
+    from gateway.security import hash_password
+
+    if sys.stdin.isatty():
+        import getpass
+
+        password = getpass.getpass("password: ")
+        if getpass.getpass("again: ") != password:
+            raise CliError("the passwords differ")
+    else:
+        password = sys.stdin.readline().removesuffix("\n")
+    if not password:
+        raise CliError("empty password")
+    print(hash_password(password))
+    return 0
+
+
 def _credentials(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--user",
@@ -411,7 +431,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--db", help="SQLAlchemy URL (default sqlite:///keygate.db)")
     serve.add_argument("--host", help="address to listen on (default 0.0.0.0)")
     for name in LISTENERS:
-        serve.add_argument(f"--{name}-port", help="port, 0 = any free port, off = disabled")
+        serve.add_argument(
+            f"--{name.replace('_', '-')}-port", help="port, 0 = any free port, off = disabled"
+        )
     serve.add_argument("--ports-file", help="write the bound ports as JSON here when ready")
     serve.set_defaults(func=_serve)
 
@@ -511,6 +533,11 @@ def build_parser() -> argparse.ArgumentParser:
     consume.add_argument("--timeout", type=float, default=5.0, help="stop when idle this long")
     _group_flags(consume)
     consume.set_defaults(func=_consume)
+
+    passwd = sub.add_parser(
+        "passwd", help="print the hash of a password (read from stdin) for the [users] table"
+    )
+    passwd.set_defaults(func=_passwd)
 
     demo = sub.add_parser("demo", help="run a gateway with real traffic and verify it")
     demo.add_argument(

@@ -63,7 +63,7 @@ from gateway.broker import Broker
 from gateway.console import STATIC_DIR
 from gateway.inspect import inspect_queue, queue_summary
 from gateway.openapi import openapi_document, package_version
-from protocols.sink import Principal
+from protocols.sink import Principal, peer_identity
 
 log = logging.getLogger("keygate.http")
 
@@ -245,22 +245,32 @@ class AdminServer:
 
     @web.middleware
     async def _authenticate(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        """HTTP Basic credentials, checked like every protocol's, once users are configured
+        """HTTP Basic credentials or a client certificate, checked like every protocol's
         (``/healthz`` stays open for probes)."""
-        if not self.broker.config.users or request.path == "/healthz":
+        if request.path == "/healthz":
             request[PRINCIPAL] = Principal(None, "http")
             return await handler(request)
-        scheme, _, encoded = request.headers.get("Authorization", "").partition(" ")
-        try:
-            username, sep, password = (
-                base64.b64decode(encoded, validate=True).decode().partition(":")
-            )
-        except (binascii.Error, UnicodeDecodeError):
-            sep = ""
-        if scheme.lower() != "basic" or not sep:
-            raise AuthenticationFailed("HTTP Basic credentials required")
+        username = password = None
+        if "Authorization" in request.headers:
+            scheme, _, encoded = request.headers["Authorization"].partition(" ")
+            try:
+                username, sep, password = (
+                    base64.b64decode(encoded, validate=True).decode().partition(":")
+                )
+            except (binascii.Error, UnicodeDecodeError):
+                sep = ""
+            if scheme.lower() != "basic" or not sep:
+                raise AuthenticationFailed("HTTP Basic credentials required")
+        peer, certificate_user = (
+            (None, None) if request.transport is None else peer_identity(request.transport)
+        )
         request[PRINCIPAL] = await self.broker.authenticate(
-            username, password, protocol="http", client_id=None
+            username,
+            password,
+            protocol="http",
+            client_id=None,
+            peer=peer,
+            certificate_user=certificate_user,
         )
         return await handler(request)
 
@@ -298,10 +308,16 @@ class AdminServer:
         return web.json_response(openapi_document(package_version()))
 
     async def _metrics(self, request: web.Request) -> web.Response:
+        self.broker.check_monitor(_principal(request), "*")
         return web.Response(body=self.broker.metrics.render(), content_type="text/plain")
 
     async def _list(self, request: web.Request) -> web.Response:
-        out = [await queue_summary(self.broker, q) for q in self.broker.queues()]
+        principal = _principal(request)
+        out = [
+            await queue_summary(self.broker, q)
+            for q in self.broker.queues()
+            if self.broker.may_monitor(principal, q.name)
+        ]
         return web.json_response(out)
 
     async def _create(self, request: web.Request) -> web.Response:
@@ -313,6 +329,7 @@ class AdminServer:
         return web.json_response(queue_json(queue), status=201)
 
     async def _show(self, request: web.Request) -> web.Response:
+        self.broker.check_monitor(_principal(request), request.match_info["name"])
         queue = self.broker.queue(request.match_info["name"])
         return web.json_response(await queue_summary(self.broker, queue))
 
@@ -332,10 +349,12 @@ class AdminServer:
         return web.json_response({"purged": name, "messages": count})
 
     async def _inspect(self, request: web.Request) -> web.Response:
+        self.broker.check_monitor(_principal(request), request.match_info["name"])
         return web.json_response(await inspect_queue(self.broker, request.match_info["name"]))
 
     async def _groups(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
+        self.broker.check_monitor(_principal(request), name)
         self.broker.queue(name)
         groups = await self.broker.store.list_groups(name)
         return web.json_response([group_json(g) for g in groups])

@@ -29,13 +29,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from core.errors import Fenced, KeygateError
+from core.errors import Fenced, InvalidArgument, KeygateError
 from gateway.broker import Broker
-from gateway.config import GatewayConfig
+from gateway.config import LISTENERS, TLS_LISTENERS, GatewayConfig
 from gateway.housekeeping import Housekeeping
 from gateway.http import AdminServer
 from gateway.metrics import Metrics
 from gateway.native_listener import NativeListener
+from gateway.security import check_security
 from protocols.sink import Listener
 from storage.base import GatewayLease
 from storage.store import SqlStore, open_store
@@ -54,27 +55,36 @@ class PortInUse(KeygateError):
         )
 
 
+def _listener(
+    protocol: str, broker: Broker, config: GatewayConfig, ports: Mapping[str, int]
+) -> Listener:
+    # Imported here so that a protocol package is only loaded when its listener is on.
+    if protocol == "native":
+        return NativeListener(broker, server_name=config.name)
+    if protocol == "mqtt":
+        from protocols.mqtt import MqttListener
+
+        return MqttListener(broker)
+    if protocol == "amqp":
+        from protocols.amqp import AmqpListener
+
+        return AmqpListener(broker)
+    if protocol == "stomp":
+        from protocols.stomp import StompListener
+
+        return StompListener(broker)
+    return AdminServer(broker, ports=ports)
+
+
 def _listeners(
     broker: Broker, config: GatewayConfig, ports: Mapping[str, int]
 ) -> dict[str, Listener]:
-    # Imported here so that a protocol package is only loaded when its listener is on.
+    """Every enabled listener by name; a ``<protocol>_tls`` twin only with a certificate."""
     out: dict[str, Listener] = {}
-    if config.port("native") is not None:
-        out["native"] = NativeListener(broker, server_name=config.name)
-    if config.port("mqtt") is not None:
-        from protocols.mqtt import MqttListener
-
-        out["mqtt"] = MqttListener(broker)
-    if config.port("amqp") is not None:
-        from protocols.amqp import AmqpListener
-
-        out["amqp"] = AmqpListener(broker)
-    if config.port("stomp") is not None:
-        from protocols.stomp import StompListener
-
-        out["stomp"] = StompListener(broker)
-    if config.port("http") is not None:
-        out["http"] = AdminServer(broker, ports=ports)
+    for name in LISTENERS:
+        if config.port(name) is None or (name in TLS_LISTENERS and not config.tls_cert):
+            continue
+        out[name] = _listener(name.removesuffix("_tls"), broker, config, ports)
     return out
 
 
@@ -95,10 +105,21 @@ def _remove_ports_file(name: str | None) -> None:
 
 
 def ssl_context(config: GatewayConfig) -> ssl.SSLContext | None:
+    """The TLS listeners' context: TLS 1.2 or newer; with ``tls_ca``, client certificates
+    signed by it are verified (and required with ``tls_require_client_cert``)."""
     if not config.tls_cert:
         return None
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(config.tls_cert, config.tls_key)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(config.tls_cert, config.tls_key)
+        if config.tls_ca:
+            context.load_verify_locations(config.tls_ca)
+            context.verify_mode = (
+                ssl.CERT_REQUIRED if config.tls_require_client_cert else ssl.CERT_OPTIONAL
+            )
+    except (OSError, ssl.SSLError) as e:
+        raise InvalidArgument(f"cannot load the TLS certificate, key or CA: {e}") from e
     return context
 
 
@@ -126,6 +147,8 @@ class Gateway:
 
         Raises PortInUse naming the port. While another gateway is active this waits.
         """
+        check_security(self.config)
+        context = ssl_context(self.config)
         # A file left by an earlier run must not pass for this one's readiness.
         _remove_ports_file(self.config.ports_file)
         self.store = await open_store(self.config.db)
@@ -144,13 +167,13 @@ class Gateway:
         await self.broker.start()
         self._housekeeping = Housekeeping(self.broker)
         self._housekeeping.start()
-        context = ssl_context(self.config)
         try:
             for name, listener in _listeners(self.broker, self.config, self.ports).items():
                 port = self.config.port(name)
                 assert port is not None
+                tls = context if name in TLS_LISTENERS else None
                 try:
-                    self.ports[name] = await listener.start(self.config.host, port, context)
+                    self.ports[name] = await listener.start(self.config.host, port, tls)
                 except OSError as e:
                     if e.errno == errno.EADDRINUSE:
                         raise PortInUse(name, self.config.host, port) from e

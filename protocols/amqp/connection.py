@@ -82,6 +82,7 @@ class AmqpConnection:
         self.max_message_size = max_message_size
         self.state = State.AWAIT_HEADER
         self.username: str | None = None
+        self._admin = False  # set by authenticated(): may create and delete exchanges
         self.client_id: str | None = None
         self._reader = FrameReader(frame_max)
         self._out: list[bytes] = []
@@ -151,9 +152,12 @@ class AmqpConnection:
             and channel.state is ChannelState.OPEN
         )
 
-    def authenticated(self, error: KeygateError | None) -> None:
+    def authenticated(self, error: KeygateError | None, *, admin: bool = False) -> None:
+        """The outcome of ``Authenticate``; ``admin``: the user may create and delete
+        exchanges (declaring an existing one stays open to every user)."""
         if self.state is not State.AUTHENTICATING:
             return
+        self._admin = admin
         if error is not None:
             self._hard_error(AmqpConnectionError(ReplyCode.ACCESS_REFUSED, error.message, 10, 11))
             return
@@ -401,12 +405,17 @@ class AmqpConnection:
             method.exchange,
             method.exchange_type,
             passive=method.passive,
+            create=self._admin,
             arguments=method.arguments,
         )
         if not method.nowait:
             self._reply(channel, commands.Exchange.DeclareOk())
 
     def _exchange_delete(self, channel: Channel, method: commands.Exchange.Delete) -> None:
+        if not self._admin:
+            raise AmqpChannelError(
+                ReplyCode.ACCESS_REFUSED, f"{self.username!r} may not delete exchanges"
+            )
         self.exchanges.delete(method.exchange)
         if not method.nowait:
             self._reply(channel, commands.Exchange.DeleteOk())

@@ -93,8 +93,10 @@ class Exchanges:
         type_name: str,
         *,
         passive: bool,
+        create: bool,
         arguments: Mapping[str, Any] | None = None,
     ) -> Exchange:
+        """The exchange, created if absent and ``create`` (the user may administer)."""
         if not _NAME_RE.match(name):
             raise AmqpChannelError(ReplyCode.PRECONDITION_FAILED, f"invalid exchange name {name!r}")
         if passive:
@@ -114,6 +116,10 @@ class Exchanges:
             return existing
         if name == "" or name.startswith("amq."):
             raise AmqpChannelError(ReplyCode.ACCESS_REFUSED, f"exchange name '{name}' is reserved")
+        if not create:
+            raise AmqpChannelError(
+                ReplyCode.ACCESS_REFUSED, f"not allowed to create exchange '{name}'"
+            )
         self._declared[name] = wanted
         return wanted
 

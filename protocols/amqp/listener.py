@@ -24,7 +24,14 @@ import ssl
 from collections import deque
 from typing import Final
 
-from core.errors import InvalidArgument, KeygateError, QueueNotFound, StorageError, Unavailable
+from core.errors import (
+    InvalidArgument,
+    KeygateError,
+    PermissionDenied,
+    QueueNotFound,
+    StorageError,
+    Unavailable,
+)
 from core.model import QueueConfig
 from protocols.amqp import events as ev
 from protocols.amqp.arguments import check_equivalent
@@ -33,7 +40,7 @@ from protocols.amqp.connection import AmqpConnection, State
 from protocols.amqp.constants import ReplyCode
 from protocols.amqp.errors import AmqpChannelError
 from protocols.amqp.exchanges import Exchanges
-from protocols.sink import Principal, Sink
+from protocols.sink import Principal, Sink, peer_identity
 
 logger = logging.getLogger("keygate.amqp")
 
@@ -188,14 +195,21 @@ class _Session:
     async def _perform(self, op: ev.Authenticate | ev.Operation) -> None:
         if isinstance(op, ev.Authenticate):
             try:
+                peer, certificate_user = peer_identity(self._writer)
                 self._principal = await self.sink.authenticate(
-                    op.username, op.password, protocol="amqp", client_id=op.client_id
+                    op.username,
+                    op.password,
+                    protocol="amqp",
+                    client_id=op.client_id,
+                    peer=peer,
+                    certificate_user=certificate_user,
                 )
             except KeygateError as e:
                 logger.info("amqp login refused for %r from %s: %s", op.username, self.peer, e)
                 self.connection.authenticated(e)
             else:
-                self.connection.authenticated(None)
+                admin = self.sink.may_administer(self._principal)
+                self.connection.authenticated(None, admin=admin)
             return
         assert self._principal is not None and not isinstance(op, ev.Publish)
         if not self.connection.is_current(op):
@@ -214,7 +228,10 @@ class _Session:
         sink = self.sink
         if isinstance(op, ev.DeclareQueue):
             stored = await self._declare(principal, op)
-            return await sink.queue_depth(principal, stored.name)
+            try:
+                return await sink.queue_depth(principal, stored.name)
+            except PermissionDenied:
+                return 0  # a publisher may declare its queue, not learn its depth
         if isinstance(op, ev.DeleteQueue):
             # Deleting a queue that does not exist is delete-ok, as in RabbitMQ. AMQP
             # consumers do not exist yet, so if-unused always holds here.

@@ -59,7 +59,7 @@ class Client:
         self.method(0, commands.Connection.StartOk({"capabilities": capabilities}, "PLAIN", PLAIN))
         [auth] = self.take()
         assert isinstance(auth, ev.Authenticate) and auth.username == "guest"
-        self.conn.authenticated(None)
+        self.conn.authenticated(None, admin=True)
         [tune] = self.replies()
         assert isinstance(tune.payload, commands.Connection.Tune)
         self.method(0, commands.Connection.TuneOk(16, 8192, 30))
@@ -127,7 +127,7 @@ def test_tune_ok_above_the_offer_is_not_allowed() -> None:
     c = Client()
     c.send(PROTOCOL_HEADER)
     c.method(0, commands.Connection.StartOk({}, "PLAIN", PLAIN))
-    c.conn.authenticated(None)
+    c.conn.authenticated(None, admin=True)
     c.replies()
     [close] = c.method(0, commands.Connection.TuneOk(16, 1 << 20, 30))
     assert close.payload.reply_code == ReplyCode.NOT_ALLOWED
