@@ -320,3 +320,25 @@ async def test_will_message_is_stored_when_the_client_drops_without_disconnect(
     assert (will_row.topic, will_row.key, will_row.partition) == ("orders/wills/mortal", KEY, 3)
     assert will_row.content_type == "text/plain"
     assert will_row.producer == "mqtt:mortal"
+
+
+async def test_mqtt5_dedup_id_user_property_is_deduped_on_a_dedup_enabled_queue(
+    gateway: Gateway, sql: Sql
+) -> None:
+    await declare(gateway, "payments", subscriptions=["payments/#"], dedup_window=60)
+    await declare(gateway, "orders", subscriptions=["orders/#"])
+    client = Paho(gateway.ports["mqtt"], "paho5-dedup")
+    await client.connect()
+    try:
+        mids = [
+            client.publish(f"{queue}/eu", payload, 1, _properties(**{"dedup-id": "tx-1"}))
+            for queue in ("payments", "orders")
+            for payload in (b"first", b"again")
+        ]
+        assert [await client.ack(mid) for mid in mids] == [0, 0, 0, 0]
+    finally:
+        await client.stop()
+    (row,) = await sql.messages("payments")
+    assert (row.payload, row.dedup_id) == (b"first", "tx-1")
+    # A queue that did not enable dedup stores both.
+    assert [r.payload for r in await sql.messages("orders")] == [b"first", b"again"]
