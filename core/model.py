@@ -29,7 +29,9 @@ DEFAULT_BACKOFF_MAX: Final = 64.0
 DEFAULT_REBALANCE_DELAY: Final = 5.0
 DEFAULT_MAX_HANDOFF_TIME: Final = 3.0
 DEFAULT_WINDOW: Final = 10_000
-DEFAULT_DEDUP_WINDOW: Final = 300.0
+# Dedup is opt-in per queue (as in Pulsar and Azure Service Bus): many applications use
+# AMQP message_id / STOMP message-id as a business id shared by several real messages.
+DEFAULT_DEDUP_WINDOW: Final = 0.0
 DLQ_SUFFIX: Final = ".dlq"
 
 # Property names with a meaning of their own (DESIGN.md §3.2, §4 dead letters).
@@ -231,6 +233,9 @@ class Message:
     content_type: str | None = None
     correlation_id: str | None = None
     reply_to: str | None = None
+    # The authenticated user that published it (None: anonymous). With producer and
+    # dedup_id it forms the dedup namespace (DESIGN.md §3.6); not a kg_messages column.
+    publisher: str | None = None
 
     @property
     def size(self) -> int:

@@ -438,6 +438,7 @@ class Broker:
                     content_type=publication.content_type,
                     correlation_id=publication.correlation_id,
                     reply_to=publication.reply_to,
+                    publisher=principal.username,
                 )
             )
         return out

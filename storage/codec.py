@@ -122,6 +122,7 @@ def with_seq(message: Message, seq: int) -> Message:
         message.content_type,
         message.correlation_id,
         message.reply_to,
+        message.publisher,
     )
 
 

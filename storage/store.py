@@ -16,6 +16,8 @@ stored (callers may retry; the broker turns it into a negative confirm).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 from collections.abc import Sequence
 from typing import Final
 
@@ -37,14 +39,28 @@ from storage.schema import kg_dedup, kg_group_offsets, kg_groups, kg_messages
 DEFAULT_MAX_BATCH: Final = 1000
 DEFAULT_LINGER: Final = 0.001
 
+# kg_dedup.producer is VARCHAR(500).
+_DEDUP_PRODUCER_LENGTH: Final = 500
+
 AppendCall = tuple[Sequence[Message], float]
 DedupKey = tuple[str, str, str]
+
+
+def _dedup_namespace(publisher: str | None, producer: str) -> str:
+    """The ``kg_dedup.producer`` value: the authenticated user and the producer name, as
+    a JSON pair (``["alice","amqp:alice"]``; ``null`` = anonymous). A pair, not a joined
+    string, so no user name or producer name a client picks can reach into another
+    user's namespace; past the column's 500 characters it is stored as its SHA-256."""
+    pair = json.dumps([publisher, producer], separators=(",", ":"))
+    if len(pair) <= _DEDUP_PRODUCER_LENGTH:
+        return pair
+    return "sha256:" + hashlib.sha256(pair.encode()).hexdigest()
 
 
 def _dedup_key(message: Message) -> DedupKey | None:
     if message.producer is None or message.dedup_id is None:
         return None
-    return (message.queue, message.producer, message.dedup_id)
+    return (message.queue, _dedup_namespace(message.publisher, message.producer), message.dedup_id)
 
 
 # Seqs of one partition deleted per retention transaction.
@@ -72,8 +88,8 @@ class SqlStore(InspectionOps, LeaseOps, ConsumerOps):
     async def append(self, messages: Sequence[Message], *, now: float) -> list[Message]:
         """Store ``messages`` (all or none); return them as stored, with seqs, after COMMIT.
 
-        A message whose (producer, dedup id) was stored within the queue's dedup window
-        is not stored again: the originally stored message is returned in its place.
+        A message whose (publisher, producer, dedup id) was stored within the queue's dedup
+        window is not stored again: the originally stored message is returned in its place.
         """
         if not messages:
             return []

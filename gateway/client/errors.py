@@ -15,7 +15,8 @@ class ConnectionLost(ClientError, ConnectionError):
     """The connection dropped while a request was in flight; its outcome is unknown.
 
     A publish that fails with this may or may not have been stored: it is not resent
-    automatically unless it carries a ``dedup_id`` (then the gateway drops the copy).
+    automatically unless it carries a ``dedup_id`` (then a queue with a dedup window drops
+    the copy).
     """
 
     code = "connection-lost"

@@ -5,6 +5,7 @@ as UTF-8 text when it decodes as UTF-8, else as lowercase hex; the exact bytes a
 kept in the ``x-mqtt-correlation-data`` property. A user property name repeated in one
 packet keeps its first value (keygate properties are a mapping). The user property
 ``x-delay`` (milliseconds) also delays delivery (core.schedule).
+``dedup-id`` is also the message's dedup id (MQTT has no message id of its own).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from protocols.mqtt.packets import MqttProperties
 CORRELATION_DATA_PROPERTY: Final = "x-mqtt-correlation-data"
 PAYLOAD_FORMAT_PROPERTY: Final = "x-mqtt-payload-format-indicator"
 RETAIN_PROPERTY: Final = "x-mqtt-retain"
+DEDUP_ID_PROPERTY: Final = "dedup-id"
 
 
 def payload_format_valid(payload: bytes, properties: MqttProperties) -> bool:
@@ -60,6 +62,7 @@ def to_publication(
     if retain:
         props[RETAIN_PROPERTY] = True
     expiry = properties.message_expiry_interval
+    dedup_id = props.get(DEDUP_ID_PROPERTY)
     return Publication(
         payload=payload,
         topic=topic,
@@ -67,6 +70,7 @@ def to_publication(
         ttl=float(expiry) if expiry is not None else None,
         delay=delay_of(properties),
         producer=f"mqtt:{client_id}",
+        dedup_id=dedup_id if isinstance(dedup_id, str) else None,
         content_type=properties.content_type,
         correlation_id=(
             correlation_id(properties.correlation_data)

@@ -21,7 +21,10 @@ import pytest
 from pamqp import commands
 
 from core.keys import partition_for
+from gateway.client import Client
+from gateway.config import Permission
 from gateway.server import Gateway
+from tests.integration.conftest import native_url, start_gateway
 from tests.integration.sqlcheck import KEY, Sql, declare, open_sql
 from tests.support.amqp import HOST, pika_channel
 
@@ -243,3 +246,54 @@ async def test_basic_consume_is_refused_with_540_and_the_connection_stays_usable
 
     assert await asyncio.to_thread(consume) == NOT_IMPLEMENTED
     assert [r.payload for r in await sql.messages("jobs")] == [b"still here"]
+
+
+def _publish_twice(gateway: Gateway, queue: str, message_id: str) -> None:
+    """Two confirmed pika publishes with the same ``message_id`` (basic_publish raises if
+    one is not confirmed)."""
+    with pika_channel(gateway, confirm=True) as (_, channel):
+        for payload in (b"order created", b"order paid"):
+            props = pika.BasicProperties(message_id=message_id, headers={"JMSXGroupID": "o-42"})
+            channel.basic_publish("", queue, payload, props)
+
+
+async def test_message_ids_are_business_ids_on_a_queue_with_default_settings(
+    gateway: Gateway, sql: Sql
+) -> None:
+    await declare(gateway, "orders", partitions=4)
+    await asyncio.to_thread(_publish_twice, gateway, "orders", "order-42")
+    assert [r.payload for r in await sql.messages("orders")] == [b"order created", b"order paid"]
+    async with Client(native_url(gateway)) as client:
+        consumer = await client.subscribe("orders", group="g")
+        got = [await consumer.receive(timeout=10) for _ in range(2)]
+    assert [m.payload for m in got] == [b"order created", b"order paid"]
+
+
+async def test_a_dedup_enabled_queue_confirms_both_publishes_and_stores_one(
+    gateway: Gateway, sql: Sql
+) -> None:
+    await declare(gateway, "payments", dedup_window=60)
+    await asyncio.to_thread(_publish_twice, gateway, "payments", "tx-1")
+    assert [r.payload for r in await sql.messages("payments")] == [b"order created"]
+
+
+async def test_the_same_message_id_from_two_users_is_stored_twice(db_url: str) -> None:
+    users = {"alice": "a-pw", "bob": "b-pw"}
+    gateway = await start_gateway(db_url, users=users, permissions={u: Permission() for u in users})
+    try:
+        async with Client(native_url(gateway), username="alice", password="a-pw") as admin:
+            await admin.declare_queue("payments", dedup_window=60)
+
+        def publish(user: str) -> None:
+            # Same connection name, same message id: only the user differs.
+            with pika_channel(gateway, confirm=True, user=(user, users[user])) as (_, channel):
+                channel.basic_publish(
+                    "", "payments", user.encode(), pika.BasicProperties(message_id="tx-1")
+                )
+
+        for user in users:
+            await asyncio.to_thread(publish, user)
+        async with open_sql(db_url) as sql:
+            assert sorted(r.payload for r in await sql.messages("payments")) == [b"alice", b"bob"]
+    finally:
+        await gateway.stop()

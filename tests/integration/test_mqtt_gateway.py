@@ -362,3 +362,25 @@ async def test_v5_x_delay_that_is_not_a_delay_gets_0x83_and_the_connection_survi
     finally:
         await client.stop()
     assert [r.payload for r in await sql.messages("later")] == [b"good"]
+
+
+async def test_mqtt5_dedup_id_user_property_is_deduped_on_a_dedup_enabled_queue(
+    gateway: Gateway, sql: Sql
+) -> None:
+    await declare(gateway, "payments", subscriptions=["payments/#"], dedup_window=60)
+    await declare(gateway, "orders", subscriptions=["orders/#"])
+    client = Paho(gateway.ports["mqtt"], "paho5-dedup")
+    await client.connect()
+    try:
+        mids = [
+            client.publish(f"{queue}/eu", payload, 1, _properties(**{"dedup-id": "tx-1"}))
+            for queue in ("payments", "orders")
+            for payload in (b"first", b"again")
+        ]
+        assert [await client.ack(mid) for mid in mids] == [0, 0, 0, 0]
+    finally:
+        await client.stop()
+    (row,) = await sql.messages("payments")
+    assert (row.payload, row.dedup_id) == (b"first", "tx-1")
+    # A queue that did not enable dedup stores both.
+    assert [r.payload for r in await sql.messages("orders")] == [b"first", b"again"]

@@ -68,10 +68,12 @@ async def _publish(gateway: Gateway, rounds: range) -> None:
             )
 
 
-async def _cut_and_restore(proxy: TcpProxy) -> float:
-    """Cut the network, refuse the client's first attempt to come back, let it through."""
+async def _cut_and_restore(proxy: TcpProxy, gateway: Gateway, held: frozenset[int]) -> float:
+    """Cut the network; once the gateway holds ``held`` unbound (reserved) and the client
+    has been refused at least once, let it through again. Returns when the cut began."""
     started = time.monotonic()
     proxy.cut()
+    await eventually(lambda: _unbound(gateway, held), timeout=5, interval=0.01)
     await eventually(lambda: proxy.refused >= 1, timeout=10)
     proxy.restore()
     return started
@@ -97,8 +99,7 @@ async def test_an_unnamed_client_cut_off_inside_the_rebalance_delay_gets_its_par
         await _publish(gateway, range(10))
         await eventually(lambda: len(collector.seen) >= 40)
 
-        started = await _cut_and_restore(proxy)
-        await eventually(lambda: _unbound(gateway, before_a), timeout=5, interval=0.01)
+        started = await _cut_and_restore(proxy, gateway, before_a)
         await eventually(lambda: a_client.session.reconnects == 1, timeout=10)
         await eventually(lambda: _owned(gateway, before_a, a_client.client_name), timeout=5)
         assert time.monotonic() - started < DELAY / 2  # back long before the delay ends
@@ -130,7 +131,7 @@ async def test_two_consumers_of_one_client_cut_together_each_get_their_own_parti
         before = [c.partitions for c in consumers]
         collector = _Collector(consumers)
 
-        await _cut_and_restore(proxy)
+        await _cut_and_restore(proxy, gateway, before[0] | before[1])
         await eventually(lambda: a_client.session.reconnects == 1, timeout=10)
         await eventually(lambda: _owned(gateway, before[0] | before[1], a_client.client_name))
         assert [c.partitions for c in consumers] == before

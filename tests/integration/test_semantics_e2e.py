@@ -99,7 +99,7 @@ async def test_a_scheduled_message_is_delivered_at_its_time(gateway: Gateway) ->
 
 async def test_a_repeated_dedup_id_is_confirmed_but_stored_once(gateway: Gateway) -> None:
     client = await _client(gateway)
-    await client.declare_queue("payments", partitions=2)
+    await client.declare_queue("payments", partitions=2, dedup_window=300)
     first = await client.publish("payments", b"pay 10", key="k", dedup_id="tx-1")
     second = await client.publish("payments", b"pay 10", key="k", dedup_id="tx-1")
     assert first == second

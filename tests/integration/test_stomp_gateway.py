@@ -328,3 +328,26 @@ async def test_one_key_over_mqtt_amqp_and_stomp_lands_in_one_partition_and_is_co
     assert all(m.properties["JMSXGroupID"] == KEY for m in received)
     assert received[0].topic == "orders/mqtt"
     assert partition_for(KEY, 16) == 3
+
+
+async def test_stomp_message_id_is_deduped_only_on_a_dedup_enabled_queue(
+    gateway: Gateway, sql: Sql
+) -> None:
+    await declare(gateway, "payments", dedup_window=60)
+    await declare(gateway, "orders")
+
+    def send() -> None:
+        conn, recorder = _connect(stomp.Connection12, gateway, **{"client-id": "stomp-dedup"})
+        try:
+            for queue in ("payments", "orders"):
+                for body in ("first", "again"):
+                    receipt = f"{queue}-{body}"
+                    headers = {"message-id": "tx-1", "receipt": receipt}
+                    conn.send(f"/queue/{queue}", body, headers=headers)
+                    recorder.wait_receipt(receipt)  # both confirmed
+        finally:
+            _close(conn)
+
+    await asyncio.to_thread(send)
+    assert [r.payload for r in await sql.messages("payments")] == [b"first"]
+    assert [r.payload for r in await sql.messages("orders")] == [b"first", b"again"]

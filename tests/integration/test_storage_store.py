@@ -194,7 +194,7 @@ async def test_a_duplicate_within_the_dedup_window_returns_the_original(
 async def test_duplicates_inside_one_batch_are_stored_once(
     store: SqlStore, make_message: MessageFactory
 ) -> None:
-    await store.create_queue(QueueConfig("orders"))
+    await store.create_queue(QueueConfig("orders", dedup_window=60))
     one = make_message("orders", producer="p", dedup_id="d")
     results = await asyncio.gather(
         *(
@@ -205,6 +205,37 @@ async def test_duplicates_inside_one_batch_are_stored_once(
     )
     assert len({r[0].message_id for r in results}) == 1
     assert await store.depth("orders") == (1, len(b"payload"))
+
+
+async def test_a_queue_with_default_settings_stores_every_repeated_dedup_id(
+    store: SqlStore, make_message: MessageFactory
+) -> None:
+    await store.create_queue(QueueConfig("orders"))
+    messages = [make_message("orders", producer="p", dedup_id="order-42") for _ in "ab"]
+    stored = await store.append(messages, now=NOW)
+    assert [m.seq for m in stored] == [1, 2]
+    assert await store.depth("orders") == (2, 2 * len(b"payload"))
+
+
+async def test_the_same_producer_and_dedup_id_of_two_users_are_two_messages(
+    store: SqlStore, make_message: MessageFactory
+) -> None:
+    await store.create_queue(QueueConfig("orders", dedup_window=60))
+    alice, bob, anonymous = (
+        make_message("orders", producer="p", dedup_id="d", publisher=user)
+        for user in ("alice", "bob", None)
+    )
+    assert [m.seq for m in await store.append([alice, bob, anonymous], now=NOW)] == [1, 2, 3]
+    # Names that a naive "user/producer" join would make equal stay apart.
+    joined = [
+        make_message("orders", producer=producer, dedup_id="d", publisher=user)
+        for user, producer in (("a/b", "c"), ("a", "b/c"))
+    ]
+    assert [m.seq for m in await store.append(joined, now=NOW)] == [4, 5]
+    [again] = await store.append(
+        [make_message("orders", producer="p", dedup_id="d", publisher="alice")], now=NOW + 1
+    )
+    assert (again.message_id, again.seq) == (alice.message_id, 1)
 
 
 async def test_concurrent_appends_share_few_transactions_and_keep_order(

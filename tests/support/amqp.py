@@ -15,7 +15,7 @@ HOST = "127.0.0.1"
 
 @contextmanager
 def pika_channel(
-    gateway: Gateway, *, confirm: bool
+    gateway: Gateway, *, confirm: bool, user: tuple[str, str] = ("guest", "guest")
 ) -> Iterator[tuple[pika.BlockingConnection, BlockingChannel]]:
     """A pika connection named ``pika-it`` and a channel (in confirm mode when asked);
     the connection is closed however the scenario ends."""
@@ -25,6 +25,7 @@ def pika_channel(
             gateway.ports["amqp"],
             connection_attempts=1,
             client_properties={"connection_name": "pika-it"},
+            credentials=pika.PlainCredentials(*user),
         )
     )
     try:

@@ -17,6 +17,7 @@ from protocols.native import (
     Bind,
     Credit,
     DeclareQueue,
+    Hello,
     Nack,
     NackOutcome,
     Publish,
@@ -286,6 +287,20 @@ async def test_a_publish_with_a_dedup_id_is_resent_after_a_cut(
         "d-1",
         "d-1",
     ]
+
+
+async def test_an_unnamed_client_sends_one_generated_name_in_every_hello(
+    gateway: FakeGateway,
+) -> None:
+    async with Client(gateway.url, backoff=FAST, heartbeat=0) as client:
+        await subscribed(client, gateway)
+        gateway.drop_connections()
+        await gateway.wait_for(lambda: len(gateway.of_type(Bind)) == 2)
+        async with Client(gateway.url, backoff=FAST, heartbeat=0) as restarted:
+            names = [hello.client_name for hello in gateway.of_type(Hello)]
+    assert names[0].startswith("keygate-py-")
+    assert names == [client.client_name, client.client_name, restarted.client_name]
+    assert restarted.client_name != client.client_name
 
 
 async def test_a_connection_level_error_makes_the_client_reconnect_and_rebind(

@@ -277,6 +277,24 @@ def test_reconnect_within_rebalance_delay_keeps_partitions() -> None:
     assert d.machine.partitions_of("a2") == held
 
 
+def test_two_flows_of_one_client_each_reclaim_their_own_previous_set() -> None:
+    d = make(partitions=6)
+    d.bind("a1", client="c1")
+    d.bind("a2", client="c1")
+    d.bind("b", client="c2")
+    held = {f: d.machine.partitions_of(f) for f in ("a1", "a2", "b")}
+    assert all(len(p) == 2 for p in held.values())
+    d.call(d.machine.unbind, "a1")
+    d.call(d.machine.unbind, "a2")
+    d.advance(1.0)
+    # Re-bound in the other order: each new flow gets the set it names, not its sibling's.
+    d.bind("a2-again", client="c1", previous=held["a2"])
+    d.bind("a1-again", client="c1", previous=held["a1"])
+    assert d.machine.partitions_of("a1-again") == held["a1"]
+    assert d.machine.partitions_of("a2-again") == held["a2"]
+    assert d.machine.partitions_of("b") == held["b"]
+
+
 def test_a_restarted_client_without_previous_set_is_treated_as_new() -> None:
     d = make(partitions=2)
     d.bind("a", client="c1")
