@@ -27,6 +27,7 @@ from gateway.server import Gateway
 from tests.integration.conftest import native_url, start_gateway
 from tests.integration.sqlcheck import KEY, Sql, declare, open_sql
 from tests.support.amqp import HOST, pika_channel
+from tests.support.security import ADMIN, hashed_users
 
 NOT_IMPLEMENTED = 540
 
@@ -279,7 +280,11 @@ async def test_a_dedup_enabled_queue_confirms_both_publishes_and_stores_one(
 
 async def test_the_same_message_id_from_two_users_is_stored_twice(db_url: str) -> None:
     users = {"alice": "a-pw", "bob": "b-pw"}
-    gateway = await start_gateway(db_url, users=users, permissions={u: Permission() for u in users})
+    gateway = await start_gateway(
+        db_url,
+        users=hashed_users(**users),
+        permissions={"alice": ADMIN, "bob": Permission(publish=("payments",))},
+    )
     try:
         async with Client(native_url(gateway), username="alice", password="a-pw") as admin:
             await admin.declare_queue("payments", dedup_window=60)
