@@ -4,7 +4,10 @@ the TLS version floor, with paho-mqtt, pika, stomp.py, aiohttp and the SDK."""
 from __future__ import annotations
 
 import asyncio
+import os
 import ssl
+import subprocess
+import sys
 import threading
 import warnings
 from pathlib import Path
@@ -264,3 +267,35 @@ async def test_a_required_client_certificate_turns_away_clients_without_one(
             await client.declare_queue("orders", partitions=1)
     finally:
         await gateway.stop()
+
+
+def _healthcheck(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "healthcheck"],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+async def test_the_container_healthcheck_works_with_only_the_tls_admin_port_on(
+    sqlite_url: str, pki: Pki
+) -> None:
+    cert, key = pki.server
+    gateway = await start_gateway(
+        sqlite_url, tls_cert=cert, tls_key=key, http_port="off", **TLS_PORTS
+    )
+    env = {
+        "KEYGATE_HTTP_PORT": "off",
+        "KEYGATE_HTTP_TLS_PORT": str(gateway.ports["http_tls"]),
+        "KEYGATE_TLS_CERT": cert,
+        "KEYGATE_TLS_KEY": key,
+    }
+    try:
+        healthy = await asyncio.to_thread(_healthcheck, env)
+        assert healthy.returncode == 0, healthy.stderr
+    finally:
+        await gateway.stop()
+    down = await asyncio.to_thread(_healthcheck, env)
+    assert down.returncode == 1 and "https port" in down.stderr
