@@ -163,3 +163,30 @@ def test_a_permissions_table_grants_only_what_it_lists(tmp_path: Path) -> None:
     path.write_text('[permissions.bob]\nwrite = ["x"]\n')
     with pytest.raises(InvalidArgument, match="unknown permission write"):
         load_config(path, env={})
+
+
+async def test_a_successful_check_is_remembered_and_a_wrong_password_is_not() -> None:
+    now = [0.0]
+    auth = Authenticator(
+        {"alice": password_hash("s3cret")},
+        certificate_users={},
+        allow_anonymous=False,
+        clock=lambda: now[0],
+    )
+    calls: list[str] = []
+    real = PasswordHash.matches
+
+    def counting(self: PasswordHash, password: str) -> bool:
+        calls.append(password)
+        return real(self, password)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(PasswordHash, "matches", counting)
+        for _ in range(3):
+            await auth.authenticate("alice", "s3cret", peer="::1", certificate_user=None)
+        assert calls == ["s3cret"]  # one scrypt, then the memo
+        with pytest.raises(AuthenticationFailed):
+            await auth.authenticate("alice", "s3cret!", peer="::1", certificate_user=None)
+        now[0] += 301.0  # the memo expires
+        await auth.authenticate("alice", "s3cret", peer="::1", certificate_user=None)
+        assert calls == ["s3cret", "s3cret!", "s3cret"]
