@@ -255,6 +255,10 @@ def check_security(config: GatewayConfig) -> None:
         log.warning("users %s have plaintext passwords (allow_plaintext_passwords)", plain)
     if config.allow_anonymous and not config.users:
         log.warning("allow_anonymous: any client from any address may do anything")
+    if config.tls_ca and not config.tls_cert:
+        raise InvalidArgument("tls_ca (client certificates) needs tls_cert and tls_key")
+    if config.tls_require_client_cert and not config.tls_ca:
+        raise InvalidArgument("tls_require_client_cert needs tls_ca, the CA clients are signed by")
     unknown = sorted(set(config.certificate_users.values()) - set(config.users))
     if unknown:
         raise InvalidArgument(f"certificate_users maps to unknown users: {', '.join(unknown)}")

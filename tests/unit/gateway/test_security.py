@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -132,6 +133,21 @@ def test_plaintext_passwords_are_refused_at_start_unless_allowed() -> None:
     check_security(GatewayConfig(users={"alice": password_hash("s3cret")}))
     with pytest.raises(InvalidArgument, match="alice"):
         check_security(GatewayConfig(users={"alice": "scrypt$1$1$1$AA$AA"}))
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"tls_ca": "ca.pem"}, "needs tls_cert"),
+        ({"tls_cert": "c.pem", "tls_require_client_cert": True}, "needs tls_ca"),
+        ({"certificate_users": {"meter-1": "nobody"}}, "unknown users: nobody"),
+    ],
+)
+def test_an_incomplete_certificate_setup_is_refused_at_start(
+    settings: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(InvalidArgument, match=message):
+        check_security(GatewayConfig(**settings))
 
 
 def test_allow_anonymous_is_logged_as_a_warning(caplog: pytest.LogCaptureFixture) -> None:
