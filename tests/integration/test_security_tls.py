@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pika.exceptions
 import pytest
 
 from core.errors import AuthenticationFailed
@@ -61,8 +62,16 @@ def _mqtt(port: int, payload: bytes, *, pki: Pki | None = None, cert: str | None
         device.loop_stop()
 
 
-def _amqp(port: int, payload: bytes, *, pki: Pki | None = None, cert: str | None = None) -> None:
-    """Publish one confirmed message with pika; EXTERNAL login when a certificate is given."""
+def _amqp(
+    port: int,
+    payload: bytes,
+    *,
+    pki: Pki | None = None,
+    cert: str | None = None,
+    user_id: str | None = None,
+) -> None:
+    """Publish one confirmed message with pika; with a certificate, log in with EXTERNAL.
+    ``user_id`` (default: the certificate's user) must be the connection's user."""
     import pika
     import pika.credentials
 
@@ -75,7 +84,8 @@ def _amqp(port: int, payload: bytes, *, pki: Pki | None = None, cert: str | None
     try:
         channel = amqp.channel()
         channel.confirm_delivery()
-        channel.basic_publish("", "orders", payload)
+        properties = pika.BasicProperties(user_id=user_id or cert)
+        channel.basic_publish("", "orders", payload, properties=properties)
     finally:
         amqp.close()
 
@@ -203,6 +213,10 @@ async def test_a_client_certificate_logs_in_as_its_user_on_every_protocol(
             code = await asyncio.to_thread(_mqtt, ports["mqtt_tls"], b"mqtt", pki=pki, cert="alice")
             assert code == 0
             await asyncio.to_thread(_amqp, ports["amqp_tls"], b"amqp", pki=pki, cert="alice")
+            with pytest.raises(pika.exceptions.ChannelClosedByBroker, match="user_id"):
+                await asyncio.to_thread(
+                    _amqp, ports["amqp_tls"], b"spoof", pki=pki, cert="alice", user_id="bob"
+                )
             await asyncio.to_thread(_stomp, ports["stomp_tls"], b"stomp", pki=pki, cert="alice")
             async with aiohttp.ClientSession() as http:
                 listed = await http.get(
