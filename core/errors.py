@@ -15,13 +15,15 @@ code their wire needs.
     ├── Conflict                   409  e.g. group mode/tag mismatch on bind
     │   └── GroupLeased                 the group is held by a Spark job / native flows
     ├── PublishRejected            the message was refused, nothing stored
+    │   ├── InvalidMessage         400  a field ingress validation refuses (core.ingress)
     │   ├── MessageTooLarge        413
     │   ├── QueueFull              429  max_depth reached
     │   └── NoRoute                404  a topic publish matched no queue
     ├── AuthError
     │   ├── AuthenticationFailed   401
     │   └── PermissionDenied       403
-    ├── StorageError               503  the database failed; the operation did not happen
+    ├── StorageError               503  the database refused the operation; it did not happen
+    │   └── StorageUnavailable          the database could not be reached (retry later)
     ├── Unavailable                503  shutting down / standby gateway
     └── ProtocolError              400  malformed input from a peer (subclassed per protocol)
 """
@@ -88,6 +90,11 @@ class PublishRejected(KeygateError):
     status = 400
 
 
+class InvalidMessage(PublishRejected):
+    code = "invalid-message"
+    status = 400
+
+
 class MessageTooLarge(PublishRejected):
     code = "message-too-large"
     status = 413
@@ -123,6 +130,10 @@ class StorageError(KeygateError):
     status = 503
 
 
+class StorageUnavailable(StorageError):
+    code = "storage-unavailable"
+
+
 class Unavailable(KeygateError):
     code = "unavailable"
     status = 503
@@ -143,6 +154,7 @@ __all__ = [
     "GroupLeased",
     "GroupNotFound",
     "InvalidArgument",
+    "InvalidMessage",
     "KeygateError",
     "MessageTooLarge",
     "NoRoute",
@@ -153,5 +165,6 @@ __all__ = [
     "QueueFull",
     "QueueNotFound",
     "StorageError",
+    "StorageUnavailable",
     "Unavailable",
 ]

@@ -7,6 +7,7 @@ caller (core/ never reads a clock).
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -29,6 +30,8 @@ DEFAULT_MAX_HANDOFF_TIME: Final = 3.0
 DEFAULT_WINDOW: Final = 10_000
 DEFAULT_DEDUP_WINDOW: Final = 300.0
 DLQ_SUFFIX: Final = ".dlq"
+# What each property adds to Message.size besides its name and value (tag and lengths).
+PROPERTY_OVERHEAD: Final = 4
 
 # Property names with a meaning of their own (DESIGN.md §3.2, §4 dead letters).
 PARTITION_KEY_PROPERTY: Final = "QUEUE_PARTITION_KEY"
@@ -44,6 +47,15 @@ FIRST_DELIVERY_TIME: Final = "x-first-delivery-time"
 # Queue and group names: letters, digits and . _ - ; 1 to 200 characters; not starting with
 # a dot so that "<queue>.dlq" is always derived, never ambiguous with a hidden name.
 _NAME_RE: Final = re.compile(r"^[A-Za-z0-9_\-][A-Za-z0-9_.\-]{0,199}$")
+
+
+def _text_size(text: str) -> int:
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+def _finite(what: str, value: float | None) -> None:
+    if value is not None and not math.isfinite(value):
+        raise InvalidArgument(f"{what} must be a finite number")
 
 
 def validate_name(kind: str, name: str) -> str:
@@ -94,6 +106,8 @@ class DeadLetterReason(StrEnum):
     MAX_DELIVERIES = "max-deliveries"
     REJECTED = "rejected"
     EXPIRED = "expired"
+    # Stored but impossible to read or encode for delivery (a row from an older version).
+    UNDELIVERABLE = "undeliverable"
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +138,16 @@ class QueueConfig:
 
     def __post_init__(self) -> None:
         validate_name("queue", self.name)
+        for attr in (
+            "ttl",
+            "backoff_initial",
+            "backoff_multiplier",
+            "backoff_max",
+            "rebalance_delay",
+            "max_handoff_time",
+            "dedup_window",
+        ):
+            _finite(attr, getattr(self, attr))
         if self.partitions < 0:
             raise InvalidArgument(f"partitions must be >= 0, got {self.partitions}")
         if self.partitions > 65_536:
@@ -187,6 +211,7 @@ class GroupConfig:
     def __post_init__(self) -> None:
         validate_name("queue", self.queue)
         validate_name("group", self.name)
+        _finite("ack_timeout", self.ack_timeout)
         if self.ack_timeout is not None and self.ack_timeout <= 0:
             raise InvalidArgument("ack_timeout must be > 0 or None")
 
@@ -214,7 +239,29 @@ class Message:
 
     @property
     def size(self) -> int:
-        return len(self.payload)
+        """Bytes counted against ``max_message_size`` and ``max_depth_bytes``: the payload,
+        every property (name, value and a fixed overhead) and every header (DESIGN.md §3.7)."""
+        size = len(self.payload)
+        for name, value in self.properties.items():
+            size += PROPERTY_OVERHEAD + _text_size(name)
+            if isinstance(value, str):
+                size += _text_size(value)
+            elif isinstance(value, bytes):
+                size += len(value)
+            else:
+                size += 8
+        for header in (
+            self.key,
+            self.topic,
+            self.producer,
+            self.dedup_id,
+            self.content_type,
+            self.correlation_id,
+            self.reply_to,
+        ):
+            if header is not None:
+                size += _text_size(header)
+        return size
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,6 +22,7 @@ from typing import Any, Final
 
 from core import actions
 from core.errors import InvalidArgument, KeygateError, Unavailable
+from core.ingress import validate_client_name, validate_delay, validate_window
 from core.model import Publication, QueueConfig
 from gateway.broker import Broker
 from protocols.native.connection import ServerConnection
@@ -223,7 +224,7 @@ class _Session:
                     self.nack(event)
                     self.ok(event.request_id)
                 case Credit():
-                    self.broker.credit(event.flow_id, event.window)
+                    self.broker.credit(event.flow_id, validate_window(event.window))
                     self.ok(event.request_id)
                 case Bind():
                     await self.bind(event)
@@ -262,6 +263,7 @@ class _Session:
             self.send(Ok(request_id=request_id))
 
     async def hello(self, event: Hello) -> None:
+        validate_client_name(event.client_name)
         self.principal = await self.broker.authenticate(
             event.username, event.password, protocol="native", client_id=event.client_name
         )
@@ -300,7 +302,7 @@ class _Session:
 
     def nack(self, event: Nack) -> None:
         if event.outcome is NackOutcome.RETRY:
-            self.broker.nack(event.flow_id, event.message_ids, event.delay)
+            self.broker.nack(event.flow_id, event.message_ids, validate_delay(event.delay))
         elif event.outcome is NackOutcome.REJECT:
             self.broker.reject(event.flow_id, event.message_ids)
         else:
@@ -309,6 +311,8 @@ class _Session:
 
     async def bind(self, event: Bind) -> None:
         assert self.principal is not None
+        if event.window:  # 0 = the queue's default window
+            validate_window(event.window)
         output = _FlowOutput(self)
         result = await self.broker.bind(
             self.principal,

@@ -99,7 +99,7 @@ def message_values(message: Message) -> tuple[Any, ...]:
         message.content_type,
         message.correlation_id,
         message.reply_to,
-        len(message.payload),
+        message.size,
     )
 
 

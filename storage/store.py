@@ -9,8 +9,10 @@ that call alone fails, nothing of it stored), resolves dedup ids against ``kg_de
 assigns seqs from the partitions' heads (read in the same transaction) and writes
 everything in ONE transaction. After COMMIT the cached heads and depths advance, commit
 listeners see the new messages, and only then do the callers' awaits return. If the
-transaction fails, every call in it fails with StorageError and nothing of the batch is
-stored (callers may retry; the broker turns it into a negative confirm).
+database is unreachable (StorageUnavailable), every call of the batch fails and nothing of
+it is stored (callers may retry; the broker turns it into a negative confirm). If the
+transaction fails for any other reason, the batch is retried by halves, so only the call
+the database refuses fails (ingress validation makes that rare: a bug or an old schema).
 """
 
 from __future__ import annotations
@@ -22,7 +24,14 @@ from typing import Final
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from core.errors import InvalidArgument, KeygateError, MessageTooLarge, QueueFull, StorageError
+from core.errors import (
+    InvalidArgument,
+    KeygateError,
+    MessageTooLarge,
+    QueueFull,
+    StorageError,
+    StorageUnavailable,
+)
 from core.model import Message
 from storage.base import Allocation, upsert
 from storage.batcher import GroupCommitter
@@ -123,20 +132,31 @@ class SqlStore(InspectionOps, LeaseOps, ConsumerOps):
                     accepted.append(index)
             if not accepted:
                 return outcomes
-            chosen = [calls[i] for i in accepted]
-            touched = {(m.queue, m.partition) for messages, _ in chosen for m in messages}
-            try:
-                async with self.transaction() as conn:
-                    allocation = await self.lock_heads(conn, touched)
-                    results, new = await self._store(conn, chosen, allocation)
-            except StorageError as e:
-                for index in accepted:
-                    outcomes[index] = e
-                return outcomes
-            self.committed(allocation, new)
+            results = await self._commit_appends([calls[i] for i in accepted])
         for index, result in zip(accepted, results, strict=True):
             outcomes[index] = result
         return outcomes
+
+    async def _commit_appends(self, calls: list[AppendCall]) -> list[list[Message] | BaseException]:
+        """Write ``calls`` in one transaction. If it fails for a reason other than an
+        unreachable database, retry each half on its own, so only the bad call fails."""
+        touched = {(m.queue, m.partition) for messages, _ in calls for m in messages}
+        try:
+            async with self.transaction() as conn:
+                allocation = await self.lock_heads(conn, touched)
+                results, new = await self._store(conn, calls, allocation)
+        except StorageUnavailable as e:
+            return [e] * len(calls)
+        except StorageError as e:
+            if len(calls) == 1:
+                return [e]
+            half = len(calls) // 2
+            return [
+                *await self._commit_appends(calls[:half]),
+                *await self._commit_appends(calls[half:]),
+            ]
+        self.committed(allocation, new)
+        return list(results)
 
     async def _store(
         self, conn: AsyncConnection, calls: list[AppendCall], allocation: Allocation

