@@ -240,7 +240,8 @@ class Message:
     @property
     def size(self) -> int:
         """Bytes counted against ``max_message_size`` and ``max_depth_bytes``: the payload,
-        every property (name, value and a fixed overhead) and every header (DESIGN.md §3.7)."""
+        every property (name, value and a fixed overhead) and every header the publisher set
+        (DESIGN.md §3.7; the producer is the gateway's label, not the publisher's)."""
         size = len(self.payload)
         for name, value in self.properties.items():
             size += PROPERTY_OVERHEAD + _text_size(name)
@@ -253,7 +254,6 @@ class Message:
         for header in (
             self.key,
             self.topic,
-            self.producer,
             self.dedup_id,
             self.content_type,
             self.correlation_id,

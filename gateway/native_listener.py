@@ -94,12 +94,13 @@ class _FlowOutput:
         self.session = session
         self.flow_id = ""
 
-    def deliver(self, deliveries: Sequence[actions.Deliver]) -> None:
+    def deliver(self, deliveries: Sequence[actions.Deliver]) -> Sequence[actions.Deliver]:
         send = self.session.send
+        failed = []
         for d in deliveries:
             m = d.message
-            send(
-                Deliver(
+            try:
+                frame = Deliver(
                     flow_id=d.flow_id,
                     message_id=m.message_id,
                     partition=m.partition,
@@ -115,7 +116,12 @@ class _FlowOutput:
                     correlation_id=m.correlation_id,
                     reply_to=m.reply_to,
                 )
-            )
+                send(frame)
+            except KeygateError:
+                # Not encodable (a field longer than the wire carries, a frame over the
+                # peer's max_frame): the group dead-letters it as undeliverable.
+                failed.append(d)
+        return failed
 
     def partitions_changed(self, partitions: frozenset[int]) -> None:
         self.session.send(PartitionsChanged(flow_id=self.flow_id, partitions=partitions))

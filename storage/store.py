@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Final
+from typing import Any, Final
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -35,7 +35,7 @@ from core.errors import (
 from core.model import Message
 from storage.base import Allocation, upsert
 from storage.batcher import GroupCommitter
-from storage.codec import message_from_row, with_seq
+from storage.codec import message_from_row, salvage_message, with_seq
 from storage.consumer import ConsumerOps
 from storage.engine import async_engine
 from storage.inspection import InspectionOps
@@ -54,6 +54,16 @@ def _dedup_key(message: Message) -> DedupKey | None:
     if message.producer is None or message.dedup_id is None:
         return None
     return (message.queue, message.producer, message.dedup_id)
+
+
+def _partition_query(queue: str, partition: int, after_seq: int, limit: int) -> sa.Select[Any]:
+    m = kg_messages
+    return (
+        sa.select(m)
+        .where(m.c.queue == queue, m.c.partition == partition, m.c.seq > after_seq)
+        .order_by(m.c.seq)
+        .limit(limit)
+    )
 
 
 # Seqs of one partition deleted per retention transaction.
@@ -240,15 +250,27 @@ class SqlStore(InspectionOps, LeaseOps, ConsumerOps):
 
     async def read(self, queue: str, partition: int, after_seq: int, limit: int) -> list[Message]:
         """Up to ``limit`` stored messages of the partition with seq > ``after_seq``, in order."""
-        m = kg_messages
-        query = (
-            sa.select(m)
-            .where(m.c.queue == queue, m.c.partition == partition, m.c.seq > after_seq)
-            .order_by(m.c.seq)
-            .limit(limit)
-        )
+        query = _partition_query(queue, partition, after_seq, limit)
         async with self.transaction() as conn:
             return [message_from_row(row) for row in (await conn.execute(query)).mappings()]
+
+    async def read_for_delivery(
+        self, queue: str, partition: int, after_seq: int, limit: int
+    ) -> tuple[list[Message], frozenset[int]]:
+        """``read``, except that a row whose properties cannot be decoded (written by an
+        older version, or by hand) does not fail the read: it comes back salvaged (the
+        unreadable values as JSON text) and its seq is in the returned set, for the group
+        to dead-letter as undeliverable."""
+        query = _partition_query(queue, partition, after_seq, limit)
+        messages: list[Message] = []
+        unreadable: set[int] = set()
+        async with self.transaction() as conn:
+            for row in (await conn.execute(query)).mappings():
+                message, readable = salvage_message(row)
+                messages.append(message)
+                if not readable:
+                    unreadable.add(message.seq)
+        return messages, frozenset(unreadable)
 
     async def head_seqs(self, queue: str) -> dict[int, int]:
         """The last committed seq of every partition (0 = nothing stored yet)."""
