@@ -90,7 +90,9 @@ class DeliveryBook:
             raise InvalidArgument(f"partition {partition} out of range 0..{len(self._parts) - 1}")
         return self._parts[partition]
 
-    def _admit(self, part: Partition, message: Message, now: float) -> None:
+    def _admit(
+        self, part: Partition, message: Message, now: float, *, undeliverable: bool = False
+    ) -> None:
         """Take a message read or appended in seq order after ``part.cursor``."""
         seq = message.seq
         if seq <= part.cursor:
@@ -104,6 +106,10 @@ class DeliveryBook:
             return
         if seq <= part.restored_dispatched and prior is None:
             prior = (1, None)
+        if undeliverable:
+            count, first_time = prior if prior is not None else (0, None)
+            self._dead_letter(part, message, DeadLetterReason.UNDELIVERABLE, count, first_time)
+            return
         if self._group.tags and not all(
             key in message.properties and property_text(message.properties[key]) == value
             for key, value in self._group.tags.items()

@@ -15,13 +15,15 @@ code their wire needs.
     ├── Conflict                   409  e.g. group mode/tag mismatch on bind
     │   └── GroupLeased                 the group is held by a Spark job / native flows
     ├── PublishRejected            the message was refused, nothing stored
+    │   ├── InvalidMessage         400  a field ingress validation refuses (core.ingress)
     │   ├── MessageTooLarge        413
     │   ├── QueueFull              429  max_depth reached
     │   └── NoRoute                404  a topic publish matched no queue
     ├── AuthError
     │   ├── AuthenticationFailed   401
     │   └── PermissionDenied       403
-    ├── StorageError               503  the database failed; the operation did not happen
+    ├── StorageError               503  the database refused the operation; it did not happen
+    │   ├── StorageUnavailable          the database could not be reached (retry later)
     │   └── Fenced                      this gateway lost the gateway lease to another
     ├── Unavailable                503  shutting down / standby gateway
     └── ProtocolError              400  malformed input from a peer (subclassed per protocol)
@@ -89,6 +91,11 @@ class PublishRejected(KeygateError):
     status = 400
 
 
+class InvalidMessage(PublishRejected):
+    code = "invalid-message"
+    status = 400
+
+
 class MessageTooLarge(PublishRejected):
     code = "message-too-large"
     status = 413
@@ -124,6 +131,10 @@ class StorageError(KeygateError):
     status = 503
 
 
+class StorageUnavailable(StorageError):
+    code = "storage-unavailable"
+
+
 class Fenced(StorageError):
     """A write found that another gateway took the gateway lease over (a newer epoch):
     nothing of it was stored, and this gateway must stop at once."""
@@ -156,6 +167,7 @@ __all__ = [
     "GroupLeased",
     "GroupNotFound",
     "InvalidArgument",
+    "InvalidMessage",
     "KeygateError",
     "MessageTooLarge",
     "NoRoute",
@@ -166,5 +178,6 @@ __all__ = [
     "QueueFull",
     "QueueNotFound",
     "StorageError",
+    "StorageUnavailable",
     "Unavailable",
 ]

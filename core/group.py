@@ -178,8 +178,18 @@ class GroupMachine(DeliveryBook):
                 self._fetch_check.add(part.index)
         return self._finish(now)
 
-    def loaded(self, now: float, partition: int, messages: Sequence[Message]) -> list[Action]:
-        """The answer to a Fetch: the partition's messages after ``after_seq``, in seq order."""
+    def loaded(
+        self,
+        now: float,
+        partition: int,
+        messages: Sequence[Message],
+        undeliverable: frozenset[int] = frozenset(),
+    ) -> list[Action]:
+        """The answer to a Fetch: the partition's messages after ``after_seq``, in seq order.
+
+        Seqs in ``undeliverable`` were stored but cannot be read back whole: they are
+        dead-lettered (reason ``undeliverable``) in their turn, and the partition moves on.
+        """
         self._begin(now)
         part = self._part(partition)
         before = part.cursor
@@ -188,7 +198,7 @@ class GroupMachine(DeliveryBook):
         for message in messages:
             if message.partition != partition:
                 raise InvalidArgument(f"loaded message of partition {message.partition}")
-            self._admit(part, message, now)
+            self._admit(part, message, now, undeliverable=message.seq in undeliverable)
         if part.cursor == before and part.known == part.known_at_fetch:
             # Nothing after the cursor, and nothing was appended while the query ran: what
             # was announced before it is gone (purged), so there is nothing more to read.
@@ -249,12 +259,21 @@ class GroupMachine(DeliveryBook):
 
     def reject(self, now: float, flow_id: str, message_ids: Iterable[str]) -> list[Action]:
         """Dead-letter the flow's unacked messages now."""
+        return self._dead_letter_held(now, flow_id, message_ids, DeadLetterReason.REJECTED)
+
+    def undeliverable(self, now: float, flow_id: str, message_ids: Iterable[str]) -> list[Action]:
+        """The owner could not encode these deliveries for the flow's protocol (a message
+        from an older version, or a bug): dead-letter them (reason ``undeliverable``) so
+        that their partition moves on instead of retrying them forever."""
+        return self._dead_letter_held(now, flow_id, message_ids, DeadLetterReason.UNDELIVERABLE)
+
+    def _dead_letter_held(
+        self, now: float, flow_id: str, message_ids: Iterable[str], reason: DeadLetterReason
+    ) -> list[Action]:
         self._begin(now)
         for part, seq in self._held_by(flow_id, message_ids):
             sent = self._remove_inflight(part, seq)
-            self._dead_letter(
-                part, sent.message, DeadLetterReason.REJECTED, sent.count, sent.first_time
-            )
+            self._dead_letter(part, sent.message, reason, sent.count, sent.first_time)
         return self._finish(now)
 
     def credit(self, now: float, flow_id: str, window: int) -> list[Action]:

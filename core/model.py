@@ -33,6 +33,8 @@ DEFAULT_WINDOW: Final = 10_000
 # AMQP message_id / STOMP message-id as a business id shared by several real messages.
 DEFAULT_DEDUP_WINDOW: Final = 0.0
 DLQ_SUFFIX: Final = ".dlq"
+# What each property adds to Message.size besides its name and value (tag and lengths).
+PROPERTY_OVERHEAD: Final = 4
 
 # Property names with a meaning of their own (DESIGN.md §3.2, §4 dead letters).
 PARTITION_KEY_PROPERTY: Final = "QUEUE_PARTITION_KEY"
@@ -61,6 +63,15 @@ DEAD_LETTER_PROPERTIES: Final = frozenset(
 # Queue and group names: letters, digits and . _ - ; 1 to 200 characters; not starting with
 # a dot so that "<queue>.dlq" is always derived, never ambiguous with a hidden name.
 _NAME_RE: Final = re.compile(r"^[A-Za-z0-9_\-][A-Za-z0-9_.\-]{0,199}$")
+
+
+def _text_size(text: str) -> int:
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+def _finite(what: str, value: float | None) -> None:
+    if value is not None and not math.isfinite(value):
+        raise InvalidArgument(f"{what} must be a finite number")
 
 
 def validate_name(kind: str, name: str) -> str:
@@ -111,6 +122,8 @@ class DeadLetterReason(StrEnum):
     MAX_DELIVERIES = "max-deliveries"
     REJECTED = "rejected"
     EXPIRED = "expired"
+    # Stored but impossible to read or encode for delivery (a row from an older version).
+    UNDELIVERABLE = "undeliverable"
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +157,16 @@ class QueueConfig:
 
     def __post_init__(self) -> None:
         validate_name("queue", self.name)
+        for attr in (
+            "ttl",
+            "backoff_initial",
+            "backoff_multiplier",
+            "backoff_max",
+            "rebalance_delay",
+            "max_handoff_time",
+            "dedup_window",
+        ):
+            _finite(attr, getattr(self, attr))
         if self.partitions < 0:
             raise InvalidArgument(f"partitions must be >= 0, got {self.partitions}")
         if self.partitions > 65_536:
@@ -209,6 +232,7 @@ class GroupConfig:
     def __post_init__(self) -> None:
         validate_name("queue", self.queue)
         validate_name("group", self.name)
+        _finite("ack_timeout", self.ack_timeout)
         if self.ack_timeout is not None and self.ack_timeout <= 0:
             raise InvalidArgument("ack_timeout must be > 0 or None")
 
@@ -239,7 +263,29 @@ class Message:
 
     @property
     def size(self) -> int:
-        return len(self.payload)
+        """Bytes counted against ``max_message_size`` and ``max_depth_bytes``: the payload,
+        every property (name, value and a fixed overhead) and every header the publisher set
+        (DESIGN.md §3.7; the producer is the gateway's label, not the publisher's)."""
+        size = len(self.payload)
+        for name, value in self.properties.items():
+            size += PROPERTY_OVERHEAD + _text_size(name)
+            if isinstance(value, str):
+                size += _text_size(value)
+            elif isinstance(value, bytes):
+                size += len(value)
+            else:
+                size += 8
+        for header in (
+            self.key,
+            self.topic,
+            self.dedup_id,
+            self.content_type,
+            self.correlation_id,
+            self.reply_to,
+        ):
+            if header is not None:
+                size += _text_size(header)
+        return size
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,6 +31,7 @@ from core.errors import (
     Unavailable,
 )
 from core.group import GroupMachine
+from core.ingress import validate_publication
 from core.keys import partition_for, resolve_key
 from core.model import (
     DEFAULT_MAX_MESSAGE_SIZE,
@@ -407,40 +408,40 @@ class Broker:
         self, principal: Principal, publication: Publication, now: float
     ) -> list[Message]:
         out = []
+        validate_publication(publication)
         topic = None if publication.topic is None else normalize_topic(publication.topic)
         for queue in self._route(publication, topic):
             self._check(principal, "publish", queue.name)
-            if len(publication.payload) > queue.max_message_size:
-                raise MessageTooLarge(
-                    f"message of {len(publication.payload)} bytes exceeds queue "
-                    f"{queue.name!r} max_message_size {queue.max_message_size}"
-                )
             key = resolve_key(publication, queue)
             expire_at = publication.expire_at
             ttl = publication.ttl if publication.ttl is not None else queue.ttl
             if expire_at is None and ttl is not None:
                 expire_at = now + ttl
-            out.append(
-                Message(
-                    message_id=new_message_id(now),
-                    queue=queue.name,
-                    partition=partition_for(key, queue.partitions),
-                    seq=0,
-                    key=key,
-                    payload=publication.payload,
-                    properties=publication.properties,
-                    topic=topic,
-                    publish_time=now,
-                    deliver_at=_deliver_at(publication, now),
-                    expire_at=expire_at,
-                    producer=publication.producer,
-                    dedup_id=publication.dedup_id,
-                    content_type=publication.content_type,
-                    correlation_id=publication.correlation_id,
-                    reply_to=publication.reply_to,
-                    publisher=principal.username,
-                )
+            message = Message(
+                message_id=new_message_id(now),
+                queue=queue.name,
+                partition=partition_for(key, queue.partitions),
+                seq=0,
+                key=key,
+                payload=publication.payload,
+                properties=publication.properties,
+                topic=topic,
+                publish_time=now,
+                deliver_at=_deliver_at(publication, now),
+                expire_at=expire_at,
+                producer=publication.producer,
+                dedup_id=publication.dedup_id,
+                content_type=publication.content_type,
+                correlation_id=publication.correlation_id,
+                reply_to=publication.reply_to,
+                publisher=principal.username,
             )
+            if message.size > queue.max_message_size:
+                raise MessageTooLarge(
+                    f"message of {message.size} bytes exceeds queue "
+                    f"{queue.name!r} max_message_size {queue.max_message_size}"
+                )
+            out.append(message)
         return out
 
     async def publish(self, principal: Principal, publication: Publication) -> Receipt:

@@ -570,7 +570,9 @@ def build_parser() -> argparse.ArgumentParser:
         "healthcheck", help="probe this host's /healthz (HTTP, else HTTPS), for containers"
     )
     health.add_argument("--config", help="TOML configuration file (as given to serve)")
-    health.add_argument("--timeout", type=float, default=2.0)
+    health.add_argument(
+        "--timeout", type=float, default=2.0, help="seconds to wait for an answer (default 2)"
+    )
     health.set_defaults(func=_healthcheck)
 
     demo = sub.add_parser("demo", help="run a gateway with real traffic and verify it")

@@ -22,6 +22,7 @@ from typing import Any, Final
 
 from core import actions
 from core.errors import InvalidArgument, KeygateError, Unavailable
+from core.ingress import validate_client_name, validate_delay, validate_window
 from core.model import Publication, QueueConfig
 from gateway.broker import Broker
 from protocols.native.connection import ServerConnection
@@ -93,12 +94,13 @@ class _FlowOutput:
         self.session = session
         self.flow_id = ""
 
-    def deliver(self, deliveries: Sequence[actions.Deliver]) -> None:
+    def deliver(self, deliveries: Sequence[actions.Deliver]) -> Sequence[actions.Deliver]:
         send = self.session.send
+        failed = []
         for d in deliveries:
             m = d.message
-            send(
-                Deliver(
+            try:
+                frame = Deliver(
                     flow_id=d.flow_id,
                     message_id=m.message_id,
                     partition=m.partition,
@@ -114,7 +116,12 @@ class _FlowOutput:
                     correlation_id=m.correlation_id,
                     reply_to=m.reply_to,
                 )
-            )
+                send(frame)
+            except KeygateError:
+                # Not encodable (a field longer than the wire carries, a frame over the
+                # peer's max_frame): the group dead-letters it as undeliverable.
+                failed.append(d)
+        return failed
 
     def partitions_changed(self, partitions: frozenset[int]) -> None:
         self.session.send(PartitionsChanged(flow_id=self.flow_id, partitions=partitions))
@@ -223,7 +230,7 @@ class _Session:
                     self.nack(event)
                     self.ok(event.request_id)
                 case Credit():
-                    self.broker.credit(event.flow_id, event.window)
+                    self.broker.credit(event.flow_id, validate_window(event.window))
                     self.ok(event.request_id)
                 case Bind():
                     await self.bind(event)
@@ -262,6 +269,7 @@ class _Session:
             self.send(Ok(request_id=request_id))
 
     async def hello(self, event: Hello) -> None:
+        validate_client_name(event.client_name)
         peer, certificate_user = peer_identity(self.writer)
         self.principal = await self.broker.authenticate(
             event.username,
@@ -306,7 +314,7 @@ class _Session:
 
     def nack(self, event: Nack) -> None:
         if event.outcome is NackOutcome.RETRY:
-            self.broker.nack(event.flow_id, event.message_ids, event.delay)
+            self.broker.nack(event.flow_id, event.message_ids, validate_delay(event.delay))
         elif event.outcome is NackOutcome.REJECT:
             self.broker.reject(event.flow_id, event.message_ids)
         else:
@@ -315,6 +323,8 @@ class _Session:
 
     async def bind(self, event: Bind) -> None:
         assert self.principal is not None
+        if event.window:  # 0 = the queue's default window
+            validate_window(event.window)
         output = _FlowOutput(self)
         result = await self.broker.bind(
             self.principal,

@@ -15,7 +15,11 @@ task drains that queue in order, merging whatever has piled up into one step:
 4. ``Fetch`` starts a read from SQL whose result is fed back with ``machine.loaded``.
 
 A storage failure while persisting is retried with a capped backoff; delivery pauses
-meanwhile rather than sending something whose count is not durable.
+meanwhile rather than sending something whose count is not durable. A message that cannot
+be read back (``store.read_for_delivery``) or encoded for its flow (``FlowOutput.deliver``
+returns it) goes back to the machine, which dead-letters it as ``undeliverable``: one
+message never stops its partition. Any other error in a step is logged and the executor
+goes on (a group's executor never dies of one step).
 """
 
 from __future__ import annotations
@@ -55,8 +59,9 @@ _RETRY_MAX: Final = 2.0
 class FlowOutput(Protocol):
     """Where a bound flow's traffic goes (a native connection, for now)."""
 
-    def deliver(self, deliveries: Sequence[Deliver]) -> None:
-        """Queue messages for sending; must not block."""
+    def deliver(self, deliveries: Sequence[Deliver]) -> Sequence[Deliver]:
+        """Queue messages for sending; must not block. Returns the deliveries the output
+        could not encode for its protocol (the group dead-letters them as undeliverable)."""
 
     def partitions_changed(self, partitions: frozenset[int]) -> None:
         """Tell the consumer its partition set changed."""
@@ -245,6 +250,23 @@ class GroupRuntime:
                 await self._step(batch, flush=flush)
 
     async def _step(self, actions: list[Action], *, flush: bool) -> None:
+        """Carry out one step. Storage failures are retried inside (``_persist``); any
+        other error is a bug: logged with what the step held, and the executor goes on
+        with the next step rather than die and stop the whole group."""
+        try:
+            await self._carry_out(actions, flush=flush)
+        except Exception:
+            held = sorted(
+                (a.message.partition, a.message.seq) for a in actions if isinstance(a, Deliver)
+            )
+            log.exception(
+                "group %s/%s: a step failed (deliveries at (partition, seq) %s)",
+                self.queue.name,
+                self.group.name,
+                held[:20],
+            )
+
+    async def _carry_out(self, actions: list[Action], *, flush: bool) -> None:
         dispatch: list[RecordDispatch] = []
         letters: list[DeadLetter] = []
         assignments: list[AssignmentChanged] = []
@@ -312,8 +334,22 @@ class GroupRuntime:
 
     def _flush_run(self, run: list[Deliver]) -> None:
         if run and (output := self.outputs.get(run[0].flow_id)) is not None:
-            output.deliver(run)
-            self._hooks.delivered(self.queue.name, self.group.name, run)
+            failed = output.deliver(run)
+            sent = [d for d in run if d not in failed] if failed else run
+            self._hooks.delivered(self.queue.name, self.group.name, sent)
+            if failed:
+                for d in failed:
+                    log.error(
+                        "group %s/%s: message at partition %d seq %d cannot be encoded for "
+                        "flow %s; dead-lettering it as undeliverable",
+                        self.queue.name,
+                        self.group.name,
+                        d.message.partition,
+                        d.message.seq,
+                        d.flow_id,
+                    )
+                ids = [d.message.message_id for d in failed]
+                self.submit(self.machine.undeliverable(self._clock(), run[0].flow_id, ids))
 
     async def _persist(self, write: Callable[[], Awaitable[object]]) -> None:
         delay = 0.05
@@ -336,15 +372,33 @@ class GroupRuntime:
         delay = 0.05
         while True:
             try:
-                messages = await self.store.read(
+                messages, unreadable = await self.store.read_for_delivery(
                     self.queue.name, fetch.partition, fetch.after_seq, fetch.limit
                 )
                 break
-            except KeygateError as e:
-                log.warning("group %s/%s: read failed (%s)", self.queue.name, self.group.name, e)
+            except Exception as e:
+                # A storage failure, or a bug: either way the partition must not be left
+                # waiting for an answer that never comes. Retry with backoff.
+                log.warning(
+                    "group %s/%s: read of partition %d after seq %d failed (%s)",
+                    self.queue.name,
+                    self.group.name,
+                    fetch.partition,
+                    fetch.after_seq,
+                    e if isinstance(e, KeygateError) else repr(e),
+                )
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, _RETRY_MAX)
-        self.submit(self.machine.loaded(self._clock(), fetch.partition, messages))
+        for seq in sorted(unreadable):
+            log.error(
+                "group %s/%s: message at partition %d seq %d cannot be read; "
+                "dead-lettering it as undeliverable",
+                self.queue.name,
+                self.group.name,
+                fetch.partition,
+                seq,
+            )
+        self.submit(self.machine.loaded(self._clock(), fetch.partition, messages, unreadable))
 
     async def _timer_forever(self) -> None:
         while True:

@@ -27,7 +27,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from core.errors import Fenced, QueueNotFound, StorageError
+from core.errors import Fenced, QueueNotFound, StorageError, StorageUnavailable
 from core.model import Message, QueueConfig
 from storage.codec import message_values, queue_from_row
 from storage.schema import (
@@ -41,6 +41,34 @@ from storage.schema import (
 MESSAGE_COLUMNS: Final = tuple(column.name for column in kg_messages.columns)
 
 _log = logging.getLogger("keygate.storage")
+
+
+# Driver failures that mean "the database cannot be reached", not "this write is bad".
+_UNAVAILABLE: Final = (
+    OSError,
+    sa.exc.OperationalError,
+    sa.exc.InterfaceError,
+    sa.exc.DisconnectionError,
+    sa.exc.TimeoutError,
+)
+
+
+def storage_error(error: BaseException) -> StorageError:
+    """The error a caller (and through it a client) sees for a driver failure.
+
+    Its text is short and fixed: the driver's message can hold the SQL statement and its
+    parameters, that is other clients' data. The details go to the log, here.
+    """
+    cause = getattr(error, "orig", None) or error
+    detail = f"{type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}"
+    unavailable = isinstance(error, _UNAVAILABLE) or bool(
+        getattr(error, "connection_invalidated", False)
+    )
+    if unavailable:
+        _log.warning("database unavailable: %s", detail)
+        return StorageUnavailable("storage unavailable")
+    _log.error("database refused a statement: %s", detail)
+    return StorageError("storage error")
 
 
 class Allocation:
@@ -215,7 +243,7 @@ class StoreBase:
                         await self._check_fence(connection)
                     yield connection
         except (sa.exc.SQLAlchemyError, OSError) as e:
-            raise StorageError(f"database error: {e}") from e
+            raise storage_error(e) from e
 
     async def load_caches(self) -> None:
         async with self.transaction() as conn:

@@ -11,11 +11,14 @@ form the next batch, so under load batches grow without any linger at all.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, TypeVar
 
 from core.errors import StorageError, Unavailable
+
+_log = logging.getLogger("keygate.storage")
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -81,8 +84,10 @@ class GroupCommitter(Generic[T, R]):
             except StorageError as e:
                 outcomes = [e] * len(batch)
             except Exception as e:
-                # A bug, not a database failure: fail the callers loudly, keep the writer.
-                error = StorageError(f"write failed: {e!r}")
+                # A bug, not a database failure: fail the callers (with a fixed text: the
+                # exception may hold other callers' data), log it, keep the writer.
+                _log.exception("%s: a batch of %d failed", self._task.get_name(), len(batch))
+                error = StorageError("storage error")
                 error.__cause__ = e
                 outcomes = [error] * len(batch)
             for (_, _, future), outcome in zip(batch, outcomes, strict=True):

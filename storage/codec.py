@@ -57,6 +57,22 @@ def decode_properties(raw: Mapping[str, Any] | None) -> dict[str, PropertyValue]
     return {name: _decode_value(name, value) for name, value in (raw or {}).items()}
 
 
+def salvage_properties(raw: Any) -> tuple[dict[str, PropertyValue], bool]:
+    """Decode what can be decoded; an unreadable value is kept as its JSON text (so a
+    dead-letter copy still shows it). Returns the properties and whether all were readable."""
+    if not isinstance(raw, Mapping):
+        return {"x-unreadable-properties": json.dumps(raw, default=repr)}, False
+    properties: dict[str, PropertyValue] = {}
+    readable = True
+    for name, value in raw.items():
+        try:
+            properties[str(name)] = _decode_value(str(name), value)
+        except StorageError:
+            properties[str(name)] = json.dumps(value, default=repr)
+            readable = False
+    return properties, readable
+
+
 def message_row(message: Message) -> dict[str, Any]:
     return {
         "queue": message.queue,
@@ -99,7 +115,7 @@ def message_values(message: Message) -> tuple[Any, ...]:
         message.content_type,
         message.correlation_id,
         message.reply_to,
-        len(message.payload),
+        message.size,
     )
 
 
@@ -127,6 +143,16 @@ def with_seq(message: Message, seq: int) -> Message:
 
 
 def message_from_row(row: Mapping[Any, Any]) -> Message:
+    return _message(row, decode_properties(row["properties"]))
+
+
+def salvage_message(row: Mapping[Any, Any]) -> tuple[Message, bool]:
+    """``message_from_row`` that never fails on properties: (message, readable)."""
+    properties, readable = salvage_properties(row["properties"])
+    return _message(row, properties), readable
+
+
+def _message(row: Mapping[Any, Any], properties: dict[str, PropertyValue]) -> Message:
     return Message(
         message_id=row["message_id"],
         queue=row["queue"],
@@ -134,7 +160,7 @@ def message_from_row(row: Mapping[Any, Any]) -> Message:
         seq=row["seq"],
         key=row["key"],
         payload=bytes(row["payload"]),
-        properties=decode_properties(row["properties"]),
+        properties=properties,
         topic=row["topic"],
         publish_time=row["publish_time"],
         deliver_at=row["deliver_at"],

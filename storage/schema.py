@@ -3,6 +3,8 @@
 Tables are SQLAlchemy Core; the inspection views are SQLAlchemy selects compiled for the
 connected dialect, so the same definition works on SQLite and PostgreSQL. Times are
 ``DOUBLE PRECISION`` seconds since the Unix epoch (the model's floats, unchanged).
+Text columns are sized from core.ingress's limits, which every publication passes before
+it is stored, so a row never fails for its length (PostgreSQL enforces VARCHAR(n)).
 
 Ack state is compact (DESIGN.md §4): per (group, partition) a committed seq plus ranges
 acked above it (``acked_above``, JSON) and their count (``acked_count``, so the views can
@@ -21,6 +23,8 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import DDLCompiler
 from sqlalchemy.sql.ddl import ExecutableDDLElement
+
+from core.ingress import MAX_CLIENT_NAME_BYTES, MAX_ID_BYTES, MAX_KEY_BYTES, MAX_TOPIC_BYTES
 
 metadata: Final = sa.MetaData()
 
@@ -82,19 +86,19 @@ kg_messages: Final = sa.Table(
     sa.Column("partition", sa.Integer, primary_key=True),
     sa.Column("seq", Seq, primary_key=True),
     sa.Column("message_id", sa.String(64), nullable=False),
-    sa.Column("key", sa.String(1000)),
+    sa.Column("key", sa.String(MAX_KEY_BYTES)),
     sa.Column("payload", sa.LargeBinary, nullable=False),
     # Property values: JSON str/int/float/bool; bytes as {"$b64": "<base64>"}.
     sa.Column("properties", JsonType, nullable=False),
-    sa.Column("topic", sa.String(1000)),
+    sa.Column("topic", sa.String(MAX_TOPIC_BYTES)),
     sa.Column("publish_time", Time, nullable=False),
     sa.Column("deliver_at", Time),
     sa.Column("expire_at", Time),
-    sa.Column("producer", sa.String(500)),
-    sa.Column("dedup_id", sa.String(500)),
-    sa.Column("content_type", sa.String(200)),
-    sa.Column("correlation_id", sa.String(500)),
-    sa.Column("reply_to", sa.String(1000)),
+    sa.Column("producer", sa.String(MAX_ID_BYTES)),
+    sa.Column("dedup_id", sa.String(MAX_ID_BYTES)),
+    sa.Column("content_type", sa.String(MAX_ID_BYTES)),
+    sa.Column("correlation_id", sa.String(MAX_ID_BYTES)),
+    sa.Column("reply_to", sa.String(MAX_ID_BYTES)),
     sa.Column("size", sa.Integer, nullable=False),
 )
 
@@ -149,7 +153,7 @@ kg_flows: Final = sa.Table(
     sa.Column("flow_id", sa.String(64), primary_key=True),
     _name("queue", nullable=False),
     _name("group_name", nullable=False),
-    sa.Column("client", sa.String(500), nullable=False),
+    sa.Column("client", sa.String(MAX_CLIENT_NAME_BYTES), nullable=False),
     sa.Column("state", sa.String(20), nullable=False),
     sa.Column("window_size", sa.Integer, nullable=False),
     sa.Column("ack_mode", sa.String(20)),
@@ -174,8 +178,8 @@ kg_dedup: Final = sa.Table(
     "kg_dedup",
     metadata,
     _name("queue", primary_key=True),
-    sa.Column("producer", sa.String(500), primary_key=True),
-    sa.Column("dedup_id", sa.String(500), primary_key=True),
+    sa.Column("producer", sa.String(MAX_ID_BYTES), primary_key=True),
+    sa.Column("dedup_id", sa.String(MAX_ID_BYTES), primary_key=True),
     sa.Column("message_id", sa.String(64), nullable=False),
     sa.Column("partition", sa.Integer, nullable=False),
     sa.Column("seq", Seq, nullable=False),

@@ -9,8 +9,10 @@ that call alone fails, nothing of it stored), resolves dedup ids against ``kg_de
 assigns seqs from the partitions' heads (read in the same transaction) and writes
 everything in ONE transaction. After COMMIT the cached heads and depths advance, commit
 listeners see the new messages, and only then do the callers' awaits return. If the
-transaction fails, every call in it fails with StorageError and nothing of the batch is
-stored (callers may retry; the broker turns it into a negative confirm).
+database is unreachable (StorageUnavailable), every call of the batch fails and nothing of
+it is stored (callers may retry; the broker turns it into a negative confirm). If the
+transaction fails for any other reason, the batch is retried by halves, so only the call
+the database refuses fails (ingress validation makes that rare: a bug or an old schema).
 """
 
 from __future__ import annotations
@@ -19,16 +21,24 @@ import dataclasses
 import hashlib
 import json
 from collections.abc import Sequence
-from typing import Final
+from typing import Any, Final
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from core.errors import InvalidArgument, KeygateError, MessageTooLarge, QueueFull, StorageError
+from core.errors import (
+    Fenced,
+    InvalidArgument,
+    KeygateError,
+    MessageTooLarge,
+    QueueFull,
+    StorageError,
+    StorageUnavailable,
+)
 from core.model import Message
 from storage.base import Allocation, upsert
 from storage.batcher import GroupCommitter
-from storage.codec import message_from_row, with_seq
+from storage.codec import message_from_row, salvage_message, with_seq
 from storage.consumer import ConsumerOps
 from storage.engine import async_engine
 from storage.inspection import InspectionOps
@@ -61,6 +71,16 @@ def _dedup_key(message: Message) -> DedupKey | None:
     if message.producer is None or message.dedup_id is None:
         return None
     return (message.queue, _dedup_namespace(message.publisher, message.producer), message.dedup_id)
+
+
+def _partition_query(queue: str, partition: int, after_seq: int, limit: int) -> sa.Select[Any]:
+    m = kg_messages
+    return (
+        sa.select(m)
+        .where(m.c.queue == queue, m.c.partition == partition, m.c.seq > after_seq)
+        .order_by(m.c.seq)
+        .limit(limit)
+    )
 
 
 # Seqs of one partition deleted per retention transaction.
@@ -139,20 +159,31 @@ class SqlStore(InspectionOps, LeaseOps, ConsumerOps):
                     accepted.append(index)
             if not accepted:
                 return outcomes
-            chosen = [calls[i] for i in accepted]
-            touched = {(m.queue, m.partition) for messages, _ in chosen for m in messages}
-            try:
-                async with self.transaction() as conn:
-                    allocation = await self.lock_heads(conn, touched)
-                    results, new = await self._store(conn, chosen, allocation)
-            except StorageError as e:
-                for index in accepted:
-                    outcomes[index] = e
-                return outcomes
-            self.committed(allocation, new)
+            results = await self._commit_appends([calls[i] for i in accepted])
         for index, result in zip(accepted, results, strict=True):
             outcomes[index] = result
         return outcomes
+
+    async def _commit_appends(self, calls: list[AppendCall]) -> list[list[Message] | BaseException]:
+        """Write ``calls`` in one transaction. If it fails for a reason other than an
+        unreachable database, retry each half on its own, so only the bad call fails."""
+        touched = {(m.queue, m.partition) for messages, _ in calls for m in messages}
+        try:
+            async with self.transaction() as conn:
+                allocation = await self.lock_heads(conn, touched)
+                results, new = await self._store(conn, calls, allocation)
+        except (StorageUnavailable, Fenced) as e:
+            return [e] * len(calls)  # nothing any call could change
+        except StorageError as e:
+            if len(calls) == 1:
+                return [e]
+            half = len(calls) // 2
+            return [
+                *await self._commit_appends(calls[:half]),
+                *await self._commit_appends(calls[half:]),
+            ]
+        self.committed(allocation, new)
+        return list(results)
 
     async def _store(
         self, conn: AsyncConnection, calls: list[AppendCall], allocation: Allocation
@@ -236,15 +267,27 @@ class SqlStore(InspectionOps, LeaseOps, ConsumerOps):
 
     async def read(self, queue: str, partition: int, after_seq: int, limit: int) -> list[Message]:
         """Up to ``limit`` stored messages of the partition with seq > ``after_seq``, in order."""
-        m = kg_messages
-        query = (
-            sa.select(m)
-            .where(m.c.queue == queue, m.c.partition == partition, m.c.seq > after_seq)
-            .order_by(m.c.seq)
-            .limit(limit)
-        )
+        query = _partition_query(queue, partition, after_seq, limit)
         async with self.transaction(fenced=False) as conn:
             return [message_from_row(row) for row in (await conn.execute(query)).mappings()]
+
+    async def read_for_delivery(
+        self, queue: str, partition: int, after_seq: int, limit: int
+    ) -> tuple[list[Message], frozenset[int]]:
+        """``read``, except that a row whose properties cannot be decoded (written by an
+        older version, or by hand) does not fail the read: it comes back salvaged (the
+        unreadable values as JSON text) and its seq is in the returned set, for the group
+        to dead-letter as undeliverable."""
+        query = _partition_query(queue, partition, after_seq, limit)
+        messages: list[Message] = []
+        unreadable: set[int] = set()
+        async with self.transaction() as conn:
+            for row in (await conn.execute(query)).mappings():
+                message, readable = salvage_message(row)
+                messages.append(message)
+                if not readable:
+                    unreadable.add(message.seq)
+        return messages, frozenset(unreadable)
 
     async def head_seqs(self, queue: str) -> dict[int, int]:
         """The last committed seq of every partition (0 = nothing stored yet)."""

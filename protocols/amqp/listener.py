@@ -219,9 +219,9 @@ class _Session:
             result = await self._queue_operation(self._principal, op)
         except KeygateError as e:
             self.connection.operation_done(op, 0, e)
-        except Exception as e:
+        except Exception:
             logger.exception("amqp operation %r failed", op)
-            self.connection.operation_done(op, 0, _InternalError(f"internal error: {e!r}"))
+            self.connection.operation_done(op, 0, _InternalError("internal error"))
         else:
             self.connection.operation_done(op, result, None)
 
@@ -286,9 +286,9 @@ class _Session:
         except KeygateError:
             for index, publish in todo:
                 results[index] = await self._publish_one(publish)
-        except Exception as e:
+        except Exception:
             logger.exception("amqp publish failed")
-            results.update({i: _InternalError(f"internal error: {e!r}") for i, _ in todo})
+            results.update({i: _InternalError("internal error") for i, _ in todo})
         return [(publish, results[index]) for index, publish in enumerate(batch)]
 
     async def _publish_one(self, publish: ev.Publish) -> KeygateError | None:
@@ -297,9 +297,9 @@ class _Session:
             await self.sink.publish(self._principal, publish.publication)
         except KeygateError as e:
             return e
-        except Exception as e:
+        except Exception:
             logger.exception("amqp publish failed")
-            return _InternalError(f"internal error: {e!r}")
+            return _InternalError("internal error")
         return None
 
 

@@ -94,7 +94,8 @@ async def test_append_assigns_increasing_seqs_per_partition(
     )
     assert [(m.partition, m.seq) for m in stored] == [(0, 1), (1, 1), (0, 2), (0, 3), (1, 2)]
     assert await store.head_seqs("orders") == {0: 3, 1: 2}
-    assert await store.depth("orders") == (5, 5 * len(b"payload"))
+    # A message's size counts its key as well as its payload.
+    assert await store.depth("orders") == (5, sum(m.size for m in stored))
     assert [m.seq for m in await store.read("orders", 0, 1, 10)] == [2, 3]
     assert [m.seq for m in await store.read("orders", 0, 0, 2)] == [1, 2]
 
@@ -204,7 +205,7 @@ async def test_duplicates_inside_one_batch_are_stored_once(
         store.append([one], now=NOW),
     )
     assert len({r[0].message_id for r in results}) == 1
-    assert await store.depth("orders") == (1, len(b"payload"))
+    assert await store.depth("orders") == (1, results[0][0].size)
 
 
 async def test_a_queue_with_default_settings_stores_every_repeated_dedup_id(
@@ -214,7 +215,7 @@ async def test_a_queue_with_default_settings_stores_every_repeated_dedup_id(
     messages = [make_message("orders", producer="p", dedup_id="order-42") for _ in "ab"]
     stored = await store.append(messages, now=NOW)
     assert [m.seq for m in stored] == [1, 2]
-    assert await store.depth("orders") == (2, 2 * len(b"payload"))
+    assert await store.depth("orders") == (2, sum(m.size for m in stored))
 
 
 async def test_the_same_producer_and_dedup_id_of_two_users_are_two_messages(

@@ -13,7 +13,7 @@ import pytest
 from core import actions
 from core.errors import KeygateError, StorageError
 from core.group import GroupMachine
-from core.model import AckMode, GroupConfig, Message, QueueConfig
+from core.model import AckMode, DeadLetterReason, GroupConfig, Message, QueueConfig
 from gateway import runtime as runtime_module
 from gateway.runtime import GroupRuntime
 from tests.support.wait import eventually
@@ -27,6 +27,7 @@ class FakeStore:
     messages: list[Message] = field(default_factory=list)
     fail: int = 0
     hang: bool = False
+    letters: list[actions.DeadLetter] = field(default_factory=list)
 
     async def _write(self, what: str) -> None:
         if self.hang:
@@ -42,19 +43,29 @@ class FakeStore:
     async def write_offsets(self, queue: str, group: str, updates: Any) -> None:
         await self._write("offsets")
 
-    async def dead_letter(
-        self, queue: str, group: str, letters: Any, offsets: Any, **kw: Any
-    ) -> None:
-        await self._write(f"dead_letter+{len(offsets)}offsets")
-
     async def write_assignments(self, queue: str, group: str, changes: Any, **kw: Any) -> None:
         await self._write("assignments")
 
     async def write_flows(self, queue: str, group: str, flows: Any, **kw: Any) -> None:
         await self._write("flows")
 
-    async def read(self, queue: str, partition: int, after: int, limit: int) -> list[Message]:
-        return [m for m in self.messages if m.partition == partition and m.seq > after][:limit]
+    async def read_for_delivery(
+        self, queue: str, partition: int, after: int, limit: int
+    ) -> tuple[list[Message], frozenset[int]]:
+        found = [m for m in self.messages if m.partition == partition and m.seq > after][:limit]
+        return found, frozenset(m.seq for m in found if m.payload == UNREADABLE)
+
+    async def dead_letter(
+        self, queue: str, group: str, letters: Any, offsets: Any, **kw: Any
+    ) -> None:
+        await self._write(f"dead_letter+{len(offsets)}offsets")
+        self.letters.extend(letters)
+
+
+# Payloads the fakes treat as a row that cannot be read back / a message that cannot be
+# encoded for the consumer's protocol.
+UNREADABLE = b"unreadable"
+UNENCODABLE = b"unencodable"
 
 
 @dataclass
@@ -62,9 +73,11 @@ class Output:
     store: FakeStore
     got: list[actions.Deliver] = field(default_factory=list)
 
-    def deliver(self, deliveries: Sequence[actions.Deliver]) -> None:
+    def deliver(self, deliveries: Sequence[actions.Deliver]) -> list[actions.Deliver]:
         self.store.log.append("deliver")
-        self.got.extend(deliveries)
+        failed = [d for d in deliveries if d.message.payload == UNENCODABLE]
+        self.got.extend(d for d in deliveries if d not in failed)
+        return failed
 
     def partitions_changed(self, partitions: frozenset[int]) -> None:
         pass
@@ -93,9 +106,9 @@ def _runtime(store: FakeStore, **queue_settings: Any) -> GroupRuntime:
     return rt
 
 
-def _append(rt: GroupRuntime, store: FakeStore, *seqs: int) -> None:
+def _append(rt: GroupRuntime, store: FakeStore, *seqs: int, payload: bytes = b"x") -> None:
     """What the broker does after a commit: the rows are in the store, then the runtime hears."""
-    batch = [Message(f"m{seq}", "q", 0, seq, "k", b"x") for seq in seqs]
+    batch = [Message(f"m{seq}", "q", 0, seq, "k", payload) for seq in seqs]
     store.messages.extend(batch)
     rt.append(batch)
 
@@ -149,3 +162,63 @@ async def test_close_gives_up_on_a_database_that_does_not_answer(
     store.hang = True
     _append(rt, store, 1)
     await asyncio.wait_for(rt.close(), 5)
+
+
+async def test_a_message_the_output_cannot_encode_is_dead_lettered_and_the_next_is_delivered() -> (
+    None
+):
+    store = FakeStore()
+    rt = _runtime(store)
+    out = Output(store)
+    rt.bind("f", "c", 10, AckMode.CLIENT, None, out)
+    _append(rt, store, 1, payload=UNENCODABLE)
+    _append(rt, store, 2, 3)
+    await eventually(lambda: [d.message.seq for d in out.got] == [2, 3])
+    await eventually(lambda: [letter.message.seq for letter in store.letters] == [1])
+    assert store.letters[0].reason is DeadLetterReason.UNDELIVERABLE
+    await rt.close()
+
+
+async def test_an_unreadable_stored_message_is_dead_lettered_and_its_partition_moves_on() -> None:
+    store = FakeStore()
+    store.messages = [
+        Message("m1", "q", 0, 1, "k", b"x"),
+        Message("m2", "q", 0, 2, "k", UNREADABLE),
+        Message("m3", "q", 0, 3, "k", b"x"),
+    ]
+    rt = _runtime(store)
+    out = Output(store)
+    rt.bind("f", "c", 10, AckMode.CLIENT, None, out)
+    rt.append([])  # as after a restart: the backlog is read through Fetch
+    await eventually(lambda: [d.message.seq for d in out.got] == [1, 3])
+    assert [(letter.message.seq, letter.reason) for letter in store.letters] == [
+        (2, DeadLetterReason.UNDELIVERABLE)
+    ]
+    await rt.close()
+
+
+async def test_an_unexpected_error_in_a_step_is_logged_and_the_group_keeps_delivering(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store = FakeStore()
+    rt = _runtime(store)
+    out = Output(store)
+    rt.bind("f", "c", 10, AckMode.CLIENT, None, out)
+    await rt.flush()
+    real = out.deliver
+    calls = 0
+
+    def deliver_failing_once(deliveries: Sequence[actions.Deliver]) -> list[actions.Deliver]:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise RuntimeError("a bug")
+        return real(deliveries)
+
+    out.deliver = deliver_failing_once  # type: ignore[method-assign]
+    _append(rt, store, 1)
+    await eventually(lambda: calls == 1)
+    _append(rt, store, 2)
+    await eventually(lambda: [d.message.seq for d in out.got] == [2])
+    assert "a step failed (deliveries at (partition, seq) [(0, 1)])" in caplog.text
+    await rt.close()
