@@ -27,6 +27,7 @@ from protocols.stomp.frames import (
     InvalidFrame,
     StompProtocolError,
     Version,
+    header_number,
 )
 
 DEFAULT_MAX_FRAME_SIZE: Final = 5 * 1024 * 1024 + 64 * 1024
@@ -209,9 +210,7 @@ class Codec:
         return command, tuple(headers), length
 
     def _content_length(self, command: str, raw: str, body_start: int) -> int:
-        if not (raw.isascii() and raw.isdigit()):
-            raise InvalidFrame(f"{command} frame: invalid content-length {raw[:40]!r}")
-        length = int(raw)
+        length = header_number("content-length", raw)
         if body_start + length + 1 > self.max_frame_size:
             raise FrameTooLarge(
                 f"{command} frame of {length} body bytes is over the limit of "

@@ -42,6 +42,7 @@ from protocols.stomp.frames import (
     UnsupportedFrame,
     UnsupportedVersion,
     Version,
+    header_number,
 )
 from protocols.stomp.mapping import publication_from_send
 
@@ -155,9 +156,10 @@ def _heartbeat(frame: Frame, version: Version) -> tuple[int, int]:
     if raw is None or version is Version.V1_0:
         return 0, 0
     parts = raw.split(",")
-    if len(parts) != 2 or not all(p.strip().isascii() and p.strip().isdigit() for p in parts):
+    if len(parts) != 2:
         raise InvalidFrame(f"invalid heart-beat header {raw[:40]!r}: want 'cx,cy'")
-    return int(parts[0]), int(parts[1])
+    cx, cy = (header_number("heart-beat", part.strip()) for part in parts)
+    return cx, cy
 
 
 class ServerConnection:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from core.model import GROUP_ID_PROPERTY, Message
-from protocols.stomp.frames import Frame, InvalidFrame, Version
+from protocols.stomp.frames import Frame, InvalidFrame, Version, header_number
 from protocols.stomp.mapping import QUEUE_PREFIX, destination_of
 
 ACK_MODES: Final = frozenset({"auto", "client", "client-individual"})
@@ -76,9 +76,10 @@ def _prefetch(frame: Frame, receipt: str | None) -> int | None:
         raw = frame.header(name)
         if raw is None:
             continue
-        if not (raw.isascii() and raw.isdigit() and 0 < len(raw) <= 9 and int(raw) > 0):
+        prefetch = header_number(name, raw, receipt)
+        if prefetch == 0:
             raise InvalidFrame(f"{name} must be a positive integer", receipt_id=receipt)
-        return int(raw)
+        return prefetch
     return None
 
 

@@ -42,3 +42,43 @@ async def test_junk_on_every_port_leaves_the_gateway_serving_and_data_intact(
         consumer = await client.subscribe("orders", group="g")
         got = {(await consumer.receive(timeout=5)).message_id for _ in confirmed}
     assert got == set(confirmed)
+
+
+async def _stomp_refusal(port: int, frame: bytes) -> tuple[bytes, float]:
+    """Send ``frame`` on a fresh connection; return what came back and how long the
+    gateway took to close the connection."""
+    started = asyncio.get_running_loop().time()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(frame)
+        await writer.drain()
+        answer = b""
+        async with asyncio.timeout(10):
+            while chunk := await reader.read(65536):
+                answer += chunk
+        return answer, asyncio.get_running_loop().time() - started
+    finally:
+        writer.close()
+
+
+async def test_stomp_numbers_too_long_to_parse_get_an_error_and_a_closed_connection(
+    gateway: Gateway,
+) -> None:
+    port = gateway.ports["stomp"]
+    connect = b"CONNECT\naccept-version:1.2\nhost:/\n"
+    frames = [
+        connect + b"heart-beat:" + b"9" * 400 + b",0\n\n\x00",
+        connect + b"content-length:" + b"1" * 5000 + b"\n\n\x00",
+        connect + b"\n\x00SEND\ndestination:/queue/orders\nexpires:" + b"7" * 5000 + b"\n\nx\x00",
+    ]
+    async with Client(native_url(gateway)) as client:
+        await client.declare_queue("orders")
+        for frame in frames:
+            answer, took = await _stomp_refusal(port, frame)
+            assert answer.startswith(b"CONNECTED") or answer.startswith(b"ERROR"), answer[:80]
+            assert b"ERROR\n" in answer and b"invalid" in answer, answer[:200]
+            assert took < 10  # closed by the gateway, not by our timeout
+        # Every other client keeps working.
+        confirmed = await client.publish("orders", b"after", key="k")
+        consumer = await client.subscribe("orders", group="g")
+        assert (await consumer.receive(timeout=5)).message_id == confirmed
