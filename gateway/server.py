@@ -30,7 +30,7 @@ from gateway.config import GatewayConfig
 from gateway.housekeeping import Housekeeping
 from gateway.http import AdminServer
 from gateway.metrics import Metrics
-from gateway.native_listener import NativeListener
+from protocols.native.listener import NativeListener
 from protocols.sink import Listener
 from storage.store import SqlStore, open_store
 
