@@ -1,12 +1,15 @@
 """The native protocol's server: one ``protocols.native.ServerConnection`` per socket.
 
-Requests are handled as they arrive. PUBLISH is pipelined: each one runs in its own task,
-and because ``Broker.publish`` hands its messages to the store's group commit before its
-first suspension, tasks started in arrival order are stored in arrival order; PUBLISH_OK
-goes out when the commit is done. Deliveries come from the group runtimes through
-``_FlowOutput`` and are written straight to the transport: the flow's window bounds how
-much can be outstanding. A socket that drops unbinds its flows (their partitions enter the
-rebalance delay), exactly like UNBIND without shutdown.
+The listener talks to the gateway only through ``protocols.sink.Sink``. Requests are
+handled as they arrive. PUBLISH is pipelined: each one runs in its own task, and because
+the sink's ``publish`` hands its messages to the store's group commit before its first
+suspension, tasks started in arrival order are stored in arrival order; PUBLISH_OK goes out
+when the commit is done. BIND gives the sink one ``_FlowOutput`` per flow; deliveries come
+through it and are written to the transport: the flow's window bounds how much can be
+outstanding. ACK, NACK, CREDIT and UNBIND become the sink's settle events; the sink refuses
+them for a flow bound by another connection (ERROR, the connection stays). A socket that
+drops unbinds its flows (their partitions enter the rebalance delay), exactly like UNBIND
+without shutdown.
 """
 
 from __future__ import annotations
@@ -17,13 +20,13 @@ import logging
 import ssl
 import uuid
 from collections.abc import Sequence
-from dataclasses import fields
+from dataclasses import fields, replace
 from typing import Any, Final
 
 from core import actions
 from core.errors import InvalidArgument, KeygateError, Unavailable
 from core.model import Publication, QueueConfig
-from gateway.broker import Broker
+from protocols import sink
 from protocols.native.connection import ServerConnection
 from protocols.native.events import (
     DEFAULT_MAX_FRAME,
@@ -53,7 +56,7 @@ from protocols.native.events import (
     SettingValue,
     Unbind,
 )
-from protocols.sink import Principal
+from protocols.sink import BindRequest, Principal, Sink
 
 log = logging.getLogger("keygate.native")
 
@@ -87,7 +90,7 @@ def queue_from_settings(
 
 
 class _FlowOutput:
-    """gateway.runtime.FlowOutput for one flow on one native connection."""
+    """protocols.sink.FlowOutput for one flow on one native connection."""
 
     def __init__(self, session: _Session) -> None:
         self.session = session
@@ -132,7 +135,7 @@ class _Session:
         writer: asyncio.StreamWriter,
     ) -> None:
         self.listener = listener
-        self.broker = listener.broker
+        self.sink = listener.sink
         self.reader = reader
         self.writer = writer
         self.conn = ServerConnection(listener.max_frame)
@@ -189,8 +192,9 @@ class _Session:
 
     async def finish(self) -> None:
         self.write_out()
-        for flow_id in list(self.flows):
-            self.broker.unbind(flow_id)
+        if self.principal is not None:
+            for flow_id in list(self.flows):
+                self.sink.settle(self.principal, flow_id, sink.Unbind())
         self.flows.clear()
         for task in list(self.tasks):
             task.cancel()
@@ -214,28 +218,27 @@ class _Session:
                         raise Unavailable("the gateway is shutting down")
                     self.spawn(self.publish(event))
                 case Ack():
-                    self.broker.ack(event.flow_id, event.message_ids)
+                    self.settle(event.flow_id, sink.Ack(event.message_ids))
                     self.ok(event.request_id)
                 case AckCumulative():
-                    self.broker.ack_cumulative(event.flow_id, event.partition, event.seq)
+                    self.settle(event.flow_id, sink.AckCumulative(event.partition, event.seq))
                     self.ok(event.request_id)
                 case Nack():
                     self.nack(event)
                     self.ok(event.request_id)
                 case Credit():
-                    self.broker.credit(event.flow_id, event.window)
+                    self.settle(event.flow_id, sink.Credit(event.window))
                     self.ok(event.request_id)
                 case Bind():
                     await self.bind(event)
                 case Unbind():
-                    self.flows.discard(event.flow_id)
-                    self.broker.unbind(event.flow_id, shutdown=event.shutdown)
+                    self.settle(event.flow_id, sink.Unbind(shutdown=event.shutdown))
                     self.ok(event.request_id)
                 case DeclareQueue():
                     await self.declare(event)
                 case DeleteQueue():
                     assert self.principal is not None
-                    await self.broker.delete_queue(self.principal, event.name)
+                    await self.sink.delete_queue(self.principal, event.name)
                     self.ok(event.request_id)
                 case Ping():
                     self.send(Pong(request_id=event.request_id))
@@ -262,15 +265,16 @@ class _Session:
             self.send(Ok(request_id=request_id))
 
     async def hello(self, event: Hello) -> None:
-        self.principal = await self.broker.authenticate(
+        principal = await self.sink.authenticate(
             event.username, event.password, protocol="native", client_id=event.client_name
         )
+        self.principal = replace(principal, connection=f"native:{self.session_id}")
         self.send(self.conn.accept(self.listener.server_name, self.session_id))
 
     async def publish(self, event: Publish) -> None:
         assert self.principal is not None
         try:
-            receipt = await self.broker.publish(
+            receipt = await self.sink.publish(
                 self.principal,
                 Publication(
                     payload=event.payload,
@@ -298,53 +302,58 @@ class _Session:
             )
         )
 
+    def settle(self, flow_id: str, event: sink.Settle) -> None:
+        assert self.principal is not None
+        self.sink.settle(self.principal, flow_id, event)
+        if isinstance(event, sink.Unbind):
+            self.flows.discard(flow_id)
+
     def nack(self, event: Nack) -> None:
         if event.outcome is NackOutcome.RETRY:
-            self.broker.nack(event.flow_id, event.message_ids, event.delay)
+            self.settle(event.flow_id, sink.Nack(event.message_ids, event.delay))
         elif event.outcome is NackOutcome.REJECT:
-            self.broker.reject(event.flow_id, event.message_ids)
+            self.settle(event.flow_id, sink.Reject(event.message_ids))
         else:
-            self.flows.discard(event.flow_id)
-            self.broker.unbind(event.flow_id, shutdown=True)
+            self.settle(event.flow_id, sink.Unbind(shutdown=True))
 
     async def bind(self, event: Bind) -> None:
         assert self.principal is not None
         output = _FlowOutput(self)
-        result = await self.broker.bind(
+        result = await self.sink.bind(
             self.principal,
-            event.queue,
-            event.group,
-            output=output,
-            client=self.conn.client_name or self.session_id,
-            window=event.window or None,
-            ack_mode=event.ack_mode,
-            tags=dict(event.tags) if event.tags else None,
-            mode=event.mode,
-            key_order=event.key_order,
-            start=event.start,
-            ack_timeout=event.ack_timeout,
-            previous=event.previous_partitions,
+            BindRequest(
+                queue=event.queue,
+                group=event.group,
+                client=self.conn.client_name or self.session_id,
+                window=event.window or None,
+                ack_mode=event.ack_mode,
+                tags=dict(event.tags) if event.tags else None,
+                mode=event.mode,
+                key_order=event.key_order,
+                start=event.start,
+                ack_timeout=event.ack_timeout,
+                previous=event.previous_partitions,
+            ),
+            output,
         )
         output.flow_id = result.flow_id
         self.flows.add(result.flow_id)
-        window = event.window or self.broker.queue(event.queue).window
         self.send(
             BindOk(
                 request_id=event.request_id,
                 flow_id=result.flow_id,
                 partitions=result.partitions,
                 mode=result.group.mode,
-                window=window,
+                window=result.window,
             )
         )
 
     async def declare(self, event: DeclareQueue) -> None:
         assert self.principal is not None
         config = queue_from_settings(event.name, dict(event.settings), event.subscriptions)
-        if event.passive:
-            stored = self.broker.queue(event.name)
-        else:
-            stored = await self.broker.declare(self.principal, config, exist_ok=event.exist_ok)
+        stored = await self.sink.declare_queue(
+            self.principal, config, passive=event.passive, exist_ok=event.exist_ok
+        )
         self.send(
             QueueOk(
                 request_id=event.request_id,
@@ -361,9 +370,9 @@ class NativeListener:
     name = "native"
 
     def __init__(
-        self, broker: Broker, *, server_name: str = "keygate", max_frame: int = DEFAULT_MAX_FRAME
+        self, sink: Sink, *, server_name: str = "keygate", max_frame: int = DEFAULT_MAX_FRAME
     ) -> None:
-        self.broker = broker
+        self.sink = sink
         self.server_name = server_name
         self.max_frame = max_frame
         self._server: asyncio.Server | None = None
