@@ -473,13 +473,13 @@ class Broker:
 
     def settle(self, principal: Principal, flow_id: str, event: Settle) -> None:
         flow = self._flows.get(flow_id)
+        # The one ownership check: flow ids are not secret (inspection lists them).
+        if flow is not None and flow.principal.connection != principal.connection:
+            raise PermissionDenied("flow belongs to another connection")
         if isinstance(event, Credit) and event.window < 1:
             raise InvalidArgument("window must be >= 1")
         if flow is None:
             return  # gone: its messages were already returned for redelivery
-        # The one ownership check: flow ids are not secret (inspection lists them).
-        if flow.principal.connection != principal.connection:
-            raise PermissionDenied("flow belongs to another connection")
         runtime = flow.runtime
         queue, group = runtime.queue.name, runtime.group.name
         match event:

@@ -201,13 +201,13 @@ class MemorySink:
         return BindResult(flow_id, frozenset(), group, window)
 
     def settle(self, principal: Principal, flow_id: str, event: Settle) -> None:
+        flow = self.flows.get(flow_id)
+        if flow is not None and flow.principal.connection != principal.connection:
+            raise PermissionDenied("flow belongs to another connection")
         if isinstance(event, Credit) and event.window < 1:
             raise InvalidArgument("window must be >= 1")
-        flow = self.flows.get(flow_id)
         if flow is None:
             return
-        if flow.principal.connection != principal.connection:
-            raise PermissionDenied("flow belongs to another connection")
         self.settled.append((flow_id, event))
         if isinstance(event, Unbind):
             del self.flows[flow_id]
