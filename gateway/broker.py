@@ -443,6 +443,7 @@ class Broker:
         window = config.window if request.window is None else request.window
         if window < 1:
             raise InvalidArgument("window must be >= 1")
+        window = min(window, self.config.max_window)
         tags = dict(request.tags) if request.tags else None
         wanted = GroupConfig(
             queue,
@@ -495,7 +496,7 @@ class Broker:
                 self.metrics.nacked.labels(queue, group, "reject").inc(len(event.message_ids))
                 runtime.reject(flow_id, event.message_ids)
             case Credit():
-                runtime.credit(flow_id, event.window)
+                runtime.credit(flow_id, min(event.window, self.config.max_window))
             case Unbind():
                 del self._flows[flow_id]
                 runtime.unbind(flow_id, shutdown=event.shutdown)

@@ -52,7 +52,9 @@ def _listeners(broker: Broker, config: GatewayConfig) -> dict[str, Listener]:
     # Imported here so that a protocol package is only loaded when its listener is on.
     out: dict[str, Listener] = {}
     if config.port("native") is not None:
-        out["native"] = NativeListener(broker, server_name=config.name)
+        out["native"] = NativeListener(
+            broker, server_name=config.name, write_buffer=config.consumer_write_buffer
+        )
     if config.port("mqtt") is not None:
         from protocols.mqtt import MqttListener
 

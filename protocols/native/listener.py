@@ -15,6 +15,7 @@ without shutdown.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import ssl
@@ -25,7 +26,7 @@ from typing import Any, Final
 
 from core import actions
 from core.errors import InvalidArgument, KeygateError, Unavailable
-from core.model import Publication, QueueConfig
+from core.model import AckMode, Publication, QueueConfig
 from protocols import sink
 from protocols.native.connection import ServerConnection
 from protocols.native.events import (
@@ -63,6 +64,10 @@ log = logging.getLogger("keygate.native")
 _READ_SIZE: Final = 256 * 1024
 # How long a closing listener waits for publishes it already received to be confirmed.
 DRAIN_TIMEOUT: Final = 10.0
+# How often a connection with bytes still in its write buffer checks what the kernel took.
+_WRITE_POLL: Final = 0.01
+# Bytes a connection may hold in its write buffer before deliveries wait (high-water mark).
+DEFAULT_WRITE_BUFFER: Final = 1024 * 1024
 _SETTINGS: Final = {f.name for f in fields(QueueConfig)} - {"name", "subscriptions"}
 
 
@@ -92,9 +97,10 @@ def queue_from_settings(
 class _FlowOutput:
     """protocols.sink.FlowOutput for one flow on one native connection."""
 
-    def __init__(self, session: _Session) -> None:
+    def __init__(self, session: _Session, *, auto_ack: bool) -> None:
         self.session = session
         self.flow_id = ""
+        self.auto_ack = auto_ack
 
     def deliver(self, deliveries: Sequence[actions.Deliver]) -> None:
         send = self.session.send
@@ -116,7 +122,8 @@ class _FlowOutput:
                     content_type=m.content_type,
                     correlation_id=m.correlation_id,
                     reply_to=m.reply_to,
-                )
+                ),
+                auto_ack=self.auto_ack,
             )
 
     def partitions_changed(self, partitions: frozenset[int]) -> None:
@@ -144,24 +151,96 @@ class _Session:
         self.tasks: set[asyncio.Task[None]] = set()
         self.outgoing: list[bytes] = []
         self.session_id = uuid.uuid4().hex
+        # Back-pressure towards the consumer: above ``high`` bytes not yet in the kernel,
+        # frames wait here as events (their payloads are the machine's in-flight messages,
+        # not copies) until the transport is below ``low``.
+        self.high = listener.write_buffer
+        self.low = listener.write_buffer // 4
+        self.held: collections.deque[tuple[Event, bool]] = collections.deque()
+        self.outgoing_bytes = 0
+        # Auto-ack deliveries are acked once written to the socket: (end offset in the
+        # byte stream, flow id, message id), settled when the kernel has taken that byte.
+        self.sent_bytes = 0
+        self.written_bytes = 0
+        self.unwritten: collections.deque[tuple[int, str, str]] = collections.deque()
+        self.watcher: asyncio.Task[None] | None = None
+        transport = writer.transport
+        transport.set_write_buffer_limits(high=self.high, low=self.low)
 
-    def send(self, event: Event) -> None:
+    def send(self, event: Event, *, auto_ack: bool = False) -> None:
         """Encode now, write once per event-loop turn: replies and deliveries produced in
-        one turn leave in one transport write instead of one each."""
+        one turn leave in one transport write instead of one each. Above the high-water
+        mark the event waits, in order with everything after it."""
         if self.writer.is_closing():
             return
+        if self.held or self.buffered() > self.high:
+            self.held.append((event, auto_ack))
+            self.watch()
+            return
+        self.encode(event, auto_ack=auto_ack)
+
+    def encode(self, event: Event, *, auto_ack: bool) -> None:
         try:
-            self.outgoing.append(self.conn.send(event))
+            data = self.conn.send(event)
         except RuntimeError:
             # The connection state machine is closed (after ERROR/CLOSE): nothing to send.
             return
+        self.outgoing.append(data)
+        self.outgoing_bytes += len(data)
+        self.sent_bytes += len(data)
+        if auto_ack and isinstance(event, Deliver):
+            self.unwritten.append((self.sent_bytes, event.flow_id, event.message_id))
         if len(self.outgoing) == 1:
             asyncio.get_running_loop().call_soon(self.write_out)
+
+    def buffered(self) -> int:
+        """Bytes accepted for this connection that the kernel has not taken yet."""
+        return self.outgoing_bytes + self.writer.transport.get_write_buffer_size()
 
     def write_out(self) -> None:
         if self.outgoing and not self.writer.is_closing():
             self.writer.write(b"".join(self.outgoing))
+            self.written_bytes += self.outgoing_bytes
         self.outgoing.clear()
+        self.outgoing_bytes = 0
+        self.ack_written()
+
+    def ack_written(self) -> None:
+        """Ack the auto-ack deliveries whose last byte the kernel has taken."""
+        if not self.unwritten or self.principal is None or self.writer.is_closing():
+            return
+        taken = self.written_bytes - self.writer.transport.get_write_buffer_size()
+        by_flow: dict[str, list[str]] = {}
+        while self.unwritten and self.unwritten[0][0] <= taken:
+            _, flow_id, message_id = self.unwritten.popleft()
+            by_flow.setdefault(flow_id, []).append(message_id)
+        for flow_id, ids in by_flow.items():
+            self.sink.settle(self.principal, flow_id, sink.Ack(tuple(ids)))
+        if self.unwritten:
+            self.watch()
+
+    def watch(self) -> None:
+        if self.watcher is None or self.watcher.done():
+            self.watcher = asyncio.create_task(self.drain_held())
+
+    async def drain_held(self) -> None:
+        """Wait for the transport to drain, then release held frames and ack what the
+        kernel took. The transport tells us when it falls below ``low`` (drain); a buffer
+        between empty and ``low`` raises no event, so that case is polled."""
+        while (self.held or self.unwritten) and not self.writer.is_closing():
+            try:
+                await self.writer.drain()
+            except ConnectionError:
+                return
+            if self.writer.transport.get_write_buffer_size() > self.low:
+                await asyncio.sleep(_WRITE_POLL)
+                continue
+            while self.held and self.buffered() <= self.high:
+                event, auto_ack = self.held.popleft()
+                self.encode(event, auto_ack=auto_ack)
+            self.write_out()
+            if self.unwritten and not self.held:
+                await asyncio.sleep(_WRITE_POLL)
 
     def abort(self) -> None:
         self.write_out()
@@ -192,6 +271,8 @@ class _Session:
 
     async def finish(self) -> None:
         self.write_out()
+        if self.watcher is not None:
+            self.watcher.cancel()
         if self.principal is not None:
             for flow_id in list(self.flows):
                 self.sink.settle(self.principal, flow_id, sink.Unbind())
@@ -318,7 +399,7 @@ class _Session:
 
     async def bind(self, event: Bind) -> None:
         assert self.principal is not None
-        output = _FlowOutput(self)
+        output = _FlowOutput(self, auto_ack=event.ack_mode is AckMode.AUTO)
         result = await self.sink.bind(
             self.principal,
             BindRequest(
@@ -370,9 +451,15 @@ class NativeListener:
     name = "native"
 
     def __init__(
-        self, sink: Sink, *, server_name: str = "keygate", max_frame: int = DEFAULT_MAX_FRAME
+        self,
+        sink: Sink,
+        *,
+        server_name: str = "keygate",
+        max_frame: int = DEFAULT_MAX_FRAME,
+        write_buffer: int = DEFAULT_WRITE_BUFFER,
     ) -> None:
         self.sink = sink
+        self.write_buffer = write_buffer
         self.server_name = server_name
         self.max_frame = max_frame
         self._server: asyncio.Server | None = None
