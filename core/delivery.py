@@ -332,9 +332,6 @@ class DeliveryBook:
             part.dispatched = dispatched
             self._out.append(RecordDispatch(part.index, dispatched, tuple(redeliveries)))
         self._out.extend(sends)
-        for deliver in sends:
-            if self._flows[deliver.flow_id].ack_mode is AckMode.AUTO:
-                self._settle(part, deliver.message.seq)
 
     def _send(
         self,
@@ -345,17 +342,19 @@ class DeliveryBook:
         first_time: float,
         now: float,
     ) -> Deliver:
-        if flow.ack_mode is AckMode.CLIENT:
-            seq = message.seq
-            part.inflight[seq] = Sent(message, flow.flow_id, count, first_time)
-            part.held[flow.flow_id] += 1
-            flow.pending += 1
-            self._by_id[message.message_id] = (part.index, seq)
-            if message.key is not None:
-                part.inflight_keys[message.key] += 1
-            if self._group.ack_timeout is not None:
-                deadline = now + self._group.ack_timeout
-                heapq.heappush(self._timers, (deadline, ACK_TIMEOUT, part.index, seq, count))
+        # An auto-ack delivery is held like any other until its owner acks it, which it
+        # does once the message is written to the consumer's socket: the window bounds it,
+        # and a consumer that dies before reading gets it redelivered to another.
+        seq = message.seq
+        part.inflight[seq] = Sent(message, flow.flow_id, count, first_time)
+        part.held[flow.flow_id] += 1
+        flow.pending += 1
+        self._by_id[message.message_id] = (part.index, seq)
+        if message.key is not None:
+            part.inflight_keys[message.key] += 1
+        if self._group.ack_timeout is not None and flow.ack_mode is AckMode.CLIENT:
+            deadline = now + self._group.ack_timeout
+            heapq.heappush(self._timers, (deadline, ACK_TIMEOUT, part.index, seq, count))
         return Deliver(flow.flow_id, message, count, count > 1)
 
     def _request_fetches(self) -> None:

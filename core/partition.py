@@ -79,8 +79,6 @@ class Flow:
     announced: frozenset[int] = frozenset()
 
     def has_room(self) -> bool:
-        if self.ack_mode is AckMode.AUTO:
-            return self.window > 0  # settled when sent: the window only pauses (0) or not
         return self.pending < self.window
 
     def status(self) -> FlowStatus:

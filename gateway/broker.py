@@ -1,7 +1,8 @@
 """The broker: routes publications into queues and runs every consumer group.
 
-It implements ``protocols.sink.Sink`` for the protocol listeners, and the consumer
-operations (bind, ack, nack, ...) the native listener calls. Publishing resolves the
+It implements ``protocols.sink.Sink`` for the protocol listeners, publishing and
+consuming (bind, then settle events on the flow; a flow is settled only by the connection
+that bound it, checked in ``settle``). Publishing resolves the
 destination (queue name, or topic through the subscription index), the key and the
 partition, then appends to the store, whose group commit returns after COMMIT. The store's
 commit listener feeds committed messages, in commit order, to the loaded group runtimes.
@@ -35,7 +36,6 @@ from core.ingress import validate_publication
 from core.keys import partition_for, resolve_key
 from core.model import (
     DEFAULT_MAX_MESSAGE_SIZE,
-    AckMode,
     GroupConfig,
     GroupMode,
     KeyOrder,
@@ -48,9 +48,22 @@ from core.model import (
 from core.topics import SubscriptionIndex, normalize_topic, validate_pattern
 from gateway.config import GatewayConfig
 from gateway.metrics import GroupGauge, Metrics, QueueGauge, RuntimeMetrics
-from gateway.runtime import FlowOutput, GroupRuntime
+from gateway.runtime import GroupRuntime
 from gateway.security import Authenticator
-from protocols.sink import Principal, Receipt
+from protocols.sink import (
+    Ack,
+    AckCumulative,
+    BindRequest,
+    BindResult,
+    Credit,
+    FlowOutput,
+    Nack,
+    Principal,
+    Receipt,
+    Reject,
+    Settle,
+    Unbind,
+)
 from storage.redrive import redrive_batch
 from storage.store import SqlStore
 
@@ -78,13 +91,6 @@ def _deliver_at(publication: Publication, now: float) -> float | None:
     if publication.deliver_at is None and publication.delay:
         return now + publication.delay
     return publication.deliver_at
-
-
-@dataclass(frozen=True, slots=True)
-class BindResult:
-    flow_id: str
-    partitions: frozenset[int]
-    group: GroupConfig
 
 
 @dataclass(slots=True)
@@ -503,7 +509,12 @@ class Broker:
                 runtime.heads(advanced[queue])
 
     async def declare_queue(
-        self, principal: Principal, config: QueueConfig, *, passive: bool = False
+        self,
+        principal: Principal,
+        config: QueueConfig,
+        *,
+        passive: bool = False,
+        exist_ok: bool = True,
     ) -> QueueConfig:
         if passive:
             # Checking that a queue exists is what publishers do at start-up (and what a
@@ -511,7 +522,7 @@ class Broker:
             if not self._allows(principal, "publish", config.name):
                 self.check_monitor(principal, config.name)
             return self.queue(config.name)
-        return await self.declare(principal, config, exist_ok=True)
+        return await self.declare(principal, config, exist_ok=exist_ok)
 
     async def delete_queue(self, principal: Principal, name: str) -> int:
         self.check_admin(principal)
@@ -564,37 +575,26 @@ class Broker:
         return runtime
 
     async def bind(
-        self,
-        principal: Principal,
-        queue: str,
-        group: str,
-        *,
-        output: FlowOutput,
-        client: str,
-        window: int | None = None,
-        ack_mode: AckMode = AckMode.CLIENT,
-        tags: dict[str, str] | None = None,
-        mode: GroupMode | None = None,
-        key_order: KeyOrder | None = None,
-        start: StartPosition | None = None,
-        ack_timeout: float | None = None,
-        previous: frozenset[int] | None = None,
+        self, principal: Principal, request: BindRequest, output: FlowOutput
     ) -> BindResult:
         if self._closing:
             raise Unavailable("the gateway is shutting down")
+        queue, group = request.queue, request.group
         config = self.queue(queue)
         self._check(principal, "consume", queue)
-        window = config.window if window is None else window
+        window = config.window if request.window is None else request.window
         if window < 1:
             raise InvalidArgument("window must be >= 1")
+        window = min(window, self.config.max_window)
+        tags = dict(request.tags) if request.tags else None
         wanted = GroupConfig(
             queue,
             group,
-            mode or self.default_mode(queue),
-            key_order or KeyOrder.PARTITION,
-            start or StartPosition.EARLIEST,
-            tags or None,
-            ack_timeout,
+            request.mode or self.default_mode(queue),
+            request.key_order or KeyOrder.PARTITION,
+            request.start or StartPosition.EARLIEST,
+            tags,
+            request.ack_timeout,
         )
         runtime = await self._runtime(wanted)
         # Raises GroupLeased while a Spark job holds the group.
@@ -603,54 +603,45 @@ class Broker:
         )
         self._leased.add((queue, group))
         actual = runtime.group
-        if mode is not None and actual.mode != mode:
-            raise Conflict(f"group {group!r} exists in mode {actual.mode}, not {mode}")
-        if (tags or None) != (dict(actual.tags) if actual.tags else None):
+        if request.mode is not None and actual.mode != request.mode:
+            raise Conflict(f"group {group!r} exists in mode {actual.mode}, not {request.mode}")
+        if tags != (dict(actual.tags) if actual.tags else None):
             raise Conflict(f"group {group!r} has tag filter {actual.tags}, not {tags}")
         flow_id = uuid.uuid4().hex
-        partitions = runtime.bind(flow_id, client, window, ack_mode, previous, output)
+        partitions = runtime.bind(
+            flow_id, request.client, window, request.ack_mode, request.previous, output
+        )
         self._flows[flow_id] = _Flow(runtime, principal)
-        return BindResult(flow_id, partitions, actual)
+        return BindResult(flow_id, partitions, actual, window)
 
-    def _runtime_of(self, flow_id: str) -> GroupRuntime | None:
-        """The flow's runtime; None for a flow that is gone (settling it is a no-op:
-        its messages were already returned for redelivery)."""
+    def settle(self, principal: Principal, flow_id: str, event: Settle) -> None:
         flow = self._flows.get(flow_id)
-        return None if flow is None else flow.runtime
-
-    def unbind(self, flow_id: str, *, shutdown: bool = False) -> None:
-        flow = self._flows.pop(flow_id, None)
-        if flow is not None:
-            flow.runtime.unbind(flow_id, shutdown=shutdown)
-
-    def ack(self, flow_id: str, message_ids: Sequence[str]) -> None:
-        if (runtime := self._runtime_of(flow_id)) is not None:
-            self.metrics.acked.labels(runtime.queue.name, runtime.group.name).inc(len(message_ids))
-            runtime.ack(flow_id, message_ids)
-
-    def ack_cumulative(self, flow_id: str, partition: int, seq: int) -> None:
-        if (runtime := self._runtime_of(flow_id)) is not None:
-            runtime.ack_cumulative(flow_id, partition, seq)
-
-    def nack(self, flow_id: str, message_ids: Sequence[str], delay: float | None) -> None:
-        if (runtime := self._runtime_of(flow_id)) is not None:
-            self.metrics.nacked.labels(runtime.queue.name, runtime.group.name, "retry").inc(
-                len(message_ids)
-            )
-            runtime.nack(flow_id, message_ids, delay)
-
-    def reject(self, flow_id: str, message_ids: Sequence[str]) -> None:
-        if (runtime := self._runtime_of(flow_id)) is not None:
-            self.metrics.nacked.labels(runtime.queue.name, runtime.group.name, "reject").inc(
-                len(message_ids)
-            )
-            runtime.reject(flow_id, message_ids)
-
-    def credit(self, flow_id: str, window: int) -> None:
-        if window < 1:
+        # The one ownership check: flow ids are not secret (inspection lists them).
+        if flow is not None and flow.principal.connection != principal.connection:
+            raise PermissionDenied("flow belongs to another connection")
+        if isinstance(event, Credit) and event.window < 1:
             raise InvalidArgument("window must be >= 1")
-        if (runtime := self._runtime_of(flow_id)) is not None:
-            runtime.credit(flow_id, window)
+        if flow is None:
+            return  # gone: its messages were already returned for redelivery
+        runtime = flow.runtime
+        queue, group = runtime.queue.name, runtime.group.name
+        match event:
+            case Ack():
+                self.metrics.acked.labels(queue, group).inc(len(event.message_ids))
+                runtime.ack(flow_id, event.message_ids)
+            case AckCumulative():
+                runtime.ack_cumulative(flow_id, event.partition, event.seq)
+            case Nack():
+                self.metrics.nacked.labels(queue, group, "retry").inc(len(event.message_ids))
+                runtime.nack(flow_id, event.message_ids, event.delay)
+            case Reject():
+                self.metrics.nacked.labels(queue, group, "reject").inc(len(event.message_ids))
+                runtime.reject(flow_id, event.message_ids)
+            case Credit():
+                runtime.credit(flow_id, min(event.window, self.config.max_window))
+            case Unbind():
+                del self._flows[flow_id]
+                runtime.unbind(flow_id, shutdown=event.shutdown)
 
     # --- inspection ---------------------------------------------------------------------
 

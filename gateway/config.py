@@ -86,6 +86,11 @@ class GatewayConfig:
     # Active/standby: gateways sharing a database elect one active through a lease in SQL.
     lease_ttl: float = 10.0
     buffer_size: int = 1000
+    # The largest window a consumer gets: a larger BIND or CREDIT window is clamped to it.
+    max_window: int = 10_000
+    # Bytes a consumer connection may have waiting in the gateway's write buffer: above it
+    # no more deliveries are handed to the socket; they resume below a quarter of it.
+    consumer_write_buffer: int = 1024 * 1024
     log_level: str = "INFO"
     log_json: bool = False
     name: str = "keygate"

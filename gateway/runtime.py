@@ -46,6 +46,7 @@ from core.errors import KeygateError
 from core.group import GroupMachine
 from core.model import AckMode, GroupConfig, Message, QueueConfig
 from core.partition import GroupStatus
+from protocols.sink import FlowOutput
 from storage.store import SqlStore
 
 log = logging.getLogger("keygate.runtime")
@@ -54,20 +55,6 @@ _CLOSE_TIMEOUT: Final = 10.0
 _FLUSH: Final = "flush"
 _DRAIN: Final = "drain"
 _RETRY_MAX: Final = 2.0
-
-
-class FlowOutput(Protocol):
-    """Where a bound flow's traffic goes (a native connection, for now)."""
-
-    def deliver(self, deliveries: Sequence[Deliver]) -> Sequence[Deliver]:
-        """Queue messages for sending; must not block. Returns the deliveries the output
-        could not encode for its protocol (the group dead-letters them as undeliverable)."""
-
-    def partitions_changed(self, partitions: frozenset[int]) -> None:
-        """Tell the consumer its partition set changed."""
-
-    def terminate(self, error: KeygateError) -> None:
-        """The group went away (queue deleted): end the flow with this error."""
 
 
 class RuntimeHooks(Protocol):

@@ -35,8 +35,8 @@ from gateway.config import LISTENERS, TLS_LISTENERS, GatewayConfig
 from gateway.housekeeping import Housekeeping
 from gateway.http import AdminServer
 from gateway.metrics import Metrics
-from gateway.native_listener import NativeListener
 from gateway.security import check_security
+from protocols.native.listener import NativeListener
 from protocols.sink import Listener
 from storage.base import GatewayLease
 from storage.store import SqlStore, open_store
@@ -60,7 +60,9 @@ def _listener(
 ) -> Listener:
     # Imported here so that a protocol package is only loaded when its listener is on.
     if protocol == "native":
-        return NativeListener(broker, server_name=config.name)
+        return NativeListener(
+            broker, server_name=config.name, write_buffer=config.consumer_write_buffer
+        )
     if protocol == "mqtt":
         from protocols.mqtt import MqttListener
 

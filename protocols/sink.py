@@ -1,29 +1,51 @@
-"""The boundary between the wire protocols and the gateway.
+"""The boundary between the wire protocols and the gateway, both ways.
 
-A protocol listener (MQTT, AMQP, STOMP) knows nothing of storage or of the broker: it is
-given a ``Sink`` and calls it. The gateway's broker implements ``Sink``; unit tests of a
-listener use a small in-memory implementation. Every method may raise a
-``core.errors.KeygateError``; the listener maps it to its wire's error (reason code, reply
-code, ERROR frame) and keeps the server alive.
+A protocol listener (native, MQTT, AMQP, STOMP) knows nothing of storage or of the broker:
+it is given a ``Sink`` and calls it. Publishing: ``publish``/``publish_many``. Consuming:
+``bind`` with a ``BindRequest`` and a ``FlowOutput`` (one per consumer: the group runtime
+pushes that consumer's deliveries into it), then ``settle`` with one of the frozen settle
+events (``Ack``, ``AckCumulative``, ``Nack``, ``Reject``, ``Credit``, ``Unbind``) naming
+the flow. A flow belongs to the connection that bound it (``Principal.connection``): the
+sink refuses to settle it for anyone else.
+
+The gateway's broker implements ``Sink``; unit tests of a listener use a small in-memory
+implementation. Every method may raise a ``core.errors.KeygateError``; the listener maps
+it to its wire's error (reason code, reply code, ERROR frame) and keeps the server alive.
 """
 
 from __future__ import annotations
 
 import ssl
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from core.model import Publication, QueueConfig
+from core.actions import Deliver
+from core.errors import KeygateError
+from core.model import (
+    AckMode,
+    GroupConfig,
+    GroupMode,
+    KeyOrder,
+    Publication,
+    QueueConfig,
+    StartPosition,
+)
 
 
 @dataclass(frozen=True, slots=True)
 class Principal:
-    """Who is connected, after authentication. ``username`` None = anonymous."""
+    """Who is connected, after authentication. ``username`` None = anonymous.
+
+    ``connection`` names one connection, unique in the gateway; the listener sets it when
+    it authenticates. A flow bound by a principal can be settled only by a principal with
+    the same ``connection``.
+    """
 
     username: str | None
     protocol: str
     client_id: str | None = None
+    connection: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,8 +57,103 @@ class Receipt:
     duplicate: bool = False
 
 
+class FlowOutput(Protocol):
+    """Where one bound flow's traffic goes: one consumer on one connection."""
+
+    def deliver(self, deliveries: Sequence[Deliver]) -> Sequence[Deliver]:
+        """Queue messages for sending; must not block. Returns the deliveries the output
+        could not encode for its protocol (the group dead-letters them as undeliverable)."""
+
+    def partitions_changed(self, partitions: frozenset[int]) -> None:
+        """Tell the consumer its partition set changed."""
+
+    def terminate(self, error: KeygateError) -> None:
+        """The group went away (queue deleted): end the flow with this error."""
+
+
+@dataclass(frozen=True, slots=True)
+class BindRequest:
+    """Attach a consumer to ``group`` of ``queue`` (the group is created on first bind).
+
+    ``client`` identifies the consumer across reconnects (its partitions are kept for it
+    through the rebalance delay); ``window`` None takes the queue's; ``previous`` are the
+    partitions a reconnecting consumer held. None elsewhere means the group's default.
+    """
+
+    queue: str
+    group: str
+    client: str
+    window: int | None = None
+    ack_mode: AckMode = AckMode.CLIENT
+    tags: Mapping[str, str] | None = None
+    mode: GroupMode | None = None
+    key_order: KeyOrder | None = None
+    start: StartPosition | None = None
+    ack_timeout: float | None = None
+    previous: frozenset[int] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BindResult:
+    """A bound flow: its id, its first partition set, the group and the window in force."""
+
+    flow_id: str
+    partitions: frozenset[int]
+    group: GroupConfig
+    window: int
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    """These deliveries are done."""
+
+    message_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class AckCumulative:
+    """Everything the flow holds of ``partition`` up to ``seq`` (inclusive) is done."""
+
+    partition: int
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class Nack:
+    """Deliver these again, after ``delay`` seconds (None: the queue's backoff)."""
+
+    message_ids: tuple[str, ...]
+    delay: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Reject:
+    """Never deliver these again: dead-letter them."""
+
+    message_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Credit:
+    """Set the flow's window (messages outstanding at once)."""
+
+    window: int
+
+
+@dataclass(frozen=True, slots=True)
+class Unbind:
+    """Detach the flow. ``shutdown`` releases its partitions at once; otherwise they are
+    kept for the same client through the rebalance delay."""
+
+    shutdown: bool = False
+
+
+Settle = Ack | AckCumulative | Nack | Reject | Credit | Unbind
+
+
 class Sink(Protocol):
-    """What a protocol listener may ask of the gateway. All calls are coroutines."""
+    """What a protocol listener may ask of the gateway. All calls but ``settle`` are
+    coroutines."""
 
     @property
     def max_message_size(self) -> int:
@@ -83,12 +200,18 @@ class Sink(Protocol):
         ...
 
     async def declare_queue(
-        self, principal: Principal, config: QueueConfig, *, passive: bool = False
+        self,
+        principal: Principal,
+        config: QueueConfig,
+        *,
+        passive: bool = False,
+        exist_ok: bool = True,
     ) -> QueueConfig:
         """Create the queue (and its dead-letter queue) or check it exists.
 
-        Passive: raise QueueNotFound if absent. Existing with different partitions:
-        raise AlreadyExists. Returns the queue as stored.
+        Passive: raise QueueNotFound if absent. Existing with different partitions, or
+        existing at all when not ``exist_ok``: raise AlreadyExists. Returns the queue as
+        stored.
         """
         ...
 
@@ -109,6 +232,26 @@ class Sink(Protocol):
         ...
 
     async def unsubscribe(self, principal: Principal, queue: str, pattern: str) -> None: ...
+
+    async def bind(
+        self, principal: Principal, request: BindRequest, output: FlowOutput
+    ) -> BindResult:
+        """Bind a consumer; its deliveries go to ``output`` from now on.
+
+        Raises QueueNotFound, PermissionDenied, InvalidArgument (window), Conflict (the
+        group exists with another mode or tag filter), GroupLeased, Unavailable.
+        """
+        ...
+
+    def settle(self, principal: Principal, flow_id: str, event: Settle) -> None:
+        """Apply one settle event to a flow. Not a coroutine: it only hands the event to
+        the group's machine, so settles take effect in the order they arrive.
+
+        Raises PermissionDenied ("flow belongs to another connection") when the flow was
+        bound by another connection, InvalidArgument for a bad window. A flow that is gone
+        is a no-op: its messages were already returned for redelivery.
+        """
+        ...
 
 
 class TransportInfo(Protocol):
@@ -146,4 +289,21 @@ class Listener(Protocol):
         ...
 
 
-__all__ = ["Listener", "Principal", "Receipt", "Sink", "TransportInfo", "peer_identity"]
+__all__ = [
+    "Ack",
+    "AckCumulative",
+    "BindRequest",
+    "BindResult",
+    "Credit",
+    "FlowOutput",
+    "Listener",
+    "Nack",
+    "Principal",
+    "Receipt",
+    "Reject",
+    "Settle",
+    "Sink",
+    "TransportInfo",
+    "Unbind",
+    "peer_identity",
+]

@@ -1,7 +1,10 @@
 """An in-memory ``protocols.sink.Sink`` for unit tests of the protocol listeners.
 
 It stores publications in a list, routes topics with ``core.topics``, and lets a test
-stall commits (to prove a confirm waits for the commit) or make them fail.
+stall commits (to prove a confirm waits for the commit) or make them fail. Consumers: it
+records bound flows (with their ``FlowOutput``, so a test can push deliveries through
+``flows[id].output``) and every settle event, refusing one from another connection as the
+broker does.
 """
 
 from __future__ import annotations
@@ -14,15 +17,34 @@ from dataclasses import dataclass, field, replace
 from core.errors import (
     AlreadyExists,
     AuthenticationFailed,
+    InvalidArgument,
     MessageTooLarge,
     NoRoute,
+    PermissionDenied,
     QueueFull,
     QueueNotFound,
     StorageError,
 )
-from core.model import DEFAULT_MAX_MESSAGE_SIZE, Publication, QueueConfig
+from core.model import (
+    DEFAULT_MAX_MESSAGE_SIZE,
+    GroupConfig,
+    GroupMode,
+    KeyOrder,
+    Publication,
+    QueueConfig,
+    StartPosition,
+)
 from core.topics import SubscriptionIndex
-from protocols.sink import Principal, Receipt
+from protocols.sink import (
+    BindRequest,
+    BindResult,
+    Credit,
+    FlowOutput,
+    Principal,
+    Receipt,
+    Settle,
+    Unbind,
+)
 
 
 @dataclass
@@ -30,6 +52,13 @@ class Stored:
     queue: str
     publication: Publication
     message_id: str
+
+
+@dataclass
+class BoundFlow:
+    principal: Principal
+    request: BindRequest
+    output: FlowOutput
 
 
 @dataclass
@@ -46,6 +75,8 @@ class MemorySink:
     max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
     gate: asyncio.Event = field(default_factory=asyncio.Event)
     stored_event: asyncio.Event = field(default_factory=asyncio.Event)
+    flows: dict[str, BoundFlow] = field(default_factory=dict)
+    settled: list[tuple[str, Settle]] = field(default_factory=list)
     _index: SubscriptionIndex = field(default_factory=SubscriptionIndex)
     _ids: itertools.count[int] = field(default_factory=itertools.count)
 
@@ -109,7 +140,12 @@ class MemorySink:
         return (await self.publish_many(principal, [publication]))[0]
 
     async def declare_queue(
-        self, principal: Principal, config: QueueConfig, *, passive: bool = False
+        self,
+        principal: Principal,
+        config: QueueConfig,
+        *,
+        passive: bool = False,
+        exist_ok: bool = True,
     ) -> QueueConfig:
         existing = self.queues.get(config.name)
         if passive:
@@ -117,7 +153,7 @@ class MemorySink:
                 raise QueueNotFound(config.name)
             return existing
         if existing is not None:
-            if existing.partitions != config.partitions:
+            if not exist_ok or existing.partitions != config.partitions:
                 raise AlreadyExists(f"queue {config.name!r} exists with other partitions")
             return existing
         self.queues[config.name] = config
@@ -157,6 +193,36 @@ class MemorySink:
         self._index.remove(pattern, queue)
         subs = tuple(p for p in config.subscriptions if p != pattern)
         self.queues[queue] = replace(config, subscriptions=subs)
+
+    async def bind(
+        self, principal: Principal, request: BindRequest, output: FlowOutput
+    ) -> BindResult:
+        config = self._require(request.queue)
+        window = config.window if request.window is None else request.window
+        if window < 1:
+            raise InvalidArgument("window must be >= 1")
+        flow_id = f"flow-{next(self._ids)}"
+        self.flows[flow_id] = BoundFlow(principal, request, output)
+        group = GroupConfig(
+            request.queue,
+            request.group,
+            request.mode or GroupMode.SHARED,
+            request.key_order or KeyOrder.PARTITION,
+            request.start or StartPosition.EARLIEST,
+        )
+        return BindResult(flow_id, frozenset(), group, window)
+
+    def settle(self, principal: Principal, flow_id: str, event: Settle) -> None:
+        flow = self.flows.get(flow_id)
+        if flow is not None and flow.principal.connection != principal.connection:
+            raise PermissionDenied("flow belongs to another connection")
+        if isinstance(event, Credit) and event.window < 1:
+            raise InvalidArgument("window must be >= 1")
+        if flow is None:
+            return
+        self.settled.append((flow_id, event))
+        if isinstance(event, Unbind):
+            del self.flows[flow_id]
 
     async def wait_stored(self, count: int, timeout: float = 10.0) -> list[Stored]:
         """Wait until at least ``count`` messages are stored (poll with a deadline)."""

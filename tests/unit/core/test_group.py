@@ -151,12 +151,26 @@ def test_ack_cumulative_is_refused_in_shared_mode() -> None:
         d.machine.ack_cumulative(0.0, "a", 0, 1)
 
 
-def test_auto_ack_flows_settle_messages_when_sent() -> None:
+def test_auto_ack_flows_are_bounded_by_their_window_until_the_owner_acks_the_write() -> None:
     d = make()
-    [d.publish("k") for _ in range(3)]
+    messages = [d.publish("k") for _ in range(3)]
     d.bind("a", window=1, ack_mode=AckMode.AUTO)
+    assert d.seqs("a") == [1]
+    d.ack("a", messages[0])
+    d.ack("a", messages[1])
     assert d.seqs("a") == [1, 2, 3]
+    d.ack("a", messages[2])
+    d.advance(1.0)
     assert d.offsets[0] == OffsetUpdate(0, 3, ())
+
+
+def test_an_auto_ack_flow_that_dies_before_the_write_leaves_its_messages_for_the_next() -> None:
+    d = make()
+    d.publish("k")
+    d.bind("a", ack_mode=AckMode.AUTO)
+    d.call(d.machine.unbind, "a", shutdown=True)
+    d.bind("b", ack_mode=AckMode.AUTO)
+    assert d.seqs("b") == [1]
 
 
 def test_credit_changes_the_window() -> None:

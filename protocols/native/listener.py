@@ -1,30 +1,34 @@
 """The native protocol's server: one ``protocols.native.ServerConnection`` per socket.
 
-Requests are handled as they arrive. PUBLISH is pipelined: each one runs in its own task,
-and because ``Broker.publish`` hands its messages to the store's group commit before its
-first suspension, tasks started in arrival order are stored in arrival order; PUBLISH_OK
-goes out when the commit is done. Deliveries come from the group runtimes through
-``_FlowOutput`` and are written straight to the transport: the flow's window bounds how
-much can be outstanding. A socket that drops unbinds its flows (their partitions enter the
-rebalance delay), exactly like UNBIND without shutdown.
+The listener talks to the gateway only through ``protocols.sink.Sink``. Requests are
+handled as they arrive. PUBLISH is pipelined: each one runs in its own task, and because
+the sink's ``publish`` hands its messages to the store's group commit before its first
+suspension, tasks started in arrival order are stored in arrival order; PUBLISH_OK goes out
+when the commit is done. BIND gives the sink one ``_FlowOutput`` per flow; deliveries come
+through it and are written to the transport: the flow's window bounds how much can be
+outstanding. ACK, NACK, CREDIT and UNBIND become the sink's settle events; the sink refuses
+them for a flow bound by another connection (ERROR, the connection stays). A socket that
+drops unbinds its flows (their partitions enter the rebalance delay), exactly like UNBIND
+without shutdown.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import ssl
 import uuid
 from collections.abc import Sequence
-from dataclasses import fields
+from dataclasses import fields, replace
 from typing import Any, Final
 
 from core import actions
 from core.errors import InvalidArgument, KeygateError, Unavailable
 from core.ingress import validate_client_name, validate_delay, validate_window
-from core.model import Publication, QueueConfig
-from gateway.broker import Broker
+from core.model import AckMode, Publication, QueueConfig
+from protocols import sink
 from protocols.native.connection import ServerConnection
 from protocols.native.events import (
     DEFAULT_MAX_FRAME,
@@ -54,13 +58,17 @@ from protocols.native.events import (
     SettingValue,
     Unbind,
 )
-from protocols.sink import Principal, peer_identity
+from protocols.sink import BindRequest, Principal, Sink, peer_identity
 
 log = logging.getLogger("keygate.native")
 
 _READ_SIZE: Final = 256 * 1024
 # How long a closing listener waits for publishes it already received to be confirmed.
 DRAIN_TIMEOUT: Final = 10.0
+# How often a connection with bytes still in its write buffer checks what the kernel took.
+_WRITE_POLL: Final = 0.01
+# Bytes a connection may hold in its write buffer before deliveries wait (high-water mark).
+DEFAULT_WRITE_BUFFER: Final = 1024 * 1024
 _SETTINGS: Final = {f.name for f in fields(QueueConfig)} - {"name", "subscriptions"}
 
 
@@ -88,11 +96,12 @@ def queue_from_settings(
 
 
 class _FlowOutput:
-    """gateway.runtime.FlowOutput for one flow on one native connection."""
+    """protocols.sink.FlowOutput for one flow on one native connection."""
 
-    def __init__(self, session: _Session) -> None:
+    def __init__(self, session: _Session, *, auto_ack: bool) -> None:
         self.session = session
         self.flow_id = ""
+        self.auto_ack = auto_ack
 
     def deliver(self, deliveries: Sequence[actions.Deliver]) -> Sequence[actions.Deliver]:
         send = self.session.send
@@ -116,7 +125,7 @@ class _FlowOutput:
                     correlation_id=m.correlation_id,
                     reply_to=m.reply_to,
                 )
-                send(frame)
+                send(frame, auto_ack=self.auto_ack)
             except KeygateError:
                 # Not encodable (a field longer than the wire carries, a frame over the
                 # peer's max_frame): the group dead-letters it as undeliverable.
@@ -139,7 +148,7 @@ class _Session:
         writer: asyncio.StreamWriter,
     ) -> None:
         self.listener = listener
-        self.broker = listener.broker
+        self.sink = listener.sink
         self.reader = reader
         self.writer = writer
         self.conn = ServerConnection(listener.max_frame)
@@ -148,24 +157,99 @@ class _Session:
         self.tasks: set[asyncio.Task[None]] = set()
         self.outgoing: list[bytes] = []
         self.session_id = uuid.uuid4().hex
+        # Back-pressure towards the consumer: above ``high`` bytes not yet in the kernel,
+        # frames wait here, encoded (so a delivery the wire cannot carry is found at once
+        # and dead-lettered), with the auto-ack they owe, until the transport is below
+        # ``low``. Their number is bounded by the flows' windows.
+        self.high = listener.write_buffer
+        self.low = listener.write_buffer // 4
+        self.held: collections.deque[tuple[bytes, tuple[str, str] | None]] = collections.deque()
+        self.outgoing_bytes = 0
+        # Auto-ack deliveries are acked once written to the socket: (end offset in the
+        # byte stream, flow id, message id), settled when the kernel has taken that byte.
+        self.sent_bytes = 0
+        self.written_bytes = 0
+        self.unwritten: collections.deque[tuple[int, str, str]] = collections.deque()
+        self.watcher: asyncio.Task[None] | None = None
+        transport = writer.transport
+        transport.set_write_buffer_limits(high=self.high, low=self.low)
 
-    def send(self, event: Event) -> None:
+    def send(self, event: Event, *, auto_ack: bool = False) -> None:
         """Encode now, write once per event-loop turn: replies and deliveries produced in
-        one turn leave in one transport write instead of one each."""
+        one turn leave in one transport write instead of one each. Above the high-water
+        mark the event waits, in order with everything after it."""
         if self.writer.is_closing():
             return
         try:
-            self.outgoing.append(self.conn.send(event))
+            data = self.conn.send(event)  # encoded now: an unencodable event raises here
         except RuntimeError:
             # The connection state machine is closed (after ERROR/CLOSE): nothing to send.
             return
+        acked = None
+        if auto_ack and isinstance(event, Deliver):
+            acked = (event.flow_id, event.message_id)
+        if self.held or self.buffered() > self.high:
+            self.held.append((data, acked))
+            self.watch()
+            return
+        self.queue_bytes(data, acked)
+
+    def queue_bytes(self, data: bytes, acked: tuple[str, str] | None) -> None:
+        self.outgoing.append(data)
+        self.outgoing_bytes += len(data)
+        self.sent_bytes += len(data)
+        if acked is not None:
+            self.unwritten.append((self.sent_bytes, *acked))
         if len(self.outgoing) == 1:
             asyncio.get_running_loop().call_soon(self.write_out)
+
+    def buffered(self) -> int:
+        """Bytes accepted for this connection that the kernel has not taken yet."""
+        return self.outgoing_bytes + self.writer.transport.get_write_buffer_size()
 
     def write_out(self) -> None:
         if self.outgoing and not self.writer.is_closing():
             self.writer.write(b"".join(self.outgoing))
+            self.written_bytes += self.outgoing_bytes
         self.outgoing.clear()
+        self.outgoing_bytes = 0
+        self.ack_written()
+
+    def ack_written(self) -> None:
+        """Ack the auto-ack deliveries whose last byte the kernel has taken."""
+        if not self.unwritten or self.principal is None or self.writer.is_closing():
+            return
+        taken = self.written_bytes - self.writer.transport.get_write_buffer_size()
+        by_flow: dict[str, list[str]] = {}
+        while self.unwritten and self.unwritten[0][0] <= taken:
+            _, flow_id, message_id = self.unwritten.popleft()
+            by_flow.setdefault(flow_id, []).append(message_id)
+        for flow_id, ids in by_flow.items():
+            self.sink.settle(self.principal, flow_id, sink.Ack(tuple(ids)))
+        if self.unwritten:
+            self.watch()
+
+    def watch(self) -> None:
+        if self.watcher is None or self.watcher.done():
+            self.watcher = asyncio.create_task(self.drain_held())
+
+    async def drain_held(self) -> None:
+        """Wait for the transport to drain, then release held frames and ack what the
+        kernel took. The transport tells us when it falls below ``low`` (drain); a buffer
+        between empty and ``low`` raises no event, so that case is polled."""
+        while (self.held or self.unwritten) and not self.writer.is_closing():
+            try:
+                await self.writer.drain()
+            except ConnectionError:
+                return
+            if self.writer.transport.get_write_buffer_size() > self.low:
+                await asyncio.sleep(_WRITE_POLL)
+                continue
+            while self.held and self.buffered() <= self.high:
+                self.queue_bytes(*self.held.popleft())
+            self.write_out()
+            if self.unwritten and not self.held:
+                await asyncio.sleep(_WRITE_POLL)
 
     def abort(self) -> None:
         self.write_out()
@@ -196,8 +280,11 @@ class _Session:
 
     async def finish(self) -> None:
         self.write_out()
-        for flow_id in list(self.flows):
-            self.broker.unbind(flow_id)
+        if self.watcher is not None:
+            self.watcher.cancel()
+        if self.principal is not None:
+            for flow_id in list(self.flows):
+                self.sink.settle(self.principal, flow_id, sink.Unbind())
         self.flows.clear()
         for task in list(self.tasks):
             task.cancel()
@@ -221,28 +308,27 @@ class _Session:
                         raise Unavailable("the gateway is shutting down")
                     self.spawn(self.publish(event))
                 case Ack():
-                    self.broker.ack(event.flow_id, event.message_ids)
+                    self.settle(event.flow_id, sink.Ack(event.message_ids))
                     self.ok(event.request_id)
                 case AckCumulative():
-                    self.broker.ack_cumulative(event.flow_id, event.partition, event.seq)
+                    self.settle(event.flow_id, sink.AckCumulative(event.partition, event.seq))
                     self.ok(event.request_id)
                 case Nack():
                     self.nack(event)
                     self.ok(event.request_id)
                 case Credit():
-                    self.broker.credit(event.flow_id, validate_window(event.window))
+                    self.settle(event.flow_id, sink.Credit(validate_window(event.window)))
                     self.ok(event.request_id)
                 case Bind():
                     await self.bind(event)
                 case Unbind():
-                    self.flows.discard(event.flow_id)
-                    self.broker.unbind(event.flow_id, shutdown=event.shutdown)
+                    self.settle(event.flow_id, sink.Unbind(shutdown=event.shutdown))
                     self.ok(event.request_id)
                 case DeclareQueue():
                     await self.declare(event)
                 case DeleteQueue():
                     assert self.principal is not None
-                    await self.broker.delete_queue(self.principal, event.name)
+                    await self.sink.delete_queue(self.principal, event.name)
                     self.ok(event.request_id)
                 case Ping():
                     self.send(Pong(request_id=event.request_id))
@@ -271,7 +357,7 @@ class _Session:
     async def hello(self, event: Hello) -> None:
         validate_client_name(event.client_name)
         peer, certificate_user = peer_identity(self.writer)
-        self.principal = await self.broker.authenticate(
+        principal = await self.sink.authenticate(
             event.username,
             event.password,
             protocol="native",
@@ -279,12 +365,13 @@ class _Session:
             peer=peer,
             certificate_user=certificate_user,
         )
+        self.principal = replace(principal, connection=f"native:{self.session_id}")
         self.send(self.conn.accept(self.listener.server_name, self.session_id))
 
     async def publish(self, event: Publish) -> None:
         assert self.principal is not None
         try:
-            receipt = await self.broker.publish(
+            receipt = await self.sink.publish(
                 self.principal,
                 Publication(
                     payload=event.payload,
@@ -312,55 +399,60 @@ class _Session:
             )
         )
 
+    def settle(self, flow_id: str, event: sink.Settle) -> None:
+        assert self.principal is not None
+        self.sink.settle(self.principal, flow_id, event)
+        if isinstance(event, sink.Unbind):
+            self.flows.discard(flow_id)
+
     def nack(self, event: Nack) -> None:
         if event.outcome is NackOutcome.RETRY:
-            self.broker.nack(event.flow_id, event.message_ids, validate_delay(event.delay))
+            self.settle(event.flow_id, sink.Nack(event.message_ids, validate_delay(event.delay)))
         elif event.outcome is NackOutcome.REJECT:
-            self.broker.reject(event.flow_id, event.message_ids)
+            self.settle(event.flow_id, sink.Reject(event.message_ids))
         else:
-            self.flows.discard(event.flow_id)
-            self.broker.unbind(event.flow_id, shutdown=True)
+            self.settle(event.flow_id, sink.Unbind(shutdown=True))
 
     async def bind(self, event: Bind) -> None:
         assert self.principal is not None
         if event.window:  # 0 = the queue's default window
             validate_window(event.window)
-        output = _FlowOutput(self)
-        result = await self.broker.bind(
+        output = _FlowOutput(self, auto_ack=event.ack_mode is AckMode.AUTO)
+        result = await self.sink.bind(
             self.principal,
-            event.queue,
-            event.group,
-            output=output,
-            client=self.conn.client_name or self.session_id,
-            window=event.window or None,
-            ack_mode=event.ack_mode,
-            tags=dict(event.tags) if event.tags else None,
-            mode=event.mode,
-            key_order=event.key_order,
-            start=event.start,
-            ack_timeout=event.ack_timeout,
-            previous=event.previous_partitions,
+            BindRequest(
+                queue=event.queue,
+                group=event.group,
+                client=self.conn.client_name or self.session_id,
+                window=event.window or None,
+                ack_mode=event.ack_mode,
+                tags=dict(event.tags) if event.tags else None,
+                mode=event.mode,
+                key_order=event.key_order,
+                start=event.start,
+                ack_timeout=event.ack_timeout,
+                previous=event.previous_partitions,
+            ),
+            output,
         )
         output.flow_id = result.flow_id
         self.flows.add(result.flow_id)
-        window = event.window or self.broker.queue(event.queue).window
         self.send(
             BindOk(
                 request_id=event.request_id,
                 flow_id=result.flow_id,
                 partitions=result.partitions,
                 mode=result.group.mode,
-                window=window,
+                window=result.window,
             )
         )
 
     async def declare(self, event: DeclareQueue) -> None:
         assert self.principal is not None
         config = queue_from_settings(event.name, dict(event.settings), event.subscriptions)
-        if event.passive:
-            stored = self.broker.queue(event.name)
-        else:
-            stored = await self.broker.declare(self.principal, config, exist_ok=event.exist_ok)
+        stored = await self.sink.declare_queue(
+            self.principal, config, passive=event.passive, exist_ok=event.exist_ok
+        )
         self.send(
             QueueOk(
                 request_id=event.request_id,
@@ -377,9 +469,15 @@ class NativeListener:
     name = "native"
 
     def __init__(
-        self, broker: Broker, *, server_name: str = "keygate", max_frame: int = DEFAULT_MAX_FRAME
+        self,
+        sink: Sink,
+        *,
+        server_name: str = "keygate",
+        max_frame: int = DEFAULT_MAX_FRAME,
+        write_buffer: int = DEFAULT_WRITE_BUFFER,
     ) -> None:
-        self.broker = broker
+        self.sink = sink
+        self.write_buffer = write_buffer
         self.server_name = server_name
         self.max_frame = max_frame
         self._server: asyncio.Server | None = None
