@@ -33,7 +33,7 @@ from core.actions import (
 )
 from core.assignment import assign
 from core.delivery import ACK_TIMEOUT, EXPIRE, DeliveryBook
-from core.errors import Conflict, InvalidArgument
+from core.errors import Conflict, InvalidArgument, KeyNotParked
 from core.model import (
     AckMode,
     DeadLetterReason,
@@ -258,6 +258,16 @@ class GroupMachine(DeliveryBook):
             )
         return self._finish(now)
 
+    def release_key(self, now: float, key: str, *, skip: bool = False) -> list[Action]:
+        """Let a parked key flow again (on_dead_letter = park_key), from its oldest held
+        message; with ``skip`` its messages published until now are dead-lettered instead.
+        Raises KeyNotParked if the key is parked in no partition."""
+        if not any(key in part.parked for part in self._parts):
+            raise KeyNotParked(self._queue.name, self._group.name, key)
+        self._begin(now)
+        self._release(key, skip=skip)
+        return self._finish(now)
+
     def tick(self, now: float) -> list[Action]:
         """Run the timers that are due; call it at ``next_deadline()``."""
         self._begin(now)
@@ -318,6 +328,7 @@ class GroupMachine(DeliveryBook):
 
     def _begin(self, now: float) -> None:
         self._out = []
+        self._now = now
         for res in [r for r in self._reservations.values() if r.deadline <= now]:
             del self._reservations[res.flow_id]
             for p in res.partitions:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from core.actions import PartitionSnapshot
+from core.actions import ParkedKey, PartitionSnapshot
 from core.ledger import AckLedger
 from core.model import AckMode, FlowState, GroupMode, Message, PartitionState, PropertyValue
 
@@ -135,6 +135,10 @@ class Partition:
         self.retry: dict[int, Retry] = {}
         self.retry_keys: Counter[str] = Counter()
         self.inflight_keys: Counter[str] = Counter()
+        # on_dead_letter: keys waiting for a release; keys whose messages published up to
+        # the given time follow their dead letter (dead_letter_key, release with skip).
+        self.parked: dict[str, ParkedKey] = {}
+        self.draining: dict[str, float] = {}
         # Highest seq loaded into memory (or skipped as settled); loads continue after it.
         self.cursor = self.ledger.committed
         self.known = self.cursor

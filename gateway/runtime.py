@@ -6,7 +6,8 @@ task drains that queue in order, merging whatever has piled up into one step:
 
 1. ``RecordDispatch`` records are written (one group-committed write) *before* any
    ``Deliver`` of the step is handed to a flow, so delivery counts survive a crash.
-2. ``DeadLetter`` copies are written together with the newest offsets in one transaction;
+2. ``DeadLetter`` copies are written together with the newest offsets and the parked-key
+   changes (``KeyParked``/``KeyReleased``) in one transaction;
    otherwise ``OffsetUpdate``\\ s (idempotent full state per partition) are kept in
    ``_pending_offsets`` and written by the periodic flush, which also runs in this task so
    an older offset can never overwrite a newer one.
@@ -34,6 +35,8 @@ from core.actions import (
     Dropped,
     Fetch,
     FlowChanged,
+    KeyParked,
+    KeyReleased,
     OffsetUpdate,
     PartitionsChanged,
     RecordDispatch,
@@ -209,6 +212,10 @@ class GroupRuntime:
     def credit(self, flow_id: str, window: int) -> None:
         self.submit(self.machine.credit(self._clock(), flow_id, window))
 
+    def release_key(self, key: str, *, skip: bool) -> None:
+        """Let a parked key flow again (see GroupMachine.release_key); raises KeyNotParked."""
+        self.submit(self.machine.release_key(self._clock(), key, skip=skip))
+
     def request_flush(self) -> None:
         if self._pending_offsets:
             self._actions.put_nowait(_FLUSH)
@@ -243,6 +250,7 @@ class GroupRuntime:
     async def _step(self, actions: list[Action], *, flush: bool) -> None:
         dispatch: list[RecordDispatch] = []
         letters: list[DeadLetter] = []
+        keys: list[KeyParked | KeyReleased] = []
         assignments: list[AssignmentChanged] = []
         flows: list[FlowChanged] = []
         sends: list[Deliver | PartitionsChanged] = []
@@ -257,6 +265,8 @@ class GroupRuntime:
                     dispatch.append(action)
                 case DeadLetter():
                     letters.append(action)
+                case KeyParked() | KeyReleased():
+                    keys.append(action)
                 case AssignmentChanged():
                     assignments.append(action)
                 case FlowChanged():
@@ -275,11 +285,16 @@ class GroupRuntime:
             if letters:
                 now = self._clock()
                 await self._persist(
-                    lambda: self.store.dead_letter(name, group, letters, offsets, now=now)
+                    lambda: self.store.dead_letter(
+                        name, group, letters, offsets, now=now, keys=keys
+                    )
                 )
+                keys = []
                 self._hooks.dead_lettered(name, group, len(letters))
             else:
                 await self._persist(lambda: self.store.write_offsets(name, group, offsets))
+        if keys:
+            await self._persist(lambda: self.store.write_key_changes(name, group, keys))
         if assignments:
             now = self._clock()
             await self._persist(

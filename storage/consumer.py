@@ -16,7 +16,15 @@ from typing import Final
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from core.actions import AssignmentChanged, DeadLetter, FlowChanged, OffsetUpdate, RecordDispatch
+from core.actions import (
+    AssignmentChanged,
+    DeadLetter,
+    FlowChanged,
+    KeyParked,
+    KeyReleased,
+    OffsetUpdate,
+    RecordDispatch,
+)
 from core.model import (
     DEAD_LETTER_REASON,
     DELIVERY_COUNT,
@@ -38,11 +46,13 @@ from storage.schema import (
     kg_flows,
     kg_group_offsets,
     kg_groups,
+    kg_parked_keys,
     kg_partition_assignments,
 )
 
 DISPATCH_BATCH: Final = 1000
 DispatchCall = tuple[str, str, Sequence[RecordDispatch]]
+KeyChange = KeyParked | KeyReleased
 
 _o: Final = kg_group_offsets
 _d: Final = kg_deliveries
@@ -76,6 +86,13 @@ _WRITE_OFFSET: Final = (
         acked_count=sa.bindparam("b_count"),
         updated_at=sa.bindparam("b_now"),
     )
+)
+_k: Final = kg_parked_keys
+_UNPARK: Final = sa.delete(_k).where(
+    _k.c.queue == sa.bindparam("b_queue"),
+    _k.c.group_name == sa.bindparam("b_group"),
+    _k.c.partition == sa.bindparam("b_partition"),
+    _k.c.key == sa.bindparam("b_key"),
 )
 _DROP_SETTLED: Final = sa.delete(_d).where(_DELIVERY_GROUP, _d.c.seq <= sa.bindparam("b_hi"))
 _DROP_ACKED: Final = sa.delete(_d).where(
@@ -191,8 +208,10 @@ class ConsumerOps(AdminOps):
         offsets: Sequence[OffsetUpdate],
         *,
         now: float,
+        keys: Sequence[KeyChange] = (),
     ) -> None:
-        """Append copies to the dead-letter queue and write ``offsets``, in one transaction.
+        """Append copies to the dead-letter queue and write ``offsets`` and the parked-key
+        changes ``keys``, in one transaction.
 
         Dead letters bypass the DLQ's max_depth: refusing them would leave the message
         unsettled forever. With no DLQ configured the letters are dropped.
@@ -215,9 +234,60 @@ class ConsumerOps(AdminOps):
                     await self.write_heads(conn, allocation)
                 if offsets:
                     await self._write_offsets(conn, queue, group, offsets)
+                await self._write_key_changes(conn, queue, group, keys)
             for created_queue in created:
                 self._remember(created_queue)
             self.committed(allocation, copies)
+
+    async def write_key_changes(self, queue: str, group: str, keys: Sequence[KeyChange]) -> None:
+        """Park and release keys (kg_parked_keys), in order."""
+        if keys:
+            async with self.transaction() as conn:
+                await self._write_key_changes(conn, queue, group, keys)
+
+    async def _write_key_changes(
+        self, conn: AsyncConnection, queue: str, group: str, keys: Sequence[KeyChange]
+    ) -> None:
+        for change in keys:
+            if isinstance(change, KeyParked):
+                p = change.parked
+                row = {
+                    "queue": queue,
+                    "group_name": group,
+                    "partition": p.partition,
+                    "key": p.key,
+                    "since": p.since,
+                    "message_id": p.message_id,
+                    "reason": p.reason,
+                }
+                stmt = upsert(
+                    conn,
+                    _k,
+                    ("queue", "group_name", "partition", "key"),
+                    ("since", "message_id", "reason"),
+                )
+                await conn.execute(stmt, [row])
+            else:
+                where = {"b_queue": queue, "b_group": group, "b_partition": change.partition}
+                await conn.execute(_UNPARK, [{**where, "b_key": change.key}])
+
+    async def unpark_key(self, queue: str, group: str, key: str) -> int:
+        """Release a key of a group that is not running (it flows at the group's next
+        load); the number of partitions it was parked in."""
+        stmt = sa.delete(_k).where(_k.c.queue == queue, _k.c.group_name == group, _k.c.key == key)
+        async with self.transaction() as conn:
+            result = await conn.execute(stmt)
+        return int(result.rowcount)
+
+    async def parked_keys(self, queue: str, group: str) -> list[dict[str, object]]:
+        """The group's parked keys as stored, by partition and key."""
+        query = (
+            sa.select(_k.c.partition, _k.c.key, _k.c.since, _k.c.message_id, _k.c.reason)
+            .where(_k.c.queue == queue, _k.c.group_name == group)
+            .order_by(_k.c.partition, _k.c.key)
+        )
+        async with self.transaction() as conn:
+            return [dict(row) for row in (await conn.execute(query)).mappings()]
 
     async def write_assignments(
         self, queue: str, group: str, changes: Sequence[AssignmentChanged], *, now: float

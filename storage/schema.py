@@ -57,6 +57,8 @@ kg_queues: Final = sa.Table(
     sa.Column("dead_letter_expired", sa.Boolean, nullable=False),
     # Seconds settled messages are kept after publish (0 = deleted once settled).
     sa.Column("retention", Time, nullable=False, server_default="0"),
+    # core.model.DeadLetterPolicy: continue | park_key | dead_letter_key.
+    sa.Column("on_dead_letter", sa.String(20), nullable=False, server_default="continue"),
     sa.Column("created_at", Time, nullable=False),
 )
 
@@ -141,6 +143,21 @@ kg_deliveries: Final = sa.Table(
     sa.Column("first_delivery_time", Time),
     # When a nacked message is due again (Spark's consume_batch; NULL = at once).
     sa.Column("redeliver_at", Time),
+)
+
+# Keys stopped by on_dead_letter = park_key after their message ``message_id`` was
+# dead-lettered. Deleting a row releases the key (at the group's next load; the admin API
+# and CLI release a running group at once).
+kg_parked_keys: Final = sa.Table(
+    "kg_parked_keys",
+    metadata,
+    _name("queue", primary_key=True),
+    _name("group_name", primary_key=True),
+    sa.Column("partition", sa.Integer, primary_key=True),
+    sa.Column("key", sa.String(1000), primary_key=True),
+    sa.Column("since", Time, nullable=False),
+    sa.Column("message_id", sa.String(64), nullable=False),
+    sa.Column("reason", sa.String(50), nullable=False),
 )
 
 kg_flows: Final = sa.Table(
@@ -356,6 +373,7 @@ __all__ = [
     "kg_group_offsets",
     "kg_groups",
     "kg_messages",
+    "kg_parked_keys",
     "kg_partition_assignments",
     "kg_partitions",
     "kg_queues",
