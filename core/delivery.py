@@ -134,7 +134,10 @@ class DeliveryBook:
             self._dead_letter(part, message, DeadLetterReason.KEY_DEAD_LETTERED, count, first_time)
             return
         if prior is not None:
-            if self._queue.max_deliveries and prior[0] >= self._queue.max_deliveries:
+            # A parked key's messages wait for an operator who asked for them to flow:
+            # their next delivery decides (recovery may count one it never had).
+            over = self._queue.max_deliveries and prior[0] >= self._queue.max_deliveries
+            if over and message.key not in part.parked:
                 self._dead_letter(part, message, DeadLetterReason.MAX_DELIVERIES, *prior)
                 return
             part.prior[seq] = prior

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from core.actions import GroupSnapshot, ParkedKey
+from core.actions import GroupSnapshot, ParkedKey, PartitionSnapshot
 from core.errors import InvalidArgument, KeyNotParked
 from core.group import GroupMachine
 from core.model import DeadLetterReason, GroupConfig, Message, QueueConfig
@@ -167,3 +167,17 @@ def test_dead_letter_key_takes_an_in_flight_message_that_comes_back() -> None:
     d.nack("a", second)
     assert [x.message for x in d.dead] == [bad, second]
     assert d.received("a") == [bad, second]
+
+
+def test_recovery_does_not_dead_letter_a_parked_keys_held_messages() -> None:
+    # dispatched_seq 2 makes recovery count seq 2 as possibly delivered once already.
+    snapshot = GroupSnapshot(
+        partitions={0: PartitionSnapshot(committed_seq=1, dispatched_seq=2)},
+        parked=(ParkedKey(0, "k", 1.0, "m0", "rejected"),),
+    )
+    d = make(on_dead_letter="park_key", max_deliveries=1, snapshot=snapshot)
+    d.store[0] = [Message("m0", "q", 0, 1, "k", b""), Message("m1", "q", 0, 2, "k", b"")]
+    d.bind("a")
+    assert d.dead == []
+    d.call(d.machine.release_key, "k")
+    assert [(x.message.message_id, x.delivery_count) for x in d.deliveries] == [("m1", 2)]
