@@ -332,11 +332,70 @@ def _queue_stats() -> sa.Select[Any]:
     )
 
 
+def _key_status() -> sa.Select[Any]:
+    """Keys that are not simply flowing: parked (kg_parked_keys), retrying (an unsettled
+    message of the key was delivered more than once, kg_deliveries) and partitions in a
+    handoff (key NULL: the whole partition waits)."""
+    k, d, a = kg_parked_keys, kg_deliveries, kg_partition_assignments
+    m = kg_messages.alias("m")
+
+    def null(kind: Any) -> sa.ColumnElement[Any]:
+        return sa.cast(sa.null(), kind)
+
+    parked = sa.select(
+        k.c.queue,
+        k.c.group_name,
+        k.c.partition,
+        k.c.key,
+        sa.literal("parked").label("reason"),
+        k.c.reason.label("detail"),
+        k.c.message_id,
+        null(sa.Integer).label("attempts"),
+        null(sa.Integer).label("messages"),
+        k.c.since.label("blocked_since"),
+    )
+    retrying = (
+        sa.select(
+            d.c.queue,
+            d.c.group_name,
+            d.c.partition,
+            m.c.key,
+            sa.literal("retry"),
+            null(sa.String),
+            sa.func.min(m.c.message_id),
+            sa.func.max(d.c.delivery_count),
+            sa.func.count(),
+            sa.func.min(d.c.first_delivery_time),
+        )
+        .select_from(d)
+        .join(
+            m,
+            sa.and_(m.c.queue == d.c.queue, m.c.partition == d.c.partition, m.c.seq == d.c.seq),
+        )
+        .where(d.c.delivery_count >= 2, m.c.key.is_not(None))
+        .group_by(d.c.queue, d.c.group_name, d.c.partition, m.c.key)
+    )
+    handoff = sa.select(
+        a.c.queue,
+        a.c.group_name,
+        a.c.partition,
+        null(sa.String),
+        sa.literal("handoff"),
+        a.c.flow_id,
+        null(sa.String),
+        null(sa.Integer),
+        null(sa.Integer),
+        a.c.updated_at,
+    ).where(a.c.state == "paused")
+    return sa.select(sa.union_all(parked, retrying, handoff).subquery("key_status"))
+
+
 # Creation order: a view may read the views before it.
 VIEWS: Final[tuple[tuple[str, sa.Select[Any]], ...]] = (
     ("kg_partition_status", _partition_status()),
     ("kg_group_lag", _group_lag()),
     ("kg_queue_stats", _queue_stats()),
+    ("kg_key_status", _key_status()),
 )
 
 

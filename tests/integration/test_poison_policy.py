@@ -10,6 +10,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+import sqlalchemy as sa
 
 from gateway.cli import main
 from gateway.client import Client, Consumer
@@ -140,4 +141,35 @@ async def test_dead_letter_key_moves_the_rest_of_the_key_in_order(gateway: Gatew
             (b"a1", "rejected"),
             (b"a2", "key-dead-lettered"),
             (b"a3", "key-dead-lettered"),
+        ]
+
+
+async def test_kg_key_status_shows_a_parked_and_a_retrying_key(gateway: Gateway) -> None:
+    assert gateway.store is not None
+    engine = gateway.store.engine
+    async with Client(native_url(gateway)) as client:
+        await client.declare_queue(
+            "orders", partitions=1, max_deliveries=3, backoff_initial=0.0, on_dead_letter="park_key"
+        )
+        for name in ("a1", "c1", "b1"):
+            await client.publish("orders", name.encode(), key=name[0])
+        consumer = await client.subscribe("orders", group="g", window=1)
+        await consumer.reject(await consumer.receive(timeout=10))
+        c1 = await consumer.receive(timeout=10)
+        await consumer.negative_acknowledge(c1)
+        again = await consumer.receive(timeout=10)
+        assert (again.payload, again.delivery_count) == (b"c1", 2)
+
+        async def rows() -> list[tuple[Any, ...]] | None:
+            query = sa.text(
+                "SELECT key, reason, detail, attempts, messages FROM kg_key_status "
+                "WHERE queue = 'orders' AND group_name = 'g' ORDER BY key"
+            )
+            async with engine.connect() as conn:
+                found = [tuple(r) for r in await conn.execute(query)]
+            return found if len(found) == 2 else None
+
+        assert await eventually(rows) == [
+            ("a", "parked", "rejected", None, None),
+            ("c", "retry", None, 2, 1),
         ]
