@@ -132,6 +132,7 @@ class Driver:
                     assert (m.partition, m.seq, action.delivery_count) in self.recorded
                 assert action.redelivered == (action.delivery_count > 1)
                 assert not self.settled(m.partition, m.seq), f"{m.seq} delivered after settle"
+                assert (m.partition, m.key) not in self.parked, f"{m.seq} of a parked key sent"
                 self.deliveries.append(action)
                 self.unacked[action.flow_id][m.message_id] = action
             elif isinstance(action, Fetch):
