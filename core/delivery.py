@@ -61,6 +61,8 @@ from core.partition import Flow, Partition, Retry, Sent, property_text
 WAKE: Final = 0
 EXPIRE: Final = 1
 ACK_TIMEOUT: Final = 2
+# A paused partition delivers to its new owner every key the old owner holds nothing of.
+_DELIVERING: Final = frozenset({PartitionState.READY, PartitionState.PAUSED})
 # Dead letters that apply the queue's on_dead_letter policy to the rest of their key.
 _FAILURES: Final = frozenset({DeadLetterReason.MAX_DELIVERIES, DeadLetterReason.REJECTED})
 
@@ -266,6 +268,11 @@ class DeliveryBook:
             part.inflight_keys[key] -= 1
             if not part.inflight_keys[key]:
                 del part.inflight_keys[key]
+            if sent.flow_id == part.handoff_from and part.handoff_keys[key]:
+                part.handoff_keys[key] -= 1
+                if not part.handoff_keys[key]:
+                    del part.handoff_keys[key]
+                    self._work.add(part.index)
         return sent
 
     def _remove_retry(self, part: Partition, seq: int) -> Retry:
@@ -317,7 +324,7 @@ class DeliveryBook:
     def _pick(self, part: Partition) -> Flow | None:
         """The flow the partition's next message goes to, None when none has room."""
         if self._group.mode is not GroupMode.SHARED:
-            if part.state is not PartitionState.READY or part.owner is None:
+            if part.state not in _DELIVERING or part.owner is None:
                 return None
             flow = self._flows[part.owner]
             return flow if flow.has_room() else None
@@ -347,6 +354,8 @@ class DeliveryBook:
             return False
         if key in held_back or part.retry_keys[key] or key in part.parked:
             return True
+        if part.handoff_keys[key]:
+            return True
         return self._group.key_order is KeyOrder.STRICT and part.inflight_keys[key] > 0
 
     def _pump_partition(self, part: Partition, now: float) -> None:
@@ -360,6 +369,7 @@ class DeliveryBook:
             if key is not None and (
                 key in held_back
                 or key in part.parked
+                or part.handoff_keys[key] > 0
                 or entry.due > now
                 or (self._group.key_order is KeyOrder.STRICT and part.inflight_keys[key])
             ):

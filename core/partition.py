@@ -115,7 +115,10 @@ class Partition:
         self.state = PartitionState.UNASSIGNED
         self.owner: str | None = None
         self.reserved_by: str | None = None
-        self.handoff_to: str | None = None
+        # Key-granular handoff: the previous owner, and how many unacked messages of each
+        # key it still holds (those keys wait; the others flow to the new owner).
+        self.handoff_from: str | None = None
+        self.handoff_keys: Counter[str] = Counter()
         self.handoff_deadline = 0.0
         # (state, flow id) last written through; None forces the first write.
         self.announced: tuple[PartitionState, str | None] | None = None

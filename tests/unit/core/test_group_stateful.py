@@ -125,7 +125,7 @@ class GroupMachineRules(RuleBasedStateMachine):
         self.bound[flow] = client
         if check_moves:
             parts = self.d.machine._parts
-            moving = [p for p in parts if p.owner == flow or p.handoff_to == flow]
+            moving = [p for p in parts if p.owner == flow]
             assert len(moving) == self.d.queue.slots // (len(self.bound))
 
     @precondition(lambda self: bool(self.bound))
@@ -184,13 +184,18 @@ class GroupMachineRules(RuleBasedStateMachine):
     # -- invariants ---------------------------------------------------------------------------
 
     @invariant()
-    def one_flow_holds_a_partitions_unacked_messages(self) -> None:
+    def only_the_owner_and_a_flow_handing_off_hold_a_partitions_messages(self) -> None:
         if self.mode is GroupMode.SHARED:
             return
         for part in self.d.machine._parts:
             holders = {sent.flow_id for sent in part.inflight.values()}
-            assert len(holders) <= 1
-            assert holders <= {part.owner}
+            assert holders <= {part.owner, part.handoff_from}
+            # Of each key, only one of them holds unacked messages.
+            owners: dict[str, set[str]] = defaultdict(set)
+            for sent in part.inflight.values():
+                if sent.message.key is not None:
+                    owners[sent.message.key].add(sent.flow_id)
+            assert all(len(flows) == 1 for flows in owners.values()), owners
 
     @invariant()
     def strict_groups_have_one_unacked_message_per_key(self) -> None:
