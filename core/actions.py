@@ -70,6 +70,18 @@ class OffsetUpdate:
 
 
 @dataclass(frozen=True, slots=True)
+class RetryScheduled:
+    """For inspection (kg_key_status), written with the next offset flush: the message was
+    delivered ``delivery_count`` times and waits for redelivery at ``due``."""
+
+    partition: int
+    seq: int
+    delivery_count: int
+    first_delivery_time: float
+    due: float
+
+
+@dataclass(frozen=True, slots=True)
 class DeadLetter:
     message: Message
     reason: DeadLetterReason
@@ -165,6 +177,7 @@ Action = (
     | RecordDispatch
     | OffsetUpdate
     | DeadLetter
+    | RetryScheduled
     | KeyParked
     | KeyReleased
     | Dropped

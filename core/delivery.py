@@ -42,6 +42,7 @@ from core.actions import (
     ParkedKey,
     PartitionSnapshot,
     RecordDispatch,
+    RetryScheduled,
 )
 from core.backoff import redelivery_delay
 from core.errors import InvalidArgument
@@ -310,6 +311,7 @@ class DeliveryBook:
             return
         due = now + redelivery_delay(self._queue, count, delay)
         part.retry[message.seq] = Retry(message, count + 1, first_time, due)
+        self._out.append(RetryScheduled(part.index, message.seq, count, first_time, due))
         self._by_id[message.message_id] = (part.index, message.seq)
         if message.key is not None:
             part.retry_keys[message.key] += 1

@@ -9,7 +9,8 @@ task drains that queue in order, merging whatever has piled up into one step:
 2. ``DeadLetter`` copies are written together with the newest offsets and the parked-key
    changes (``KeyParked``/``KeyReleased``) in one transaction;
    otherwise ``OffsetUpdate``\\ s (idempotent full state per partition) are kept in
-   ``_pending_offsets`` and written by the periodic flush, which also runs in this task so
+   ``_pending_offsets`` (``RetryScheduled`` records, for inspection, in
+   ``_pending_retries``) and written by the periodic flush, which also runs in this task so
    an older offset can never overwrite a newer one.
 3. Assignment and flow changes are written through; then deliveries and partition changes
    are handed to the flows' outputs in the order the machine produced them.
@@ -40,6 +41,7 @@ from core.actions import (
     OffsetUpdate,
     PartitionsChanged,
     RecordDispatch,
+    RetryScheduled,
 )
 from core.errors import KeygateError
 from core.group import GroupMachine
@@ -109,6 +111,7 @@ class GroupRuntime:
         self._clock = clock
         self._actions: asyncio.Queue[list[Action] | str] = asyncio.Queue()
         self._pending_offsets: dict[int, OffsetUpdate] = {}
+        self._pending_retries: dict[tuple[int, int], RetryScheduled] = {}
         self._wake = asyncio.Event()
         self._armed: float | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -217,7 +220,7 @@ class GroupRuntime:
         self.submit(self.machine.release_key(self._clock(), key, skip=skip))
 
     def request_flush(self) -> None:
-        if self._pending_offsets:
+        if self._pending_offsets or self._pending_retries:
             self._actions.put_nowait(_FLUSH)
 
     def status(self) -> GroupStatus:
@@ -261,6 +264,8 @@ class GroupRuntime:
                     sends.append(action)
                 case OffsetUpdate():
                     self._pending_offsets[action.partition] = action
+                case RetryScheduled():
+                    self._pending_retries[action.partition, action.seq] = action
                 case RecordDispatch():
                     dispatch.append(action)
                 case DeadLetter():
@@ -279,20 +284,24 @@ class GroupRuntime:
         if dispatch:
             records = _merge_dispatch(dispatch)
             await self._persist(lambda: self.store.record_dispatch(name, group, records))
-        if letters or (flush and self._pending_offsets):
+        if letters or (flush and (self._pending_offsets or self._pending_retries)):
             offsets = list(self._pending_offsets.values())
             self._pending_offsets.clear()
+            retries = list(self._pending_retries.values())
+            self._pending_retries.clear()
             if letters:
                 now = self._clock()
                 await self._persist(
                     lambda: self.store.dead_letter(
-                        name, group, letters, offsets, now=now, keys=keys
+                        name, group, letters, offsets, now=now, keys=keys, retries=retries
                     )
                 )
                 keys = []
                 self._hooks.dead_lettered(name, group, len(letters))
             else:
-                await self._persist(lambda: self.store.write_offsets(name, group, offsets))
+                await self._persist(
+                    lambda: self.store.write_offsets(name, group, offsets, retries=retries)
+                )
         if keys:
             await self._persist(lambda: self.store.write_key_changes(name, group, keys))
         if assignments:

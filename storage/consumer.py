@@ -24,6 +24,7 @@ from core.actions import (
     KeyReleased,
     OffsetUpdate,
     RecordDispatch,
+    RetryScheduled,
 )
 from core.model import (
     DEAD_LETTER_REASON,
@@ -171,15 +172,48 @@ class ConsumerOps(AdminOps):
                 await conn.execute(stmt, deliveries)
         return [None] * len(calls)
 
-    async def write_offsets(self, queue: str, group: str, updates: Sequence[OffsetUpdate]) -> None:
-        """Write full ack state per partition and forget the settled delivery records."""
-        if updates:
+    async def write_offsets(
+        self,
+        queue: str,
+        group: str,
+        updates: Sequence[OffsetUpdate],
+        *,
+        retries: Sequence[RetryScheduled] = (),
+    ) -> None:
+        """Write full ack state per partition and forget the settled delivery records;
+        ``retries`` are recorded first, so any of them settled meanwhile is dropped too."""
+        if updates or retries:
             async with self.transaction() as conn:
-                await self._write_offsets(conn, queue, group, updates)
+                await self._write_offsets(conn, queue, group, updates, retries)
 
     async def _write_offsets(
-        self, conn: AsyncConnection, queue: str, group: str, updates: Sequence[OffsetUpdate]
+        self,
+        conn: AsyncConnection,
+        queue: str,
+        group: str,
+        updates: Sequence[OffsetUpdate],
+        retries: Sequence[RetryScheduled] = (),
     ) -> None:
+        if retries:
+            keys = ("queue", "group_name", "partition", "seq")
+            changed = ("delivery_count", "first_delivery_time", "redeliver_at")
+            records = [
+                {
+                    "queue": queue,
+                    "group_name": group,
+                    "partition": r.partition,
+                    "seq": r.seq,
+                    "delivery_count": r.delivery_count,
+                    "first_delivery_time": r.first_delivery_time,
+                    "redeliver_at": r.due,
+                }
+                for r in retries
+            ]
+            # Never below a count the redelivery already recorded (it may precede the flush).
+            newer = _d.c.delivery_count <= sa.literal_column("excluded.delivery_count")
+            await conn.execute(upsert(conn, _d, keys, changed, where=newer), records)
+        if not updates:
+            return
         now = time.time()
         rows: list[dict[str, object]] = []
         ranges: list[dict[str, object]] = []
@@ -209,6 +243,7 @@ class ConsumerOps(AdminOps):
         *,
         now: float,
         keys: Sequence[KeyChange] = (),
+        retries: Sequence[RetryScheduled] = (),
     ) -> None:
         """Append copies to the dead-letter queue and write ``offsets`` and the parked-key
         changes ``keys``, in one transaction.
@@ -232,8 +267,7 @@ class ConsumerOps(AdminOps):
                     ]
                     await self.insert_messages(conn, copies)
                     await self.write_heads(conn, allocation)
-                if offsets:
-                    await self._write_offsets(conn, queue, group, offsets)
+                await self._write_offsets(conn, queue, group, offsets, retries)
                 await self._write_key_changes(conn, queue, group, keys)
             for created_queue in created:
                 self._remember(created_queue)

@@ -334,8 +334,8 @@ def _queue_stats() -> sa.Select[Any]:
 
 def _key_status() -> sa.Select[Any]:
     """Keys that are not simply flowing: parked (kg_parked_keys), retrying (an unsettled
-    message of the key was delivered more than once, kg_deliveries) and partitions in a
-    handoff (key NULL: the whole partition waits)."""
+    message of the key failed a delivery, kg_deliveries) and partitions in a handoff (key
+    NULL: the keys the old owner holds wait)."""
     k, d, a = kg_parked_keys, kg_deliveries, kg_partition_assignments
     m = kg_messages.alias("m")
 
@@ -372,7 +372,7 @@ def _key_status() -> sa.Select[Any]:
             m,
             sa.and_(m.c.queue == d.c.queue, m.c.partition == d.c.partition, m.c.seq == d.c.seq),
         )
-        .where(d.c.delivery_count >= 2, m.c.key.is_not(None))
+        .where(sa.or_(d.c.delivery_count >= 2, d.c.redeliver_at.is_not(None)), m.c.key.is_not(None))
         .group_by(d.c.queue, d.c.group_name, d.c.partition, m.c.key)
     )
     handoff = sa.select(

@@ -144,17 +144,19 @@ async def test_dead_letter_key_moves_the_rest_of_the_key_in_order(gateway: Gatew
         ]
 
 
-async def test_kg_key_status_shows_a_parked_and_a_retrying_key(gateway: Gateway) -> None:
+async def test_kg_key_status_shows_parked_redelivered_and_waiting_keys(gateway: Gateway) -> None:
     assert gateway.store is not None
     engine = gateway.store.engine
     async with Client(native_url(gateway)) as client:
         await client.declare_queue(
             "orders", partitions=1, max_deliveries=3, backoff_initial=0.0, on_dead_letter="park_key"
         )
-        for name in ("a1", "c1", "b1"):
+        for name in ("a1", "d1", "c1", "b1"):
             await client.publish("orders", name.encode(), key=name[0])
         consumer = await client.subscribe("orders", group="g", window=1)
         await consumer.reject(await consumer.receive(timeout=10))
+        d1 = await consumer.receive(timeout=10)
+        await consumer.negative_acknowledge(d1, delay=600.0)  # waits: a row from the flush
         c1 = await consumer.receive(timeout=10)
         await consumer.negative_acknowledge(c1)
         again = await consumer.receive(timeout=10)
@@ -167,9 +169,10 @@ async def test_kg_key_status_shows_a_parked_and_a_retrying_key(gateway: Gateway)
             )
             async with engine.connect() as conn:
                 found = [tuple(r) for r in await conn.execute(query)]
-            return found if len(found) == 2 else None
+            return found if len(found) == 3 else None
 
         assert await eventually(rows) == [
             ("a", "parked", "rejected", None, None),
             ("c", "retry", None, 2, 1),
+            ("d", "retry", None, 1, 1),
         ]
