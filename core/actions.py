@@ -6,7 +6,8 @@ three rules:
 
 1. ``RecordDispatch`` actions must be durable before any ``Deliver`` that follows them in
    the same list is sent (so delivery counts survive a crash, DESIGN.md §4).
-2. ``DeadLetter`` and the ``OffsetUpdate`` that settles it are written in one transaction.
+2. ``DeadLetter`` and the ``OffsetUpdate`` that settles it are written in one transaction,
+   with the ``KeyParked`` / ``KeyReleased`` changes of the same list.
 3. ``OffsetUpdate`` is idempotent full state for one (group, partition): the owner may
    keep only the newest one per partition and flush in batches.
 """
@@ -69,11 +70,50 @@ class OffsetUpdate:
 
 
 @dataclass(frozen=True, slots=True)
+class RetryScheduled:
+    """For inspection (kg_key_status), written with the next offset flush: the message was
+    delivered ``delivery_count`` times and waits for redelivery at ``due``."""
+
+    partition: int
+    seq: int
+    delivery_count: int
+    first_delivery_time: float
+    due: float
+
+
+@dataclass(frozen=True, slots=True)
 class DeadLetter:
     message: Message
     reason: DeadLetterReason
     delivery_count: int
     first_delivery_time: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class ParkedKey:
+    """A key that stopped after its message ``message_id`` was dead-lettered for
+    ``reason`` (on_dead_letter = park_key): its later messages of the partition wait."""
+
+    partition: int
+    key: str
+    since: float
+    message_id: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class KeyParked:
+    """Write-through: remember the parked key (in the transaction of its dead letter)."""
+
+    parked: ParkedKey
+
+
+@dataclass(frozen=True, slots=True)
+class KeyReleased:
+    """Write-through: the key of the partition flows again."""
+
+    partition: int
+    key: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +167,7 @@ class GroupSnapshot:
     """A group's durable state, as storage recovers it after a restart."""
 
     partitions: dict[int, PartitionSnapshot] = field(default_factory=dict)
+    parked: tuple[ParkedKey, ...] = ()
 
 
 Action = (
@@ -136,6 +177,9 @@ Action = (
     | RecordDispatch
     | OffsetUpdate
     | DeadLetter
+    | RetryScheduled
+    | KeyParked
+    | KeyReleased
     | Dropped
     | AssignmentChanged
     | FlowChanged

@@ -12,8 +12,16 @@ as they are seen, so the committed seq advances over them. Recovery counts every
 seq <= dispatched_seq as possibly seen (one more delivery), including seqs that were
 skipped because their key was held back.
 
-Known limit: a buffer full of held-back or scheduled messages delays later messages of
-other keys of that partition until it drains (or the partition is re-read).
+Poison policy (QueueConfig.on_dead_letter). When a message of key K is dead-lettered for
+failing (max deliveries, rejected; not expiry), ``park_key`` parks K in its partition: its
+later messages (buffered or waiting for retry) are held back until ``release_key``;
+``dead_letter_key`` makes every message of K published up to that moment follow it to
+the dead-letter queue in seq order — those waiting in memory at once, in the same action
+list (so one transaction), those not read yet as they are read, and those in flight if
+they come back unsettled.
+
+Known limit: a buffer full of held-back, parked or scheduled messages delays later messages
+of other keys of that partition until it drains (or the partition is re-read).
 """
 
 from __future__ import annotations
@@ -29,13 +37,18 @@ from core.actions import (
     Dropped,
     Fetch,
     GroupSnapshot,
+    KeyParked,
+    KeyReleased,
+    ParkedKey,
     PartitionSnapshot,
     RecordDispatch,
+    RetryScheduled,
 )
 from core.backoff import redelivery_delay
 from core.errors import InvalidArgument
 from core.model import (
     AckMode,
+    DeadLetterPolicy,
     DeadLetterReason,
     GroupConfig,
     GroupMode,
@@ -49,6 +62,10 @@ from core.partition import Flow, Partition, Retry, Sent, property_text
 WAKE: Final = 0
 EXPIRE: Final = 1
 ACK_TIMEOUT: Final = 2
+# A paused partition delivers to its new owner every key the old owner holds nothing of.
+_DELIVERING: Final = frozenset({PartitionState.READY, PartitionState.PAUSED})
+# Dead letters that apply the queue's on_dead_letter policy to the rest of their key.
+_FAILURES: Final = frozenset({DeadLetterReason.MAX_DELIVERIES, DeadLetterReason.REJECTED})
 
 Timer = tuple[float, int, int, int, int]  # (time, kind, partition, seq, delivery count)
 
@@ -70,6 +87,10 @@ class DeliveryBook:
         self._buffer_size = buffer_size
         saved = snapshot.partitions if snapshot else {}
         self._parts = [Partition(p, saved.get(p, PartitionSnapshot())) for p in range(queue.slots)]
+        for parked in snapshot.parked if snapshot else ():
+            if 0 <= parked.partition < queue.slots:
+                self._parts[parked.partition].parked[parked.key] = parked
+        self._now = 0.0  # the current event's time (set by GroupMachine._begin)
         self._flows: dict[str, Flow] = {}
         self._by_id: dict[str, tuple[int, int]] = {}
         self._timers: list[Timer] = []
@@ -117,8 +138,15 @@ class DeliveryBook:
             self._out.append(Dropped(message, "filtered"))
             self._settle(part, seq)
             return
+        if self._follows_dead_letter(part, message):
+            count, first_time = prior if prior is not None else (0, None)
+            self._dead_letter(part, message, DeadLetterReason.KEY_DEAD_LETTERED, count, first_time)
+            return
         if prior is not None:
-            if self._queue.max_deliveries and prior[0] >= self._queue.max_deliveries:
+            # A parked key's messages wait for an operator who asked for them to flow:
+            # their next delivery decides (recovery may count one it never had).
+            over = self._queue.max_deliveries and prior[0] >= self._queue.max_deliveries
+            if over and message.key not in part.parked:
                 self._dead_letter(part, message, DeadLetterReason.MAX_DELIVERIES, *prior)
                 return
             part.prior[seq] = prior
@@ -146,6 +174,60 @@ class DeliveryBook:
     ) -> None:
         self._out.append(DeadLetter(message, reason, count, first_time))
         self._settle(part, message.seq)
+        if message.key is None or reason not in _FAILURES:
+            return
+        policy = self._queue.dead_letter_policy
+        if policy is DeadLetterPolicy.PARK_KEY and message.key not in part.parked:
+            parked = ParkedKey(part.index, message.key, self._now, message.message_id, reason)
+            part.parked[message.key] = parked
+            self._out.append(KeyParked(parked))
+        elif policy is DeadLetterPolicy.DEAD_LETTER_KEY:
+            self._drain_key(part, message.key)
+
+    # -- poison policy --------------------------------------------------------------------
+
+    def _follows_dead_letter(self, part: Partition, message: Message) -> bool:
+        """Whether the message is one of its key's stored messages that follow a dead letter."""
+        key = message.key
+        if key is None or key not in part.draining:
+            return False
+        if message.publish_time <= part.draining[key]:
+            return True
+        if not part.inflight_keys[key]:
+            del part.draining[key]  # read past everything stored back then
+        return False
+
+    def _drain_key(self, part: Partition, key: str) -> None:
+        """Dead-letter the key's messages published up to now, in seq order: the waiting
+        ones at once, the rest as they are read or come back unsettled."""
+        part.draining[key] = max(part.draining.get(key, self._now), self._now)
+        waiting = [seq for seq, entry in part.retry.items() if entry.message.key == key]
+        waiting += [seq for seq, message in part.buffer.items() if message.key == key]
+        for seq in sorted(waiting):
+            if seq in part.retry:
+                entry = self._remove_retry(part, seq)
+                count, first_time = entry.count - 1, entry.first_time
+                message = entry.message
+            else:
+                message = part.buffer.pop(seq)
+                count, first_time = part.prior.pop(seq, (0, None))
+            self._dead_letter(part, message, DeadLetterReason.KEY_DEAD_LETTERED, count, first_time)
+        self._fetch_check.add(part.index)
+
+    def _release(self, key: str, *, skip: bool) -> None:
+        """Un-park the key in every partition it is parked in; with ``skip`` its messages
+        published until now are dead-lettered first."""
+        for part in self._parts:
+            if part.parked.pop(key, None) is None:
+                continue
+            self._out.append(KeyReleased(part.index, key))
+            if skip:
+                self._drain_key(part, key)
+            self._work.add(part.index)
+
+    def parked_keys(self) -> list[ParkedKey]:
+        """Every parked key, by partition then key."""
+        return [part.parked[key] for part in self._parts for key in sorted(part.parked)]
 
     def _expire(
         self, part: Partition, message: Message, prior: tuple[int, float | None] | None
@@ -193,6 +275,11 @@ class DeliveryBook:
             part.inflight_keys[key] -= 1
             if not part.inflight_keys[key]:
                 del part.inflight_keys[key]
+            if sent.flow_id == part.handoff_from and part.handoff_keys[key]:
+                part.handoff_keys[key] -= 1
+                if not part.handoff_keys[key]:
+                    del part.handoff_keys[key]
+                    self._work.add(part.index)
         return sent
 
     def _remove_retry(self, part: Partition, seq: int) -> Retry:
@@ -221,11 +308,16 @@ class DeliveryBook:
         delay: float | None,
     ) -> None:
         """The ``count``-th delivery ended unsettled: retry later, or dead-letter."""
+        if self._follows_dead_letter(part, message):
+            reason = DeadLetterReason.KEY_DEAD_LETTERED
+            self._dead_letter(part, message, reason, count, first_time)
+            return
         if self._queue.max_deliveries and count >= self._queue.max_deliveries:
             self._dead_letter(part, message, DeadLetterReason.MAX_DELIVERIES, count, first_time)
             return
         due = now + redelivery_delay(self._queue, count, delay)
         part.retry[message.seq] = Retry(message, count + 1, first_time, due)
+        self._out.append(RetryScheduled(part.index, message.seq, count, first_time, due))
         self._by_id[message.message_id] = (part.index, message.seq)
         if message.key is not None:
             part.retry_keys[message.key] += 1
@@ -240,7 +332,7 @@ class DeliveryBook:
     def _pick(self, part: Partition) -> Flow | None:
         """The flow the partition's next message goes to, None when none has room."""
         if self._group.mode is not GroupMode.SHARED:
-            if part.state is not PartitionState.READY or part.owner is None:
+            if part.state not in _DELIVERING or part.owner is None:
                 return None
             flow = self._flows[part.owner]
             return flow if flow.has_room() else None
@@ -268,7 +360,9 @@ class DeliveryBook:
     def _blocked(self, part: Partition, key: str | None, held_back: set[str]) -> bool:
         if key is None:
             return False
-        if key in held_back or part.retry_keys[key]:
+        if key in held_back or part.retry_keys[key] or key in part.parked:
+            return True
+        if part.handoff_keys[key]:
             return True
         return self._group.key_order is KeyOrder.STRICT and part.inflight_keys[key] > 0
 
@@ -282,6 +376,8 @@ class DeliveryBook:
             key = entry.message.key
             if key is not None and (
                 key in held_back
+                or key in part.parked
+                or part.handoff_keys[key] > 0
                 or entry.due > now
                 or (self._group.key_order is KeyOrder.STRICT and part.inflight_keys[key])
             ):

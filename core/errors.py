@@ -10,7 +10,8 @@ code their wire needs.
     ├── InvalidArgument            400  bad name, bad setting, bad request field
     ├── NotFound                   404
     │   ├── QueueNotFound
-    │   └── GroupNotFound
+    │   ├── GroupNotFound
+    │   └── KeyNotParked           release of a key that is not parked
     ├── AlreadyExists              409  queue exists with different settings
     ├── Conflict                   409  e.g. group mode/tag mismatch on bind
     │   └── GroupLeased                 the group is held by a Spark job / native flows
@@ -70,6 +71,16 @@ class GroupNotFound(NotFound):
         super().__init__(f"group {group!r} of queue {queue!r} does not exist")
         self.queue = queue
         self.group = group
+
+
+class KeyNotParked(NotFound):
+    code = "key-not-parked"
+
+    def __init__(self, queue: str, group: str, key: str) -> None:
+        super().__init__(f"key {key!r} is not parked in group {group!r} of queue {queue!r}")
+        self.queue = queue
+        self.group = group
+        self.key = key
 
 
 class AlreadyExists(KeygateError):
@@ -168,6 +179,7 @@ __all__ = [
     "GroupNotFound",
     "InvalidArgument",
     "InvalidMessage",
+    "KeyNotParked",
     "KeygateError",
     "MessageTooLarge",
     "NoRoute",

@@ -7,8 +7,10 @@ timeouts, ack timeouts, TTL), then applies itself, then:
 1. reconciles the assignment if membership changed: core.assignment over the partitions
    that are not reserved (``unbound``) for a disconnected flow, with the running flows in
    bind order (exclusive mode: only the active flow). A partition whose owner still holds
-   unacked messages of it is ``paused`` until they are settled or max_handoff_time ends;
-   then the owner's leftovers are queued first for the new owner, with count + 1;
+   unacked messages of it is ``paused``: it maps to the new owner at once, and only the
+   keys the old owner holds unacked messages of wait until it settles them or
+   max_handoff_time ends; then its leftovers are queued first for the new owner, with
+   count + 1 (key-granular handoff);
 2. writes through every partition and flow whose assignment changed;
 3. pumps deliveries (core.delivery) and asks storage for more where a buffer ran low;
 4. emits one ``OffsetUpdate`` per partition whose settled state changed.
@@ -21,6 +23,7 @@ takes exactly those back (a reclaimed flow also takes the old flow's place in bi
 from __future__ import annotations
 
 import heapq
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 
 from core.actions import (
@@ -33,7 +36,7 @@ from core.actions import (
 )
 from core.assignment import assign
 from core.delivery import ACK_TIMEOUT, EXPIRE, DeliveryBook
-from core.errors import Conflict, InvalidArgument
+from core.errors import Conflict, InvalidArgument, KeyNotParked
 from core.model import (
     AckMode,
     DeadLetterReason,
@@ -125,9 +128,7 @@ class GroupMachine(DeliveryBook):
             part = self._parts[p]
             if part.owner != flow_id:
                 continue
-            if part.state is PartitionState.PAUSED:
-                self._transfer(part, part.handoff_to, now)
-            elif keep:
+            if keep:
                 reserved.add(p)
                 self._set_owner(part, None, PartitionState.UNBOUND)
                 part.reserved_by = flow_id
@@ -289,6 +290,16 @@ class GroupMachine(DeliveryBook):
             )
         return self._finish(now)
 
+    def release_key(self, now: float, key: str, *, skip: bool = False) -> list[Action]:
+        """Let a parked key flow again (on_dead_letter = park_key), from its oldest held
+        message; with ``skip`` its messages published until now are dead-lettered instead.
+        Raises KeyNotParked if the key is parked in no partition."""
+        if not any(key in part.parked for part in self._parts):
+            raise KeyNotParked(self._queue.name, self._group.name, key)
+        self._begin(now)
+        self._release(key, skip=skip)
+        return self._finish(now)
+
     def tick(self, now: float) -> list[Action]:
         """Run the timers that are due; call it at ``next_deadline()``."""
         self._begin(now)
@@ -349,6 +360,7 @@ class GroupMachine(DeliveryBook):
 
     def _begin(self, now: float) -> None:
         self._out = []
+        self._now = now
         for res in [r for r in self._reservations.values() if r.deadline <= now]:
             del self._reservations[res.flow_id]
             for p in res.partitions:
@@ -359,7 +371,7 @@ class GroupMachine(DeliveryBook):
         for p in sorted(self._paused):
             part = self._parts[p]
             if part.handoff_deadline <= now:
-                self._transfer(part, part.handoff_to, now)
+                self._end_handoff(part, now)
         while self._timers and self._timers[0][0] <= now:
             _, kind, p, seq, count = heapq.heappop(self._timers)
             part = self._parts[p]
@@ -377,8 +389,8 @@ class GroupMachine(DeliveryBook):
             self._reconcile(now)
         for p in sorted(self._paused):
             part = self._parts[p]
-            if part.owner is None or not part.held[part.owner]:
-                self._transfer(part, part.handoff_to, now)  # the old owner acked all of it
+            if part.handoff_from is None or not part.held[part.handoff_from]:
+                self._end_handoff(part, now)  # the old owner settled all it held
         self._announce()
         self._pump(now)
         self._request_fetches()
@@ -427,30 +439,55 @@ class GroupMachine(DeliveryBook):
             self._move(part, desired[i], now)
 
     def _move(self, part: Partition, target: str | None, now: float) -> None:
+        """Key-granular handoff (DESIGN.md §4): the partition maps to ``target`` at once;
+        only the keys the old owner still holds unacked messages of wait, until it settles
+        them or max_handoff_time ends (then they return, first, to the new owner)."""
         owner = part.owner
         if target == owner:
-            if part.state is PartitionState.PAUSED:
-                part.state = PartitionState.READY
-                part.handoff_to = None
-                self._paused.discard(part.index)
-                self._touched.add(part.index)
             return
-        if owner is not None and part.held[owner] and self._queue.max_handoff_time > 0:
-            if part.state is not PartitionState.PAUSED:
-                part.state = PartitionState.PAUSED
-                part.handoff_deadline = now + self._queue.max_handoff_time
-                self._paused.add(part.index)
-                self._touched.add(part.index)
-            part.handoff_to = target
+        if part.handoff_from == target:
+            # Moving back to the flow it was leaving: what it holds is its own again.
+            part.handoff_from = None
+            part.handoff_keys.clear()
+            self._paused.discard(part.index)
+        elif part.handoff_from is not None:
+            self._end_handoff(part, now)
+        if (
+            owner is not None
+            and target is not None
+            and part.held[owner]
+            and self._queue.max_handoff_time > 0
+        ):
+            part.handoff_from = owner
+            part.handoff_keys = Counter(
+                sent.message.key
+                for sent in part.inflight.values()
+                if sent.flow_id == owner and sent.message.key is not None
+            )
+            part.handoff_deadline = now + self._queue.max_handoff_time
+            self._paused.add(part.index)
+            self._set_owner(part, target, PartitionState.PAUSED)
             return
         self._transfer(part, target, now)
+
+    def _end_handoff(self, part: Partition, now: float) -> None:
+        """The old owner's leftovers return for redelivery (first, to the new owner); every
+        key of the partition flows."""
+        old = part.handoff_from
+        part.handoff_from = None
+        part.handoff_keys.clear()
+        self._paused.discard(part.index)
+        if old is not None and part.held[old]:
+            self._return_inflight(part, old, now)
+        if part.state is PartitionState.PAUSED:
+            part.state = PartitionState.READY
+            self._touched.add(part.index)
+        self._work.add(part.index)
 
     def _transfer(self, part: Partition, target: str | None, now: float) -> None:
         """Map the partition to ``target``; the old owner's leftovers go first to it."""
         if part.owner is not None and part.held[part.owner]:
             self._return_inflight(part, part.owner, now)
-        part.handoff_to = None
-        self._paused.discard(part.index)
         state = PartitionState.READY if target is not None else PartitionState.UNASSIGNED
         self._set_owner(part, target, state)
 

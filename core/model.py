@@ -124,6 +124,18 @@ class DeadLetterReason(StrEnum):
     EXPIRED = "expired"
     # Stored but impossible to read or encode for delivery (a row from an older version).
     UNDELIVERABLE = "undeliverable"
+    # Followed an earlier dead letter of its key (on_dead_letter = dead_letter_key, or a
+    # parked key released with skip).
+    KEY_DEAD_LETTERED = "key-dead-lettered"
+
+
+class DeadLetterPolicy(StrEnum):
+    """What happens to the rest of a key after one of its messages is dead-lettered for
+    failing (max deliveries or rejected; not for expiry)."""
+
+    CONTINUE = "continue"  # the key's later messages flow
+    PARK_KEY = "park_key"  # the key waits until an operator releases it
+    DEAD_LETTER_KEY = "dead_letter_key"  # the key's stored messages follow it to the DLQ
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +166,8 @@ class QueueConfig:
     # Keep settled messages this long after publish (replay with a group reset, browse);
     # 0 = delete a message as soon as every group has settled it.
     retention: float = 0.0
+    # A DeadLetterPolicy value (kept as text: the settings table and SQL hold strings).
+    on_dead_letter: str = DeadLetterPolicy.CONTINUE.value
 
     def __post_init__(self) -> None:
         validate_name("queue", self.name)
@@ -201,6 +215,13 @@ class QueueConfig:
                 raise InvalidArgument(
                     f"key_from must be 'app_id' or 'topic:N', got {self.key_from!r}"
                 )
+        if self.on_dead_letter not in DeadLetterPolicy.__members__.values():
+            choices = ", ".join(DeadLetterPolicy)
+            raise InvalidArgument(f"on_dead_letter must be one of {choices}")
+
+    @property
+    def dead_letter_policy(self) -> DeadLetterPolicy:
+        return DeadLetterPolicy(self.on_dead_letter)
 
     @property
     def slots(self) -> int:

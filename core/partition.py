@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from core.actions import PartitionSnapshot
+from core.actions import ParkedKey, PartitionSnapshot
 from core.ledger import AckLedger
 from core.model import AckMode, FlowState, GroupMode, Message, PartitionState, PropertyValue
 
@@ -113,7 +113,10 @@ class Partition:
         self.state = PartitionState.UNASSIGNED
         self.owner: str | None = None
         self.reserved_by: str | None = None
-        self.handoff_to: str | None = None
+        # Key-granular handoff: the previous owner, and how many unacked messages of each
+        # key it still holds (those keys wait; the others flow to the new owner).
+        self.handoff_from: str | None = None
+        self.handoff_keys: Counter[str] = Counter()
         self.handoff_deadline = 0.0
         # (state, flow id) last written through; None forces the first write.
         self.announced: tuple[PartitionState, str | None] | None = None
@@ -133,6 +136,10 @@ class Partition:
         self.retry: dict[int, Retry] = {}
         self.retry_keys: Counter[str] = Counter()
         self.inflight_keys: Counter[str] = Counter()
+        # on_dead_letter: keys waiting for a release; keys whose messages published up to
+        # the given time follow their dead letter (dead_letter_key, release with skip).
+        self.parked: dict[str, ParkedKey] = {}
+        self.draining: dict[str, float] = {}
         # Highest seq loaded into memory (or skipped as settled); loads continue after it.
         self.cursor = self.ledger.committed
         self.known = self.cursor

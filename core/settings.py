@@ -70,6 +70,10 @@ QUEUE_SETTINGS: Final = (
     QueueSetting("retention", float, "keep settled messages this long after publish, for "
                  "replay and browsing (0 = delete once settled)", "s", amqp="x-retention",
                  millis=True),
+    QueueSetting("on_dead_letter", str, "after a message fails into the dead-letter queue: "
+                 "'continue' (its key flows on), 'park_key' (its key waits for `keygate key "
+                 "release`) or 'dead_letter_key' (its key's stored messages follow it)",
+                 amqp="x-on-dead-letter"),
 )  # fmt: skip
 
 _BY_NAME: Final = {s.name: s for s in QUEUE_SETTINGS}

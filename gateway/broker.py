@@ -279,6 +279,20 @@ class Broker:
         log.info("group %s/%s reset to %s: %s", queue, name, target.kind, positions)
         return positions
 
+    async def release_key(
+        self, queue: str, name: str, key: str, *, skip: bool = False
+    ) -> list[int]:
+        """Let a parked key of the group flow again (on_dead_letter = park_key); with
+        ``skip`` its messages published until now are dead-lettered first. Loads the group
+        if it is not running here. Returns the partitions the key was parked in; raises
+        GroupNotFound, KeyNotParked."""
+        runtime = await self._runtime(await self.store.get_group(queue, name))
+        partitions = [p.partition for p in runtime.machine.parked_keys() if p.key == key]
+        runtime.release_key(key, skip=skip)
+        await runtime.flush()  # the release (and any skipped letters) is in SQL on return
+        log.info("group %s/%s: key %r released (skip=%s)", queue, name, key, skip)
+        return partitions
+
     async def redrive(
         self,
         principal: Principal,
@@ -663,6 +677,7 @@ class Broker:
                 lag=sum(max(0, heads.get((name, p.partition), 0) - p.committed_seq) for p in parts),
                 owners=sum(1 for flow in status.flows if flow.partitions),
                 oldest=min(times, default=None),
+                parked=len(runtime.machine.parked_keys()),
             )
 
     def _queue_gauges(self) -> Iterable[QueueGauge]:

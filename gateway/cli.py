@@ -3,6 +3,7 @@
 keygate serve [--config FILE] [--db URL] [--host H] [--native-port N] ...
 keygate queue create|alter|list|show|browse|purge|delete ...  (admin HTTP API, --url)
 keygate group create|list|delete|reset QUEUE ...      (admin HTTP API, --url)
+keygate key release QUEUE GROUP KEY [--skip|--retry]  (admin HTTP API, --url)
 keygate dlq redrive QUEUE.dlq [--to Q] [--limit K] [--where key=K]  (admin HTTP API)
 keygate status [--json]                               (admin HTTP API, --url)
 keygate inspect QUEUE [--json]                        (admin HTTP API, --url)
@@ -22,6 +23,7 @@ import json
 import os
 import sys
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -236,6 +238,16 @@ def _group(args: argparse.Namespace) -> int:
         if not args.name:
             raise CliError("group delete needs QUEUE and NAME")
         print(json.dumps(_http(args, "DELETE", f"{path}/{args.name}")))
+    return 0
+
+
+def _key(args: argparse.Namespace) -> int:
+    path = (
+        f"/api/queues/{urllib.parse.quote(args.queue, safe='')}/groups/"
+        f"{urllib.parse.quote(args.group, safe='')}/keys/{urllib.parse.quote(args.key, safe='')}"
+        "/release"
+    )
+    print(json.dumps(_http(args, "POST", path, {"skip": args.skip})))
     return 0
 
 
@@ -505,6 +517,26 @@ def build_parser() -> argparse.ArgumentParser:
     _admin_api(group)
     _group_flags(group)
     group.set_defaults(func=_group)
+
+    key = sub.add_parser("key", help="keys parked after a dead letter (on_dead_letter park_key)")
+    key.add_argument("action", choices=["release"], help="what to do")
+    key.add_argument("queue", help="the queue")
+    key.add_argument("group", help="the consumer group")
+    key.add_argument("key", help="the parked key")
+    how = key.add_mutually_exclusive_group()
+    how.add_argument(
+        "--retry",
+        dest="skip",
+        action="store_false",
+        help="the key's held messages flow again, oldest first (the default)",
+    )
+    how.add_argument(
+        "--skip",
+        action="store_true",
+        help="dead-letter the key's messages published until now, then let it flow",
+    )
+    _admin_api(key)
+    key.set_defaults(func=_key, skip=False)
 
     dlq = sub.add_parser("dlq", help="dead-letter queues: move letters back (redrive)")
     dlq.add_argument("action", choices=["redrive"], help="what to do")

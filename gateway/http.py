@@ -234,6 +234,7 @@ class AdminServer:
                 web.post("/api/queues/{name}/groups", self._create_group),
                 web.delete("/api/queues/{name}/groups/{group}", self._delete_group),
                 web.post("/api/queues/{name}/groups/{group}/reset", self._reset_group),
+                web.post("/api/queues/{name}/groups/{group}/keys/{key}/release", self._release_key),
                 web.get("/api/queues/{name}/messages", self._browse),
                 web.post("/api/queues/{name}/messages", self._publish_queue),
                 web.post("/api/topics/{topic:.+}/messages", self._publish_topic),
@@ -397,6 +398,19 @@ class AdminServer:
         )
         return web.json_response(
             {"queue": name, "group": group, "committed": {str(p): s for p, s in positions.items()}}
+        )
+
+    async def _release_key(self, request: web.Request) -> web.Response:
+        name, group = request.match_info["name"], request.match_info["group"]
+        key = request.match_info["key"]
+        body = await _body(request) if request.can_read_body else {}
+        if not isinstance(body.get("skip", False), bool):
+            raise InvalidArgument('a release takes an optional "skip" (bool)')
+        self.broker.check_admin(_principal(request))
+        skip = body.get("skip", False)
+        partitions = await self.broker.release_key(name, group, key, skip=skip)
+        return web.json_response(
+            {"queue": name, "group": group, "key": key, "partitions": partitions, "skip": skip}
         )
 
     async def _browse(self, request: web.Request) -> web.Response:

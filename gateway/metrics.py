@@ -25,6 +25,7 @@ class GroupGauge:
     lag: int  # stored after the committed seq (not yet settled), per partition summed
     owners: int  # flows holding at least one partition
     oldest: float | None  # publish time of the oldest loaded unsettled message
+    parked: int = 0  # keys parked by on_dead_letter = park_key
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +81,11 @@ class _ScrapeCollector(Collector):
             ),
             "owners": GaugeMetricFamily(
                 "keygate_group_owners", "Consumers holding at least one partition", labels=g
+            ),
+            "parked": GaugeMetricFamily(
+                "keygate_group_parked_keys",
+                "Keys stopped after a dead letter until released (on_dead_letter = park_key)",
+                labels=g,
             ),
         }
         oldest = GaugeMetricFamily(

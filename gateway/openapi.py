@@ -236,6 +236,20 @@ def openapi_document(version: str) -> dict[str, Any]:
                     ),
                 ),
             },
+            "/api/queues/{name}/groups/{group}/keys/{key}/release": {
+                "parameters": [
+                    _NAME,
+                    {"name": "group", "in": "path", "required": True, "schema": {"type": "string"}},
+                    {"name": "key", "in": "path", "required": True, "schema": {"type": "string"}},
+                ],
+                "post": _op(
+                    "Let a key parked after a dead letter flow again (admin; on_dead_letter = "
+                    "park_key): from its oldest held message, or with skip its messages "
+                    "published until now are dead-lettered first",
+                    _ok("The partitions the key was parked in", _OBJECT),
+                    **_body({"type": "object", "properties": {"skip": {"type": "boolean"}}}),
+                ),
+            },
             "/api/queues/{name}/messages": {
                 **queue_path,
                 "get": _op(

@@ -6,9 +6,11 @@ task drains that queue in order, merging whatever has piled up into one step:
 
 1. ``RecordDispatch`` records are written (one group-committed write) *before* any
    ``Deliver`` of the step is handed to a flow, so delivery counts survive a crash.
-2. ``DeadLetter`` copies are written together with the newest offsets in one transaction;
+2. ``DeadLetter`` copies are written together with the newest offsets and the parked-key
+   changes (``KeyParked``/``KeyReleased``) in one transaction;
    otherwise ``OffsetUpdate``\\ s (idempotent full state per partition) are kept in
-   ``_pending_offsets`` and written by the periodic flush, which also runs in this task so
+   ``_pending_offsets`` (``RetryScheduled`` records, for inspection, in
+   ``_pending_retries``) and written by the periodic flush, which also runs in this task so
    an older offset can never overwrite a newer one.
 3. Assignment and flow changes are written through; then deliveries and partition changes
    are handed to the flows' outputs in the order the machine produced them.
@@ -38,9 +40,12 @@ from core.actions import (
     Dropped,
     Fetch,
     FlowChanged,
+    KeyParked,
+    KeyReleased,
     OffsetUpdate,
     PartitionsChanged,
     RecordDispatch,
+    RetryScheduled,
 )
 from core.errors import KeygateError
 from core.group import GroupMachine
@@ -98,6 +103,7 @@ class GroupRuntime:
         self._clock = clock
         self._actions: asyncio.Queue[list[Action] | str] = asyncio.Queue()
         self._pending_offsets: dict[int, OffsetUpdate] = {}
+        self._pending_retries: dict[tuple[int, int], RetryScheduled] = {}
         self._wake = asyncio.Event()
         self._armed: float | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -205,8 +211,12 @@ class GroupRuntime:
     def credit(self, flow_id: str, window: int) -> None:
         self.submit(self.machine.credit(self._clock(), flow_id, window))
 
+    def release_key(self, key: str, *, skip: bool) -> None:
+        """Let a parked key flow again (see GroupMachine.release_key); raises KeyNotParked."""
+        self.submit(self.machine.release_key(self._clock(), key, skip=skip))
+
     def request_flush(self) -> None:
-        if self._pending_offsets:
+        if self._pending_offsets or self._pending_retries:
             self._actions.put_nowait(_FLUSH)
 
     def status(self) -> GroupStatus:
@@ -256,6 +266,7 @@ class GroupRuntime:
     async def _carry_out(self, actions: list[Action], *, flush: bool) -> None:
         dispatch: list[RecordDispatch] = []
         letters: list[DeadLetter] = []
+        keys: list[KeyParked | KeyReleased] = []
         assignments: list[AssignmentChanged] = []
         flows: list[FlowChanged] = []
         sends: list[Deliver | PartitionsChanged] = []
@@ -266,10 +277,14 @@ class GroupRuntime:
                     sends.append(action)
                 case OffsetUpdate():
                     self._pending_offsets[action.partition] = action
+                case RetryScheduled():
+                    self._pending_retries[action.partition, action.seq] = action
                 case RecordDispatch():
                     dispatch.append(action)
                 case DeadLetter():
                     letters.append(action)
+                case KeyParked() | KeyReleased():
+                    keys.append(action)
                 case AssignmentChanged():
                     assignments.append(action)
                 case FlowChanged():
@@ -282,17 +297,26 @@ class GroupRuntime:
         if dispatch:
             records = _merge_dispatch(dispatch)
             await self._persist(lambda: self.store.record_dispatch(name, group, records))
-        if letters or (flush and self._pending_offsets):
+        if letters or (flush and (self._pending_offsets or self._pending_retries)):
             offsets = list(self._pending_offsets.values())
             self._pending_offsets.clear()
+            retries = list(self._pending_retries.values())
+            self._pending_retries.clear()
             if letters:
                 now = self._clock()
                 await self._persist(
-                    lambda: self.store.dead_letter(name, group, letters, offsets, now=now)
+                    lambda: self.store.dead_letter(
+                        name, group, letters, offsets, now=now, keys=keys, retries=retries
+                    )
                 )
+                keys = []
                 self._hooks.dead_lettered(name, group, len(letters))
             else:
-                await self._persist(lambda: self.store.write_offsets(name, group, offsets))
+                await self._persist(
+                    lambda: self.store.write_offsets(name, group, offsets, retries=retries)
+                )
+        if keys:
+            await self._persist(lambda: self.store.write_key_changes(name, group, keys))
         if assignments:
             now = self._clock()
             await self._persist(

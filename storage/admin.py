@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from core import topics
-from core.actions import DeliveryRecord, GroupSnapshot, PartitionSnapshot
+from core.actions import DeliveryRecord, GroupSnapshot, ParkedKey, PartitionSnapshot
 from core.errors import AlreadyExists, GroupNotFound, InvalidArgument, QueueNotFound
 from core.model import GroupConfig, QueueConfig, ResetKind, ResetPosition
 from storage.base import StoreBase, read_queues
@@ -23,6 +23,7 @@ from storage.schema import (
     kg_group_offsets,
     kg_groups,
     kg_messages,
+    kg_parked_keys,
     kg_partition_assignments,
     kg_partitions,
     kg_queues,
@@ -37,6 +38,7 @@ _QUEUE_TABLES: Final = (
     kg_deliveries,
     kg_flows,
     kg_partition_assignments,
+    kg_parked_keys,
     kg_dedup,
     kg_subscriptions,
     kg_partitions,
@@ -47,6 +49,7 @@ _GROUP_TABLES: Final = (
     kg_deliveries,
     kg_flows,
     kg_partition_assignments,
+    kg_parked_keys,
     kg_groups,
 )
 
@@ -368,4 +371,10 @@ class AdminOps(StoreBase):
                 dispatched_seq=row.dispatched_seq,
                 deliveries=tuple(deliveries.get(row.partition, ())),
             )
-        return GroupSnapshot(partitions=partitions)
+        k = kg_parked_keys
+        query = sa.select(k).where(_group_where(k, queue, name)).order_by(k.c.partition, k.c.key)
+        parked = tuple(
+            ParkedKey(row.partition, row.key, row.since, row.message_id, row.reason)
+            for row in await conn.execute(query)
+        )
+        return GroupSnapshot(partitions=partitions, parked=parked)

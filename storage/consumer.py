@@ -16,7 +16,16 @@ from typing import Final
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from core.actions import AssignmentChanged, DeadLetter, FlowChanged, OffsetUpdate, RecordDispatch
+from core.actions import (
+    AssignmentChanged,
+    DeadLetter,
+    FlowChanged,
+    KeyParked,
+    KeyReleased,
+    OffsetUpdate,
+    RecordDispatch,
+    RetryScheduled,
+)
 from core.model import (
     DEAD_LETTER_REASON,
     DELIVERY_COUNT,
@@ -38,11 +47,13 @@ from storage.schema import (
     kg_flows,
     kg_group_offsets,
     kg_groups,
+    kg_parked_keys,
     kg_partition_assignments,
 )
 
 DISPATCH_BATCH: Final = 1000
 DispatchCall = tuple[str, str, Sequence[RecordDispatch]]
+KeyChange = KeyParked | KeyReleased
 
 _o: Final = kg_group_offsets
 _d: Final = kg_deliveries
@@ -76,6 +87,13 @@ _WRITE_OFFSET: Final = (
         acked_count=sa.bindparam("b_count"),
         updated_at=sa.bindparam("b_now"),
     )
+)
+_k: Final = kg_parked_keys
+_UNPARK: Final = sa.delete(_k).where(
+    _k.c.queue == sa.bindparam("b_queue"),
+    _k.c.group_name == sa.bindparam("b_group"),
+    _k.c.partition == sa.bindparam("b_partition"),
+    _k.c.key == sa.bindparam("b_key"),
 )
 _DROP_SETTLED: Final = sa.delete(_d).where(_DELIVERY_GROUP, _d.c.seq <= sa.bindparam("b_hi"))
 _DROP_ACKED: Final = sa.delete(_d).where(
@@ -154,15 +172,48 @@ class ConsumerOps(AdminOps):
                 await conn.execute(stmt, deliveries)
         return [None] * len(calls)
 
-    async def write_offsets(self, queue: str, group: str, updates: Sequence[OffsetUpdate]) -> None:
-        """Write full ack state per partition and forget the settled delivery records."""
-        if updates:
+    async def write_offsets(
+        self,
+        queue: str,
+        group: str,
+        updates: Sequence[OffsetUpdate],
+        *,
+        retries: Sequence[RetryScheduled] = (),
+    ) -> None:
+        """Write full ack state per partition and forget the settled delivery records;
+        ``retries`` are recorded first, so any of them settled meanwhile is dropped too."""
+        if updates or retries:
             async with self.transaction() as conn:
-                await self._write_offsets(conn, queue, group, updates)
+                await self._write_offsets(conn, queue, group, updates, retries)
 
     async def _write_offsets(
-        self, conn: AsyncConnection, queue: str, group: str, updates: Sequence[OffsetUpdate]
+        self,
+        conn: AsyncConnection,
+        queue: str,
+        group: str,
+        updates: Sequence[OffsetUpdate],
+        retries: Sequence[RetryScheduled] = (),
     ) -> None:
+        if retries:
+            keys = ("queue", "group_name", "partition", "seq")
+            changed = ("delivery_count", "first_delivery_time", "redeliver_at")
+            records = [
+                {
+                    "queue": queue,
+                    "group_name": group,
+                    "partition": r.partition,
+                    "seq": r.seq,
+                    "delivery_count": r.delivery_count,
+                    "first_delivery_time": r.first_delivery_time,
+                    "redeliver_at": r.due,
+                }
+                for r in retries
+            ]
+            # Never below a count the redelivery already recorded (it may precede the flush).
+            newer = _d.c.delivery_count <= sa.literal_column("excluded.delivery_count")
+            await conn.execute(upsert(conn, _d, keys, changed, where=newer), records)
+        if not updates:
+            return
         now = time.time()
         rows: list[dict[str, object]] = []
         ranges: list[dict[str, object]] = []
@@ -191,8 +242,11 @@ class ConsumerOps(AdminOps):
         offsets: Sequence[OffsetUpdate],
         *,
         now: float,
+        keys: Sequence[KeyChange] = (),
+        retries: Sequence[RetryScheduled] = (),
     ) -> None:
-        """Append copies to the dead-letter queue and write ``offsets``, in one transaction.
+        """Append copies to the dead-letter queue and write ``offsets`` and the parked-key
+        changes ``keys``, in one transaction.
 
         Dead letters bypass the DLQ's max_depth: refusing them would leave the message
         unsettled forever. With no DLQ configured the letters are dropped.
@@ -213,11 +267,61 @@ class ConsumerOps(AdminOps):
                     ]
                     await self.insert_messages(conn, copies)
                     await self.write_heads(conn, allocation)
-                if offsets:
-                    await self._write_offsets(conn, queue, group, offsets)
+                await self._write_offsets(conn, queue, group, offsets, retries)
+                await self._write_key_changes(conn, queue, group, keys)
             for created_queue in created:
                 self._remember(created_queue)
             self.committed(allocation, copies)
+
+    async def write_key_changes(self, queue: str, group: str, keys: Sequence[KeyChange]) -> None:
+        """Park and release keys (kg_parked_keys), in order."""
+        if keys:
+            async with self.transaction() as conn:
+                await self._write_key_changes(conn, queue, group, keys)
+
+    async def _write_key_changes(
+        self, conn: AsyncConnection, queue: str, group: str, keys: Sequence[KeyChange]
+    ) -> None:
+        for change in keys:
+            if isinstance(change, KeyParked):
+                p = change.parked
+                row = {
+                    "queue": queue,
+                    "group_name": group,
+                    "partition": p.partition,
+                    "key": p.key,
+                    "since": p.since,
+                    "message_id": p.message_id,
+                    "reason": p.reason,
+                }
+                stmt = upsert(
+                    conn,
+                    _k,
+                    ("queue", "group_name", "partition", "key"),
+                    ("since", "message_id", "reason"),
+                )
+                await conn.execute(stmt, [row])
+            else:
+                where = {"b_queue": queue, "b_group": group, "b_partition": change.partition}
+                await conn.execute(_UNPARK, [{**where, "b_key": change.key}])
+
+    async def unpark_key(self, queue: str, group: str, key: str) -> int:
+        """Release a key of a group that is not running (it flows at the group's next
+        load); the number of partitions it was parked in."""
+        stmt = sa.delete(_k).where(_k.c.queue == queue, _k.c.group_name == group, _k.c.key == key)
+        async with self.transaction() as conn:
+            result = await conn.execute(stmt)
+        return int(result.rowcount)
+
+    async def parked_keys(self, queue: str, group: str) -> list[dict[str, object]]:
+        """The group's parked keys as stored, by partition and key."""
+        query = (
+            sa.select(_k.c.partition, _k.c.key, _k.c.since, _k.c.message_id, _k.c.reason)
+            .where(_k.c.queue == queue, _k.c.group_name == group)
+            .order_by(_k.c.partition, _k.c.key)
+        )
+        async with self.transaction() as conn:
+            return [dict(row) for row in (await conn.execute(query)).mappings()]
 
     async def write_assignments(
         self, queue: str, group: str, changes: Sequence[AssignmentChanged], *, now: float

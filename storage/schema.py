@@ -61,6 +61,8 @@ kg_queues: Final = sa.Table(
     sa.Column("dead_letter_expired", sa.Boolean, nullable=False),
     # Seconds settled messages are kept after publish (0 = deleted once settled).
     sa.Column("retention", Time, nullable=False, server_default="0"),
+    # core.model.DeadLetterPolicy: continue | park_key | dead_letter_key.
+    sa.Column("on_dead_letter", sa.String(20), nullable=False, server_default="continue"),
     sa.Column("created_at", Time, nullable=False),
 )
 
@@ -145,6 +147,21 @@ kg_deliveries: Final = sa.Table(
     sa.Column("first_delivery_time", Time),
     # When a nacked message is due again (Spark's consume_batch; NULL = at once).
     sa.Column("redeliver_at", Time),
+)
+
+# Keys stopped by on_dead_letter = park_key after their message ``message_id`` was
+# dead-lettered. Deleting a row releases the key (at the group's next load; the admin API
+# and CLI release a running group at once).
+kg_parked_keys: Final = sa.Table(
+    "kg_parked_keys",
+    metadata,
+    _name("queue", primary_key=True),
+    _name("group_name", primary_key=True),
+    sa.Column("partition", sa.Integer, primary_key=True),
+    sa.Column("key", sa.String(1000), primary_key=True),
+    sa.Column("since", Time, nullable=False),
+    sa.Column("message_id", sa.String(64), nullable=False),
+    sa.Column("reason", sa.String(50), nullable=False),
 )
 
 kg_flows: Final = sa.Table(
@@ -321,11 +338,70 @@ def _queue_stats() -> sa.Select[Any]:
     )
 
 
+def _key_status() -> sa.Select[Any]:
+    """Keys that are not simply flowing: parked (kg_parked_keys), retrying (an unsettled
+    message of the key failed a delivery, kg_deliveries) and partitions in a handoff (key
+    NULL: the keys the old owner holds wait)."""
+    k, d, a = kg_parked_keys, kg_deliveries, kg_partition_assignments
+    m = kg_messages.alias("m")
+
+    def null(kind: Any) -> sa.ColumnElement[Any]:
+        return sa.cast(sa.null(), kind)
+
+    parked = sa.select(
+        k.c.queue,
+        k.c.group_name,
+        k.c.partition,
+        k.c.key,
+        sa.literal("parked").label("reason"),
+        k.c.reason.label("detail"),
+        k.c.message_id,
+        null(sa.Integer).label("attempts"),
+        null(sa.Integer).label("messages"),
+        k.c.since.label("blocked_since"),
+    )
+    retrying = (
+        sa.select(
+            d.c.queue,
+            d.c.group_name,
+            d.c.partition,
+            m.c.key,
+            sa.literal("retry"),
+            null(sa.String),
+            sa.func.min(m.c.message_id),
+            sa.func.max(d.c.delivery_count),
+            sa.func.count(),
+            sa.func.min(d.c.first_delivery_time),
+        )
+        .select_from(d)
+        .join(
+            m,
+            sa.and_(m.c.queue == d.c.queue, m.c.partition == d.c.partition, m.c.seq == d.c.seq),
+        )
+        .where(sa.or_(d.c.delivery_count >= 2, d.c.redeliver_at.is_not(None)), m.c.key.is_not(None))
+        .group_by(d.c.queue, d.c.group_name, d.c.partition, m.c.key)
+    )
+    handoff = sa.select(
+        a.c.queue,
+        a.c.group_name,
+        a.c.partition,
+        null(sa.String),
+        sa.literal("handoff"),
+        a.c.flow_id,
+        null(sa.String),
+        null(sa.Integer),
+        null(sa.Integer),
+        a.c.updated_at,
+    ).where(a.c.state == "paused")
+    return sa.select(sa.union_all(parked, retrying, handoff).subquery("key_status"))
+
+
 # Creation order: a view may read the views before it.
 VIEWS: Final[tuple[tuple[str, sa.Select[Any]], ...]] = (
     ("kg_partition_status", _partition_status()),
     ("kg_group_lag", _group_lag()),
     ("kg_queue_stats", _queue_stats()),
+    ("kg_key_status", _key_status()),
 )
 
 
@@ -362,6 +438,7 @@ __all__ = [
     "kg_group_offsets",
     "kg_groups",
     "kg_messages",
+    "kg_parked_keys",
     "kg_partition_assignments",
     "kg_partitions",
     "kg_queues",

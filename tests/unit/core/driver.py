@@ -16,7 +16,10 @@ from core.actions import (
     Fetch,
     FlowChanged,
     GroupSnapshot,
+    KeyParked,
+    KeyReleased,
     OffsetUpdate,
+    ParkedKey,
     PartitionsChanged,
     RecordDispatch,
 )
@@ -50,6 +53,7 @@ class Driver:
         self.unacked: dict[str, dict[str, Deliver]] = defaultdict(dict)
         self.offsets: dict[int, OffsetUpdate] = {}
         self.dead: list[DeadLetter] = []
+        self.parked: dict[tuple[int, str], ParkedKey] = {}
         self.dropped: list[Dropped] = []
         self.assignment: dict[int, tuple[PartitionState, str | None]] = {}
         self.partitions: dict[str, frozenset[int]] = {}
@@ -128,6 +132,7 @@ class Driver:
                     assert (m.partition, m.seq, action.delivery_count) in self.recorded
                 assert action.redelivered == (action.delivery_count > 1)
                 assert not self.settled(m.partition, m.seq), f"{m.seq} delivered after settle"
+                assert (m.partition, m.key) not in self.parked, f"{m.seq} of a parked key sent"
                 self.deliveries.append(action)
                 self.unacked[action.flow_id][m.message_id] = action
             elif isinstance(action, Fetch):
@@ -140,6 +145,11 @@ class Driver:
             elif isinstance(action, DeadLetter):
                 self.dead.append(action)
                 owed_offsets.add((action.message.partition, action.message.seq))
+            elif isinstance(action, KeyParked):
+                assert owed_offsets, "KeyParked without its DeadLetter"
+                self.parked[action.parked.partition, action.parked.key] = action.parked
+            elif isinstance(action, KeyReleased):
+                self.parked.pop((action.partition, action.key), None)
             elif isinstance(action, Dropped):
                 self.dropped.append(action)
             elif isinstance(action, AssignmentChanged):

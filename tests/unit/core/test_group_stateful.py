@@ -20,6 +20,7 @@ from hypothesis.stateful import (
 
 from core.model import (
     AckMode,
+    DeadLetterPolicy,
     GroupConfig,
     GroupMode,
     KeyOrder,
@@ -56,6 +57,7 @@ class GroupMachineRules(RuleBasedStateMachine):
         ack_timeout=st.sampled_from([None, 5.0]),
         buffer_size=st.integers(1, 4),
         auto_fetch=st.booleans(),
+        policy=st.sampled_from(DeadLetterPolicy),
     )
     def setup(
         self,
@@ -68,6 +70,7 @@ class GroupMachineRules(RuleBasedStateMachine):
         ack_timeout: float | None,
         buffer_size: int,
         auto_fetch: bool,
+        policy: DeadLetterPolicy,
     ) -> None:
         self.mode = mode
         self.strict = strict
@@ -79,6 +82,7 @@ class GroupMachineRules(RuleBasedStateMachine):
             rebalance_delay=delay,
             backoff_initial=0.5,
             backoff_max=2.0,
+            on_dead_letter=policy.value,
         )
         order = KeyOrder.STRICT if strict else KeyOrder.PARTITION
         group = GroupConfig("q", "g", mode=mode, key_order=order, ack_timeout=ack_timeout)
@@ -121,7 +125,7 @@ class GroupMachineRules(RuleBasedStateMachine):
         self.bound[flow] = client
         if check_moves:
             parts = self.d.machine._parts
-            moving = [p for p in parts if p.owner == flow or p.handoff_to == flow]
+            moving = [p for p in parts if p.owner == flow]
             assert len(moving) == self.d.queue.slots // (len(self.bound))
 
     @precondition(lambda self: bool(self.bound))
@@ -134,7 +138,14 @@ class GroupMachineRules(RuleBasedStateMachine):
 
     @rule(key=st.sampled_from(KEYS), draw=st.integers(0, 3))
     def publish(self, key: str | None, draw: int) -> None:
-        self.published.append(self.d.publish(key, partition=self.partition_of(key, draw)))
+        partition = self.partition_of(key, draw)
+        self.published.append(self.d.publish(key, partition=partition, publish_time=self.d.now))
+
+    @precondition(lambda self: bool(self.d.parked))
+    @rule(data=st.data(), skip=st.booleans())
+    def release(self, data: st.DataObject, skip: bool) -> None:
+        _, key = data.draw(st.sampled_from(sorted(self.d.parked)))
+        self.d.call(self.d.machine.release_key, key, skip=skip)
 
     @precondition(lambda self: any(self.d.unacked[f] for f in self.bound))
     @rule(data=st.data(), op=st.sampled_from(["ack", "ack", "ack", "nack", "reject"]))
@@ -173,13 +184,18 @@ class GroupMachineRules(RuleBasedStateMachine):
     # -- invariants ---------------------------------------------------------------------------
 
     @invariant()
-    def one_flow_holds_a_partitions_unacked_messages(self) -> None:
+    def only_the_owner_and_a_flow_handing_off_hold_a_partitions_messages(self) -> None:
         if self.mode is GroupMode.SHARED:
             return
         for part in self.d.machine._parts:
             holders = {sent.flow_id for sent in part.inflight.values()}
-            assert len(holders) <= 1
-            assert holders <= {part.owner}
+            assert holders <= {part.owner, part.handoff_from}
+            # Of each key, only one of them holds unacked messages.
+            owners: dict[str, set[str]] = defaultdict(set)
+            for sent in part.inflight.values():
+                if sent.message.key is not None:
+                    owners[sent.message.key].add(sent.flow_id)
+            assert all(len(flows) == 1 for flows in owners.values()), owners
 
     @invariant()
     def strict_groups_have_one_unacked_message_per_key(self) -> None:
@@ -228,6 +244,8 @@ class GroupMachineRules(RuleBasedStateMachine):
         for flow in sorted(self.bound):
             d.call(d.machine.unbind, flow, shutdown=True)
         d.unacked.clear()
+        for key in sorted({key for _, key in d.parked}):
+            d.call(d.machine.release_key, key)
         d.bind("drain", "drain", 1000, AckMode.CLIENT)
         for _ in range(40):
             d.ack("drain", *[x.message for x in d.unacked["drain"].values()])
@@ -240,6 +258,7 @@ class GroupMachineRules(RuleBasedStateMachine):
             assert m.message_id in accounted, f"{m} was settled without being delivered"
         dead = Counter(x.message.message_id for x in d.dead)
         assert all(n == 1 for n in dead.values())
+        assert d.parked == {}
 
     def check_balanced(self) -> None:
         status = self.d.machine.status()

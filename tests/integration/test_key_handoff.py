@@ -1,0 +1,58 @@
+"""Key-granular handoff with real SDK consumers, on SQLite and PostgreSQL: when a partition
+moves to a consumer that joins, only the key the old owner still holds waits; the other
+keys of the partition reach the new owner at once, and the busy key follows in order
+once the old owner acks."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+from gateway.client import Client
+from gateway.server import Gateway
+from tests.integration.conftest import native_url
+from tests.support.wait import eventually
+
+
+async def test_a_busy_key_does_not_hold_back_the_other_keys_of_a_moving_partition(
+    gateway: Gateway,
+) -> None:
+    assert gateway.store is not None
+    engine = gateway.store.engine
+    async with (
+        Client(native_url(gateway), client_name="a") as a_client,
+        Client(native_url(gateway), client_name="b") as b_client,
+        Client(native_url(gateway)) as producer,
+    ):
+        # A handoff that waited for the busy key would take the whole minute.
+        await producer.declare_queue("orders", partitions=2, max_handoff_time=60.0)
+        a = await a_client.subscribe("orders", group="g", window=100)
+        await eventually(lambda: a.partitions == frozenset({0, 1}))
+        for n in range(20):
+            await producer.publish("orders", f"k{n}:1".encode(), key=f"k{n}")
+        held = [await a.receive(timeout=5) for _ in range(20)]
+        b = await b_client.subscribe("orders", group="g", window=100)
+        await eventually(lambda: len(b.partitions) == 1)
+        (moving,) = b.partitions
+        keys = sorted({m.key for m in held if m.partition == moving and m.key})
+        busy = next(m for m in held if m.key == keys[0])
+        for message in held:
+            if message is not busy:
+                await a.acknowledge(message)
+        for key in keys:
+            await producer.publish("orders", f"{key}:2".encode(), key=key)
+        others = [await b.receive(timeout=5) for _ in keys[1:]]
+        assert sorted(m.payload for m in others) == sorted(f"{k}:2".encode() for k in keys[1:])
+
+        async def handing_off() -> list[tuple[object, ...]] | None:
+            query = sa.text(
+                "SELECT partition, reason FROM kg_key_status "
+                "WHERE queue = 'orders' AND group_name = 'g'"
+            )
+            async with engine.connect() as conn:
+                rows = [tuple(r) for r in await conn.execute(query)]
+            return rows or None
+
+        assert await eventually(handing_off) == [(moving, "handoff")]
+        await a.acknowledge(busy)
+        follows = await b.receive(timeout=5)
+        assert (follows.payload, follows.redelivered) == (f"{keys[0]}:2".encode(), False)
