@@ -21,12 +21,12 @@ import logging
 import ssl
 import uuid
 from collections.abc import Sequence
-from dataclasses import fields, replace
+from dataclasses import replace
 from typing import Any, Final
 
 from core import actions
-from core.errors import InvalidArgument, KeygateError, Unavailable
-from core.model import AckMode, Publication, QueueConfig
+from core.errors import KeygateError, Unavailable
+from core.model import AckMode, Publication
 from protocols import sink
 from protocols.native.connection import ServerConnection
 from protocols.native.events import (
@@ -54,9 +54,9 @@ from protocols.native.events import (
     Publish,
     PublishOk,
     QueueOk,
-    SettingValue,
     Unbind,
 )
+from protocols.native.settings import queue_from_settings, queue_settings
 from protocols.sink import BindRequest, Principal, Sink
 
 log = logging.getLogger("keygate.native")
@@ -68,30 +68,6 @@ DRAIN_TIMEOUT: Final = 10.0
 _WRITE_POLL: Final = 0.01
 # Bytes a connection may hold in its write buffer before deliveries wait (high-water mark).
 DEFAULT_WRITE_BUFFER: Final = 1024 * 1024
-_SETTINGS: Final = {f.name for f in fields(QueueConfig)} - {"name", "subscriptions"}
-
-
-def queue_settings(config: QueueConfig) -> dict[str, SettingValue]:
-    """A queue's settings as the QUEUE_OK map (None values left out)."""
-    out: dict[str, SettingValue] = {}
-    for name in sorted(_SETTINGS):
-        value = getattr(config, name)
-        if value is not None:
-            out[name] = value
-    out["dead_letter_queue"] = config.dlq_name or ""
-    return out
-
-
-def queue_from_settings(
-    name: str, settings: dict[str, Any], subscriptions: Sequence[str] | None
-) -> QueueConfig:
-    unknown = set(settings) - _SETTINGS
-    if unknown:
-        raise InvalidArgument(f"unknown queue settings: {', '.join(sorted(unknown))}")
-    try:
-        return QueueConfig(name=name, subscriptions=tuple(subscriptions or ()), **settings)
-    except TypeError as e:
-        raise InvalidArgument(str(e)) from e
 
 
 class _FlowOutput:
