@@ -18,8 +18,11 @@ import aiohttp
 
 from core.model import AckMode
 from gateway.client import Client
+from gateway.inspect import inspect_queue
+from gateway.server import Gateway
 from protocols.native.connection import ClientConnection
 from protocols.native.events import Bind, BindOk, Event, Hello, HelloOk
+from tests.integration.conftest import native_url
 from tests.support.serve import serve
 from tests.support.wait import eventually
 
@@ -142,3 +145,21 @@ async def test_a_stalled_auto_ack_consumer_costs_bounded_memory_and_loses_nothin
                     await consumer.acknowledge(message)
             await consumer.close()
         assert len(received) == total - written
+
+
+async def test_a_window_above_max_window_is_clamped_on_bind_and_credit(gateway: Gateway) -> None:
+    async def window() -> int:
+        assert gateway.broker is not None
+        (group,) = (await inspect_queue(gateway.broker, "orders"))["groups"]
+        (flow,) = group["flows"]
+        return int(flow["window"])
+
+    async with Client(native_url(gateway)) as client:
+        await client.declare_queue("orders", partitions=2)
+        consumer = await client.subscribe("orders", group="g", window=3_000_000_000)
+        assert await window() == WINDOW
+        await consumer.set_window(20)
+        assert await window() == 20
+        await consumer.set_window(50_000)
+        assert await window() == WINDOW
+        await consumer.close()
