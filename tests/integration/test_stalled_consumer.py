@@ -3,12 +3,16 @@ dies the group loses nothing that was not written to its socket.
 
 The gateway runs as a real ``keygate serve`` process so its resident memory can be read
 from /proc. The stalled consumer is a raw socket speaking the native protocol: HELLO, an
-auto-ack BIND with the default window, then silence.
+auto-ack BIND with the default window, then silence. The backlog is 100,000 x 1 KiB on
+SQLite and half that on PostgreSQL, to keep the test near a minute on a small CI machine;
+KEYGATE_STALL_MESSAGES=200000 runs issue 18's full 200,000 (passes the same bound: the
+memory held depends on the window, not on the backlog).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import socket
 import struct
@@ -90,6 +94,16 @@ async def _flows(port: int, queue: str) -> list[dict[str, object]]:
     return [flow for group in data["groups"] for flow in group["flows"]]
 
 
+async def _publish(url: str, producer: int, count: int) -> None:
+    """One of four producers, each with batches of 1000 publishes in flight."""
+    async with Client(url, client_name=f"producer-{producer}") as client:
+        for start in range(0, count, 1000):
+            batch = range(start, min(count, start + 1000))
+            await asyncio.gather(
+                *(client.publish("bulk", PAYLOAD, key=f"k{producer}-{n % 16}") for n in batch)
+            )
+
+
 async def _window_full(port: int) -> bool:
     flows = await _flows(port, "bulk")
     return bool(flows) and flows[0]["pending"] == WINDOW
@@ -109,18 +123,13 @@ async def _acked(port: int, queue: str, group: str) -> int:
 async def test_a_stalled_auto_ack_consumer_costs_bounded_memory_and_loses_nothing_unwritten(
     db_url: str, tmp_path: Path
 ) -> None:
-    total = 200_000 if db_url.startswith("sqlite") else 50_000
+    total = int(os.environ.get("KEYGATE_STALL_MESSAGES", "100000"))
+    total = total if db_url.startswith("sqlite") else total // 2
     with serve(db_url, tmp_path) as (proc, ports, _log):
         url = f"keygate://127.0.0.1:{ports['native']}"
-        async with Client(url) as producer:
-            await producer.declare_queue("bulk", partitions=4)
-            for start in range(0, total, 2000):
-                await asyncio.gather(
-                    *(
-                        producer.publish("bulk", PAYLOAD, key=f"k{n % 64}")
-                        for n in range(start, min(total, start + 2000))
-                    )
-                )
+        async with Client(url) as admin:
+            await admin.declare_queue("bulk", partitions=4)
+        await asyncio.gather(*(_publish(url, part, total // 4) for part in range(4)))
         before = _rss(proc.pid)
         stalled = _stalled_consumer(ports["native"], "bulk", "g")
         try:
