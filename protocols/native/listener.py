@@ -21,13 +21,13 @@ import logging
 import ssl
 import uuid
 from collections.abc import Sequence
-from dataclasses import fields, replace
+from dataclasses import replace
 from typing import Any, Final
 
 from core import actions
-from core.errors import InvalidArgument, KeygateError, Unavailable
+from core.errors import KeygateError, Unavailable
 from core.ingress import validate_client_name, validate_delay, validate_window
-from core.model import AckMode, Publication, QueueConfig
+from core.model import AckMode, Publication
 from protocols import sink
 from protocols.native.connection import ServerConnection
 from protocols.native.events import (
@@ -55,9 +55,9 @@ from protocols.native.events import (
     Publish,
     PublishOk,
     QueueOk,
-    SettingValue,
     Unbind,
 )
+from protocols.native.settings import queue_from_settings, queue_settings
 from protocols.sink import BindRequest, Principal, Sink, peer_identity
 
 log = logging.getLogger("keygate.native")
@@ -69,30 +69,6 @@ DRAIN_TIMEOUT: Final = 10.0
 _WRITE_POLL: Final = 0.01
 # Bytes a connection may hold in its write buffer before deliveries wait (high-water mark).
 DEFAULT_WRITE_BUFFER: Final = 1024 * 1024
-_SETTINGS: Final = {f.name for f in fields(QueueConfig)} - {"name", "subscriptions"}
-
-
-def queue_settings(config: QueueConfig) -> dict[str, SettingValue]:
-    """A queue's settings as the QUEUE_OK map (None values left out)."""
-    out: dict[str, SettingValue] = {}
-    for name in sorted(_SETTINGS):
-        value = getattr(config, name)
-        if value is not None:
-            out[name] = value
-    out["dead_letter_queue"] = config.dlq_name or ""
-    return out
-
-
-def queue_from_settings(
-    name: str, settings: dict[str, Any], subscriptions: Sequence[str] | None
-) -> QueueConfig:
-    unknown = set(settings) - _SETTINGS
-    if unknown:
-        raise InvalidArgument(f"unknown queue settings: {', '.join(sorted(unknown))}")
-    try:
-        return QueueConfig(name=name, subscriptions=tuple(subscriptions or ()), **settings)
-    except TypeError as e:
-        raise InvalidArgument(str(e)) from e
 
 
 class _FlowOutput:
@@ -163,7 +139,7 @@ class _Session:
         # ``low``. Their number is bounded by the flows' windows.
         self.high = listener.write_buffer
         self.low = listener.write_buffer // 4
-        self.held: collections.deque[tuple[bytes, tuple[str, str] | None]] = collections.deque()
+        self.held: collections.deque[tuple[Event, tuple[str, str] | None]] = collections.deque()
         self.outgoing_bytes = 0
         # Auto-ack deliveries are acked once written to the socket: (end offset in the
         # byte stream, flow id, message id), settled when the kernel has taken that byte.
@@ -181,7 +157,10 @@ class _Session:
         if self.writer.is_closing():
             return
         try:
-            data = self.conn.send(event)  # encoded now: an unencodable event raises here
+            # Encoded at once even when it must wait, so that a delivery the wire cannot
+            # carry raises here (and is dead-lettered); a waiting frame is kept as its event
+            # (no copy of the payload) and encoded again when it leaves.
+            data = self.conn.send(event)
         except RuntimeError:
             # The connection state machine is closed (after ERROR/CLOSE): nothing to send.
             return
@@ -189,10 +168,16 @@ class _Session:
         if auto_ack and isinstance(event, Deliver):
             acked = (event.flow_id, event.message_id)
         if self.held or self.buffered() > self.high:
-            self.held.append((data, acked))
+            self.held.append((event, acked))
             self.watch()
             return
         self.queue_bytes(data, acked)
+
+    def release(self, event: Event, acked: tuple[str, str] | None) -> None:
+        try:
+            self.queue_bytes(self.conn.send(event), acked)
+        except RuntimeError:
+            return  # closed meanwhile
 
     def queue_bytes(self, data: bytes, acked: tuple[str, str] | None) -> None:
         self.outgoing.append(data)
@@ -246,7 +231,7 @@ class _Session:
                 await asyncio.sleep(_WRITE_POLL)
                 continue
             while self.held and self.buffered() <= self.high:
-                self.queue_bytes(*self.held.popleft())
+                self.release(*self.held.popleft())
             self.write_out()
             if self.unwritten and not self.held:
                 await asyncio.sleep(_WRITE_POLL)
