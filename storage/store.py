@@ -18,6 +18,7 @@ the database refuses fails (ingress validation makes that rare: a bug or an old 
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Sequence
 from typing import Any, Final
 
@@ -42,6 +43,8 @@ from storage.inspection import InspectionOps
 from storage.leases import LeaseOps
 from storage.migrate import migrate
 from storage.schema import kg_dedup, kg_group_offsets, kg_groups, kg_messages
+
+_log = logging.getLogger("keygate.storage")
 
 DEFAULT_MAX_BATCH: Final = 1000
 DEFAULT_LINGER: Final = 0.001
@@ -157,9 +160,12 @@ class SqlStore(InspectionOps, LeaseOps, ConsumerOps):
                 results, new = await self._store(conn, calls, allocation)
         except StorageUnavailable as e:
             return [e] * len(calls)
-        except StorageError as e:
+        except Exception as e:
             if len(calls) == 1:
-                return [e]
+                if isinstance(e, StorageError):
+                    return [e]
+                _log.exception("append of %d message(s) failed", len(calls[0][0]))
+                return [StorageError("storage error")]
             half = len(calls) // 2
             return [
                 *await self._commit_appends(calls[:half]),
