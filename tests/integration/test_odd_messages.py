@@ -10,10 +10,12 @@ serves on the test's event loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -22,6 +24,8 @@ import pika
 import pika.exceptions
 import pytest
 import stomp
+from hypothesis import given
+from hypothesis import strategies as st
 from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
@@ -31,6 +35,7 @@ from gateway.client import Client, Consumer
 from gateway.server import Gateway
 from tests.integration.conftest import native_url
 from tests.integration.sqlcheck import Sql, declare, open_sql
+from tests.support.fuzz import fuzz_settings
 
 HOST = "127.0.0.1"
 WAIT = 10.0
@@ -63,7 +68,7 @@ class StompOutcome(stomp.ConnectionListener):  # type: ignore[misc]
         self.done.set()
 
 
-def stomp_send(port: int, body: str, headers: dict[str, str]) -> StompOutcome:
+def stomp_send(port: int, body: str | bytes, headers: dict[str, str]) -> StompOutcome:
     """One SEND with a receipt on a fresh connection (STOMP closes after an ERROR)."""
     conn = stomp.Connection12([(HOST, port)])
     outcome = StompOutcome()
@@ -143,7 +148,12 @@ async def test_an_amqp_publish_with_a_70_kb_string_header_is_nacked_and_later_me
     assert b"odd" not in await consume(consumer, wanted)
 
 
-def mqtt5_publish(port: int, payload: bytes, correlation: bytes | None) -> int:
+def mqtt5_publish(
+    port: int,
+    payload: bytes,
+    correlation: bytes | None,
+    user: tuple[tuple[str, str], ...] = (),
+) -> int:
     """A QoS 1 publish to ``q/x``; returns the PUBACK reason code."""
     client = paho.Client(CallbackAPIVersion.VERSION2, protocol=paho.MQTTv5)
     acked = threading.Event()
@@ -160,6 +170,8 @@ def mqtt5_publish(port: int, payload: bytes, correlation: bytes | None) -> int:
         props = Properties(PacketTypes.PUBLISH)
         if correlation is not None:
             props.CorrelationData = correlation
+        if user:
+            props.UserProperty = list(user)
         client.publish("q/x", payload, qos=1, properties=props)
         assert acked.wait(WAIT)
     finally:
@@ -250,3 +262,67 @@ async def test_a_bind_with_a_window_of_3_billion_is_refused_and_the_group_keeps_
             await client.subscribe("q", group="g", window=3_000_000_000)
         wanted = await publish_ordinary(gateway, "native")
         assert await consume(consumer, wanted) == wanted
+
+
+# --- property: odd but legal messages on every protocol never stop the ordinary ones -------
+
+_TEXT = st.text(st.characters(exclude_categories=["Cs", "Cc"]), max_size=40)
+_LONG = st.sampled_from(["", "é" * 3000, "k" * 4096, "v" * 60_000, "\u2603" * 100])
+_VALUES = st.one_of(
+    _TEXT,
+    _LONG,
+    st.integers(-(2**63), 2**63 - 1),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.booleans(),
+    st.binary(max_size=100),
+)
+
+
+@st.composite
+def odd_messages(draw: st.DrawFn) -> dict[str, Any]:
+    names = st.text(st.characters(categories=["L", "N"]), min_size=1, max_size=30)
+    return {
+        "payload": draw(st.sampled_from([b"", b"\x00" * 10, b"odd-" + bytes(range(256))])),
+        "key": draw(st.one_of(st.none(), _TEXT, _LONG)),
+        "properties": draw(st.dictionaries(names, _VALUES, max_size=5)),
+    }
+
+
+def _strings(properties: dict[str, Any]) -> dict[str, str]:
+    return {k: v if isinstance(v, str) else repr(v) for k, v in properties.items()}
+
+
+async def _send_everywhere(gateway: Gateway, odd: dict[str, Any]) -> None:
+    """The odd message over every protocol; each may accept or refuse it."""
+    payload, key, properties = odd["payload"], odd["key"], odd["properties"]
+    keyed = {**properties, **({"JMSXGroupID": key} if key is not None else {})}
+    async with Client(native_url(gateway)) as client:
+        with contextlib.suppress(KeygateError):
+            await client.publish("q", payload, key=key, properties=properties)
+    stomp_headers = {k: v for k, v in _strings(keyed).items() if k != "content-length"}
+    # pika has no float field type: floats travel as text there.
+    amqp_headers = {k: repr(v) if isinstance(v, float) else v for k, v in keyed.items()}
+    await asyncio.gather(
+        asyncio.to_thread(stomp_send, gateway.ports["stomp"], payload, stomp_headers),
+        asyncio.to_thread(pika_publish, gateway.ports["amqp"], amqp_headers, payload),
+        asyncio.to_thread(
+            mqtt5_publish, gateway.ports["mqtt"], payload, None, tuple(_strings(keyed).items())
+        ),
+        asyncio.to_thread(
+            http_post,
+            gateway.ports["http"],
+            "/api/queues/q/messages",
+            {"payload": payload.decode("latin-1"), "key": key, "properties": _strings(keyed)},
+        ),
+    )
+
+
+@given(odd=st.lists(odd_messages(), min_size=1, max_size=3))
+@fuzz_settings(4)
+async def test_odd_but_legal_messages_on_every_protocol_never_stop_the_ordinary_ones_after_them(
+    gateway: Gateway, consumer: Consumer, odd: list[dict[str, Any]]
+) -> None:
+    for message in odd:
+        await _send_everywhere(gateway, message)
+    wanted = await publish_ordinary(gateway, f"after-{uuid.uuid4().hex}")
+    await consume(consumer, wanted)

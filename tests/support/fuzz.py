@@ -28,7 +28,12 @@ def fuzz_settings(examples: int) -> settings:
     return settings(
         max_examples=int(override) if override else examples,
         deadline=None,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+        # A gateway-level property test shares one gateway between its examples.
+        suppress_health_check=[
+            HealthCheck.too_slow,
+            HealthCheck.data_too_large,
+            HealthCheck.function_scoped_fixture,
+        ],
     )
 
 
