@@ -23,6 +23,7 @@ import paho.mqtt.client as paho
 import pika
 import pika.exceptions
 import pytest
+import sqlalchemy as sa
 import stomp
 from hypothesis import given
 from hypothesis import strategies as st
@@ -33,6 +34,7 @@ from paho.mqtt.properties import Properties
 from core.errors import InvalidArgument, KeygateError
 from gateway.client import Client, Consumer
 from gateway.server import Gateway
+from storage.schema import kg_messages
 from tests.integration.conftest import native_url
 from tests.integration.sqlcheck import Sql, declare, open_sql
 from tests.support.fuzz import fuzz_settings
@@ -262,6 +264,32 @@ async def test_a_bind_with_a_window_of_3_billion_is_refused_and_the_group_keeps_
             await client.subscribe("q", group="g", window=3_000_000_000)
         wanted = await publish_ordinary(gateway, "native")
         assert await consume(consumer, wanted) == wanted
+
+
+@pytest.mark.parametrize(
+    "properties",
+    [{"a": None}, {"a": [1, 2]}, {"a": {"b": 1}}, {"big": "v" * 70_000}],
+    ids=["null", "list", "object", "unencodable-70kb-string"],
+)
+async def test_a_stored_row_that_cannot_be_delivered_is_dead_lettered_and_later_messages_flow(
+    gateway: Gateway, sql: Sql, properties: dict[str, Any]
+) -> None:
+    await declare(gateway, "q", partitions=1)
+    async with Client(native_url(gateway)) as client:
+        first = await client.publish("q", b"old-row")
+        # As a row written by an older version (or by hand) that ingress would refuse today.
+        async with sql.engine.begin() as conn:
+            await conn.execute(
+                sa.update(kg_messages)
+                .where(kg_messages.c.message_id == first)
+                .values(properties=properties)
+            )
+        consumer = await client.subscribe("q", group="g")
+        wanted = await publish_ordinary(gateway, "after")
+        assert b"old-row" not in await consume(consumer, wanted)
+    [letter] = await sql.wait_messages("q.dlq", 1)
+    assert letter.payload == b"old-row"
+    assert letter.properties["x-dead-letter-reason"] == "undeliverable"
 
 
 # --- property: odd but legal messages on every protocol never stop the ordinary ones -------
