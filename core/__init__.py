@@ -6,6 +6,7 @@ No I/O here: time is passed in and every state machine returns actions (core.act
 from core.assignment import assign
 from core.backoff import redelivery_delay
 from core.group import GroupMachine
+from core.ingress import validate_publication
 from core.ledger import AckLedger
 from core.partition import FlowStatus, GroupStatus, PartitionStatus
 from core.topics import SubscriptionIndex, matches, normalize_topic, validate_pattern
@@ -22,4 +23,5 @@ __all__ = [
     "normalize_topic",
     "redelivery_delay",
     "validate_pattern",
+    "validate_publication",
 ]

@@ -37,6 +37,7 @@ from core.actions import (
 from core.assignment import assign
 from core.delivery import ACK_TIMEOUT, EXPIRE, DeliveryBook
 from core.errors import Conflict, InvalidArgument, KeyNotParked
+from core.ingress import MAX_WINDOW, validate_client_name
 from core.model import (
     AckMode,
     DeadLetterReason,
@@ -48,6 +49,11 @@ from core.model import (
     QueueConfig,
 )
 from core.partition import Flow, GroupStatus, Partition, PartitionStatus, Reservation
+
+
+def _check_window(window: int) -> None:
+    if not 0 <= window <= MAX_WINDOW:
+        raise InvalidArgument(f"window must be between 0 and {MAX_WINDOW}")
 
 
 class GroupMachine(DeliveryBook):
@@ -82,13 +88,15 @@ class GroupMachine(DeliveryBook):
     ) -> list[Action]:
         """Bind a flow; ``previous`` is the partition set its client held before a reconnect.
 
-        Raises Conflict if ``flow_id`` is bound already, InvalidArgument for a negative window.
+        Raises Conflict if ``flow_id`` is bound already, InvalidArgument for a window or a
+        client name that kg_flows cannot hold (core.ingress), so that every protocol's bind
+        is refused cleanly instead of wedging the group on a write that always fails.
         The bound flow's partitions are ``partitions_of(flow_id)`` afterwards.
         """
         if flow_id in self._flows:
             raise Conflict(f"flow {flow_id!r} is already bound")
-        if window < 0:
-            raise InvalidArgument("window must be >= 0")
+        _check_window(window)
+        validate_client_name(client)
         self._begin(now)
         self._next_order += 1
         flow = Flow(flow_id, client, window, ack_mode, self._next_order, now)
@@ -279,8 +287,7 @@ class GroupMachine(DeliveryBook):
 
     def credit(self, now: float, flow_id: str, window: int) -> list[Action]:
         """Set the flow's window (max delivered-unacked; 0 pauses the flow)."""
-        if window < 0:
-            raise InvalidArgument("window must be >= 0")
+        _check_window(window)
         self._begin(now)
         flow = self._flows.get(flow_id)
         if flow is not None and flow.window != window:

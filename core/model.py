@@ -254,6 +254,10 @@ class GroupConfig:
         validate_name("queue", self.queue)
         validate_name("group", self.name)
         _finite("ack_timeout", self.ack_timeout)
+        for name, value in (self.tags or {}).items():
+            # Stored as JSON (PostgreSQL JSONB holds no NUL) and compared as text.
+            if not (isinstance(name, str) and isinstance(value, str)) or "\x00" in name + value:
+                raise InvalidArgument("tag names and values must be text without NUL")
         if self.ack_timeout is not None and self.ack_timeout <= 0:
             raise InvalidArgument("ack_timeout must be > 0 or None")
 

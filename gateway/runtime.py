@@ -181,8 +181,10 @@ class GroupRuntime:
         previous: frozenset[int] | None,
         output: FlowOutput,
     ) -> frozenset[int]:
+        # The machine first: it refuses a bad bind before the output is registered.
+        actions = self.machine.bind(self._clock(), flow_id, client, window, ack_mode, previous)
         self.outputs[flow_id] = output
-        self.submit(self.machine.bind(self._clock(), flow_id, client, window, ack_mode, previous))
+        self.submit(actions)
         return self.machine.partitions_of(flow_id)
 
     def unbind(self, flow_id: str, *, shutdown: bool = False) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 from collections.abc import Sequence
 from typing import Any, Final
 
@@ -45,6 +46,8 @@ from storage.inspection import InspectionOps
 from storage.leases import LeaseOps
 from storage.migrate import migrate
 from storage.schema import kg_dedup, kg_group_offsets, kg_groups, kg_messages
+
+_log = logging.getLogger("keygate.storage")
 
 DEFAULT_MAX_BATCH: Final = 1000
 DEFAULT_LINGER: Final = 0.001
@@ -174,9 +177,12 @@ class SqlStore(InspectionOps, LeaseOps, ConsumerOps):
                 results, new = await self._store(conn, calls, allocation)
         except (StorageUnavailable, Fenced) as e:
             return [e] * len(calls)  # nothing any call could change
-        except StorageError as e:
+        except Exception as e:
             if len(calls) == 1:
-                return [e]
+                if isinstance(e, StorageError):
+                    return [e]
+                _log.exception("append of %d message(s) failed", len(calls[0][0]))
+                return [StorageError("storage error")]
             half = len(calls) // 2
             return [
                 *await self._commit_appends(calls[:half]),

@@ -125,7 +125,7 @@ async def test_dead_letter_appends_a_copy_and_settles_in_one_transaction(
     with pytest.raises(StorageError):
         await store.dead_letter("orders", "billing", [letter], [OffsetUpdate(3, 2)], now=NOW)
     assert (await store.load_group("orders", "billing")).partitions[3].committed_seq == 1
-    assert await store.depth("orders.dlq") == (1, copy.size)
+    assert await store.depth("orders.dlq") == (1, copy.size)  # payload and properties
 
 
 async def test_dead_letters_without_a_dlq_are_settled_and_dropped(

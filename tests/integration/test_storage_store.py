@@ -350,3 +350,25 @@ async def test_pointing_a_queue_at_a_new_dead_letter_queue_creates_it(store: Sql
     assert (await store.get_queue("failed")).dlq_name is None
     with pytest.raises(QueueNotFound):
         await store.add_subscription("nowhere", "a/b")
+
+
+async def test_a_call_the_database_refuses_fails_alone_and_its_batch_mates_are_stored(
+    store: SqlStore, make_message: MessageFactory, db_url: str
+) -> None:
+    await store.create_queue(QueueConfig("orders", partitions=4))
+    # Rows that ingress validation would have refused, handed to the store directly: a
+    # value JSON cannot hold fails on both databases, a NUL in a key only on PostgreSQL.
+    bad = [make_message("orders", properties={"odd": {1, 2}})]
+    if db_url.startswith("postgresql"):
+        bad.append(make_message("orders", key="a\0b"))
+    good = [make_message("orders", i % 4, payload=b"good-%d" % i) for i in range(40)]
+    calls = [[m] for m in good[:20]] + [[m] for m in bad] + [[m] for m in good[20:]]
+    results = await asyncio.gather(
+        *(store.append(call, now=NOW) for call in calls), return_exceptions=True
+    )
+    failed = [r for r in results if isinstance(r, BaseException)]
+    assert len(failed) == len(bad)
+    for error in failed:
+        assert isinstance(error, StorageError) and error.message == "storage error"
+    stored = [m for p in range(4) for m in await store.read("orders", p, 0, 100)]
+    assert sorted(m.payload for m in stored) == sorted(m.payload for m in good)

@@ -626,3 +626,26 @@ def test_an_appended_seq_past_a_gap_is_fetched_rather_than_settling_the_gap() ->
     actions = machine.append(0.0, [twelve])
     assert not any(isinstance(a, OffsetUpdate) for a in actions)  # 11 is not settled
     assert [a for a in actions if isinstance(a, Fetch)] == [Fetch(0, 10, 1000)]
+
+
+@pytest.mark.parametrize(("client", "window"), [("c" * 600, 10), ("a", 3_000_000_000)])
+def test_a_bind_that_kg_flows_cannot_hold_is_refused_and_the_group_keeps_delivering(
+    client: str, window: int
+) -> None:
+    d = make()
+    ms = [d.publish(f"k{i}") for i in range(3)]
+    with pytest.raises(InvalidArgument):
+        d.machine.bind(0.0, "bad", client, window, AckMode.CLIENT)
+    d.bind("a", window=10)
+    assert d.received("a") == ms
+
+
+def test_a_message_the_owner_cannot_encode_is_dead_lettered_as_undeliverable() -> None:
+    d = make()
+    poison, after = d.publish("k"), d.publish("k")
+    d.bind("a", window=1)
+    assert d.received("a") == [poison]
+    d.call(d.machine.undeliverable, "a", [poison.message_id])
+    assert [(x.message, x.reason) for x in d.dead] == [(poison, DeadLetterReason.UNDELIVERABLE)]
+    assert d.settled(0, poison.seq)
+    assert d.received("a") == [poison, after]

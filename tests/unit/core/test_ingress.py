@@ -116,3 +116,8 @@ def test_queue_settings_refuse_nan_and_infinity(settings: dict[str, float]) -> N
 def test_group_settings_refuse_a_nan_ack_timeout() -> None:
     with pytest.raises(InvalidArgument, match="finite"):
         GroupConfig("q", "g", ack_timeout=math.nan)
+
+
+def test_group_tags_must_be_text_without_nul() -> None:
+    with pytest.raises(InvalidArgument, match="without NUL"):
+        GroupConfig("q", "g", tags={"region": "e\0u"})
