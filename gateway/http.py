@@ -1,6 +1,6 @@
 """The admin HTTP API (JSON) and ``/metrics`` (Prometheus text format).
 
-    GET    /healthz                         liveness
+    GET    /healthz                         liveness and role (a standby answers 503)
     GET    /metrics                         Prometheus metrics
     GET    /api/queues                      every queue with its settings and stats
     POST   /api/queues                      create: {"name": ..., "partitions": ..., ...}
@@ -200,7 +200,7 @@ class AdminServer:
         await self._runner.cleanup()
 
     async def _health(self, request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok"})
+        return web.json_response({"status": "ok", "role": "active"})
 
     async def _metrics(self, request: web.Request) -> web.Response:
         return web.Response(body=self.broker.metrics.render(), content_type="text/plain")

@@ -3,7 +3,8 @@ shuts down gracefully (stop accepting, drain, flush acks, close the store).
 
 Active/standby: gateways sharing one database elect the active one through a lease row in
 ``kg_gateway_lease`` (named after ``config.name``). A standby opens the store and waits,
-accepting no connections, until the lease is free or has lapsed (by the database's clock);
+its protocol ports closed (its admin port answers only ``/healthz``, 503 "standby"), until
+the lease is free or has lapsed (by the database's clock);
 taking it over increments the lease's epoch. The active gateway fences its store with that
 epoch, so every write transaction proves in the database that the lease is still its own.
 It renews every ``lease_ttl / 3`` (each attempt bounded by ``lease_ttl / 3``); if a write
@@ -35,6 +36,7 @@ from gateway.housekeeping import Housekeeping
 from gateway.http import AdminServer
 from gateway.metrics import Metrics
 from gateway.native_listener import NativeListener
+from gateway.standby import StandbyHealth
 from protocols.sink import Listener
 from storage.base import GatewayLease
 from storage.store import SqlStore, open_store
@@ -126,11 +128,26 @@ class Gateway:
         # A file left by an earlier run must not pass for this one's readiness.
         _remove_ports_file(self.config.ports_file)
         self.store = await open_store(self.config.db)
+        standby: StandbyHealth | None = None
         try:
+            http_port = self.config.port("http")
+            if http_port is not None:
+                standby = StandbyHealth(self.config.name)
+                try:
+                    await standby.start(self.config.host, http_port, ssl_context(self.config))
+                except OSError as e:
+                    if e.errno == errno.EADDRINUSE:
+                        raise PortInUse("http", self.config.host, http_port) from e
+                    raise
             await self._become_active()
+            if standby is not None:
+                await standby.close()
+                standby = None
             # Another gateway may have written since the store was opened.
             await self.store.load_caches()
         except BaseException:
+            if standby is not None:
+                await standby.close()
             await self.stop()
             raise
         self._lease_task = asyncio.create_task(self._keep_lease())
