@@ -46,6 +46,7 @@ from core.model import (
 from core.topics import SubscriptionIndex, normalize_topic, validate_pattern
 from gateway.config import GatewayConfig
 from gateway.metrics import Metrics, RuntimeMetrics
+from gateway.protocol_state import ProtocolState
 from gateway.runtime import FlowOutput, GroupRuntime
 from protocols.sink import Principal, Receipt
 from storage.store import SqlStore
@@ -80,7 +81,7 @@ class _Flow:
     principal: Principal
 
 
-class Broker:
+class Broker(ProtocolState):
     def __init__(
         self,
         store: SqlStore,

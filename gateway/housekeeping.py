@@ -1,8 +1,9 @@
 """The gateway's periodic work, in one task.
 
 Every ``ack_flush_interval`` it asks each group runtime to write its pending acks. Every
-``retention_interval`` it deletes what every group settled, writes each flow's pending
-count to ``kg_flows`` and renews the native group leases. In between, about every 0.2 s,
+``retention_interval`` it deletes what every group settled and the expired MQTT
+sessions, writes each flow's pending count to ``kg_flows`` and renews the native group
+leases. In between, about every 0.2 s,
 it runs retention early while a depth-limited queue is at least half full: depth counts
 stored rows, so settled messages waiting for retention must not make it refuse publishes.
 Every HEAD_CHECK_INTERVAL it reads the heads of the queues with running groups (one
@@ -56,6 +57,7 @@ class Housekeeping:
             try:
                 if ticks % retention_every == 0:
                     await store.retention(now=self._clock())
+                    await store.expire_mqtt_sessions(now=self._clock())
                     await self._write_pending()
                     await broker.renew_group_leases()
                 elif ticks % PROMPT_RETENTION_TICKS == 0 and await self._filling():

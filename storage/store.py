@@ -1,6 +1,7 @@
 """The SQL store: group-committed appends, reads and retention. The rest of its interface
 lives in storage.admin (queues, groups), storage.consumer (dispatch, offsets, dead
-letters, flows), storage.leases and storage.inspection (the views as dicts).
+letters, flows), storage.leases, storage.protocol_state (AMQP exchanges, MQTT sessions)
+and storage.inspection (the views as dicts).
 
 How an append works: the caller's messages (complete, seq 0) are queued for the append
 writer (storage.batcher). The writer takes every pending call (up to ``max_batch``
@@ -32,6 +33,7 @@ from storage.engine import async_engine
 from storage.inspection import InspectionOps
 from storage.leases import LeaseOps
 from storage.migrate import migrate
+from storage.protocol_state import ProtocolStateOps
 from storage.schema import kg_dedup, kg_group_offsets, kg_groups, kg_messages
 
 DEFAULT_MAX_BATCH: Final = 1000
@@ -51,7 +53,7 @@ def _dedup_key(message: Message) -> DedupKey | None:
 RETENTION_CHUNK: Final = 1000
 
 
-class SqlStore(InspectionOps, LeaseOps, ConsumerOps):
+class SqlStore(InspectionOps, LeaseOps, ProtocolStateOps, ConsumerOps):
     """keygate's durable store. Create it with ``open_store``; one active writer per DB."""
 
     def __init__(self, url: str, engine: AsyncEngine, *, max_batch: int, linger: float) -> None:

@@ -1,9 +1,11 @@
 """Exchanges and how AMQP routing maps onto keygate's topic space.
 
 keygate routes by topic subscriptions on queues (MQTT-style ``/`` levels, ``+`` and ``#``).
-An exchange is therefore only a namespace plus a matching rule; it lives in listener
-memory and is not persisted (applications re-declare their exchanges on connect, as they
-do with RabbitMQ). Bindings are persisted: each becomes a topic subscription of the queue.
+An exchange is therefore only a namespace plus a matching rule. Declared exchanges are
+kept by the gateway (``Sink.save_amqp_exchange``, in SQL) and loaded when the listener
+starts, so a publisher need not re-declare after a restart or failover; ``Exchanges``
+collects each declare and delete for the listener to store before it answers. Bindings
+are persisted too: each becomes a topic subscription of the queue.
 
 - ``amq.topic`` is the shared topic space, the one MQTT and STOMP ``/topic/`` use (as
   RabbitMQ's MQTT and STOMP plugins use amq.topic): ``.`` becomes ``/`` (a ``/`` is kept,
@@ -23,6 +25,7 @@ so an AMQP binding key with ``#`` elsewhere is refused (406).
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Final
@@ -61,6 +64,18 @@ class Exchanges:
 
     def __init__(self) -> None:
         self._declared: dict[str, Exchange] = {}
+        # Declares (type) and deletes (None) not yet stored by the listener.
+        self._unsaved: dict[str, str | None] = {}
+
+    def load(self, stored: Mapping[str, str]) -> None:
+        """The exchanges the gateway kept (name -> type), at listener start."""
+        for name, type_name in stored.items():
+            self._declared[name] = Exchange(name, ExchangeType(type_name))
+
+    def take_unsaved(self) -> dict[str, str | None]:
+        """The declares (name -> type) and deletes (name -> None) to store, once each."""
+        unsaved, self._unsaved = self._unsaved, {}
+        return unsaved
 
     def get(self, name: str) -> Exchange:
         """The exchange, or a 404 channel error. ``amq.default`` is the default exchange."""
@@ -89,11 +104,14 @@ class Exchanges:
                     ReplyCode.PRECONDITION_FAILED,
                     f"exchange '{name}' exists with type '{existing.type}'",
                 )
+            if name in self._declared:
+                self._unsaved[name] = existing.type.value  # stored again: idempotent
             return existing
         if name == "" or name.startswith("amq."):
             raise AmqpChannelError(ReplyCode.ACCESS_REFUSED, f"exchange name '{name}' is reserved")
         exchange = Exchange(name, kind)
         self._declared[name] = exchange
+        self._unsaved[name] = kind.value
         return exchange
 
     def delete(self, name: str) -> None:
@@ -101,6 +119,7 @@ class Exchanges:
             raise AmqpChannelError(ReplyCode.ACCESS_REFUSED, f"exchange '{name}' is built in")
         if self._declared.pop(name, None) is None:
             raise AmqpChannelError(ReplyCode.NOT_FOUND, f"no exchange '{name}' in vhost '/'")
+        self._unsaved[name] = None
 
 
 def _escape(word: str) -> str:
