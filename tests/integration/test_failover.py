@@ -19,10 +19,13 @@ from contextlib import AbstractContextManager, ExitStack
 from pathlib import Path
 from subprocess import Popen
 
+import aio_pika
 import aiohttp
 import pytest
 
 from gateway.client import Backoff, Client, Consumer
+from protocols.mqtt import MQTT_5, Connect, PubComp, Publish, PubRec, PubRel
+from tests.support.mqtt_raw import RawMqtt
 from tests.support.serve import serve
 from tests.support.wait import eventually
 
@@ -163,3 +166,51 @@ async def test_sdk_clients_follow_the_standby_after_the_active_gateway_is_killed
     assert set(confirmed) <= seen
     for key, numbers in received.items():
         assert numbers == sorted(numbers), f"key {key} out of order: {numbers}"
+
+
+async def test_protocol_state_follows_a_failover_after_kill_9(
+    postgres_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A QoS 2 PUBLISH re-sent to the new gateway is stored once; an AMQP exchange declared
+    on the old one is published to on the new one without declaring it again."""
+    monkeypatch.setenv("KEYGATE_LEASE_TTL", LEASE_TTL)
+    session = Connect("meter-7", MQTT_5, clean_start=False)
+    with ExitStack() as stack:
+        proc_a, ports_a, _ = stack.enter_context(serve(postgres_url, tmp_path, name="a"))
+        taking_over = asyncio.create_task(
+            asyncio.to_thread(stack.enter_context, serve(postgres_url, tmp_path, name="b"))
+        )
+        async with Client(f"keygate://127.0.0.1:{ports_a['native']}") as admin:
+            await admin.declare_queue("readings", partitions=2, subscriptions=["readings/#"])
+        amqp = await aio_pika.connect(host="127.0.0.1", port=ports_a["amqp"])
+        async with amqp:
+            channel = await amqp.channel()
+            meters = await channel.declare_exchange("meters", aio_pika.ExchangeType.TOPIC)
+            queue = await channel.declare_queue("readings", passive=True)
+            await queue.bind(meters, "#")
+        mqtt = await RawMqtt.connected(ports_a["mqtt"], session)
+        await mqtt.send(Publish("readings/q2", b"qos2", 2, packet_id=9))
+        assert await mqtt.receive() == PubRec(9)
+        proc_a.kill()  # the PUBREC is "lost" with the gateway: the client re-sends
+        mqtt.abort()
+        _, ports_b, _ = await asyncio.wait_for(taking_over, 60)
+
+        mqtt = await RawMqtt.connected(ports_b["mqtt"], session)
+        assert mqtt.connack.session_present
+        await mqtt.send(Publish("readings/q2", b"qos2", 2, dup=True, packet_id=9))
+        assert await mqtt.receive() == PubRec(9)
+        await mqtt.send(PubRel(9))
+        assert await mqtt.receive() == PubComp(9)
+        mqtt.abort()
+        amqp = await aio_pika.connect(host="127.0.0.1", port=ports_b["amqp"])
+        async with amqp:
+            channel = await amqp.channel(publisher_confirms=True)
+            meters = await channel.get_exchange("meters", ensure=False)
+            await meters.publish(aio_pika.Message(b"amqp"), routing_key="readings.x")
+        async with Client(f"keygate://127.0.0.1:{ports_b['native']}") as reader:
+            consumer = await reader.subscribe("readings", group="audit", start="earliest")
+            got = sorted([(await consumer.receive(timeout=10)).payload for _ in range(2)])
+            assert got == [b"amqp", b"qos2"]
+            with pytest.raises(TimeoutError):
+                extra = await consumer.receive(timeout=1.0)
+                pytest.fail(f"stored twice: {extra.payload!r}")
