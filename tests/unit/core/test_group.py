@@ -593,3 +593,16 @@ def test_an_appended_seq_past_a_gap_is_fetched_rather_than_settling_the_gap() ->
     actions = machine.append(0.0, [twelve])
     assert not any(isinstance(a, OffsetUpdate) for a in actions)  # 11 is not settled
     assert [a for a in actions if isinstance(a, Fetch)] == [Fetch(0, 10, 1000)]
+
+
+def test_a_head_another_writer_advanced_is_fetched_and_delivered() -> None:
+    d = make()
+    d.bind("a")
+    d.publish("k")
+    # Another writer commits seqs 2 and 3; only the partition head tells the group.
+    d.store[0] += [Message(f"x{seq}", "q", 0, seq, "k", b"x") for seq in (2, 3)]
+    assert d.seqs("a") == [1]
+    d.call(d.machine.heads, {0: 3})
+    assert d.seqs("a") == [1, 2, 3]
+    # A head already known asks storage for nothing.
+    assert not [a for a in d.call(d.machine.heads, {0: 3}) if isinstance(a, Fetch)]
