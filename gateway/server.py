@@ -39,6 +39,7 @@ from gateway.native_listener import NativeListener
 from gateway.standby import StandbyHealth
 from protocols.sink import Listener
 from storage.base import GatewayLease
+from storage.engine import GATEWAY_APPLICATION
 from storage.store import SqlStore, open_store
 
 log = logging.getLogger("keygate.server")
@@ -127,7 +128,7 @@ class Gateway:
         """
         # A file left by an earlier run must not pass for this one's readiness.
         _remove_ports_file(self.config.ports_file)
-        self.store = await open_store(self.config.db)
+        self.store = await open_store(self.config.db, application_name=GATEWAY_APPLICATION)
         standby: StandbyHealth | None = None
         try:
             http_port = self.config.port("http")

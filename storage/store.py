@@ -307,14 +307,19 @@ class SqlStore(InspectionOps, LeaseOps, ProtocolStateOps, ConsumerOps):
 
 
 async def open_store(
-    url: str, *, max_batch: int = DEFAULT_MAX_BATCH, linger: float = DEFAULT_LINGER
+    url: str,
+    *,
+    max_batch: int = DEFAULT_MAX_BATCH,
+    linger: float = DEFAULT_LINGER,
+    application_name: str | None = None,
 ) -> SqlStore:
     """Migrate the database at ``url`` (sqlite:///path or postgresql://...) and open it."""
     try:
         await migrate(url)
     except (sa.exc.SQLAlchemyError, OSError) as e:
         raise StorageError(f"cannot migrate the database: {e}") from e
-    store = SqlStore(url, async_engine(url), max_batch=max_batch, linger=linger)
+    engine = async_engine(url, application_name=application_name)
+    store = SqlStore(url, engine, max_batch=max_batch, linger=linger)
     try:
         await store.load_caches()
     except BaseException:
