@@ -15,7 +15,8 @@ task drains that queue in order, merging whatever has piled up into one step:
 4. ``Fetch`` starts a read from SQL whose result is fed back with ``machine.loaded``.
 
 A storage failure while persisting is retried with a capped backoff; delivery pauses
-meanwhile rather than sending something whose count is not durable.
+meanwhile rather than sending something whose count is not durable. Fenced is not
+retried: a gateway that lost the lease writes nothing more, and stops.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from core.actions import (
     PartitionsChanged,
     RecordDispatch,
 )
-from core.errors import KeygateError
+from core.errors import Fenced, KeygateError
 from core.group import GroupMachine
 from core.model import AckMode, GroupConfig, Message, QueueConfig
 from core.partition import GroupStatus
@@ -321,6 +322,8 @@ class GroupRuntime:
             try:
                 await write()
                 return
+            except Fenced:
+                return  # another gateway is active: this one writes nothing more, and stops
             except KeygateError as e:
                 log.warning(
                     "group %s/%s: write failed (%s); retrying in %.2fs",
