@@ -4,9 +4,9 @@ shuts down gracefully (stop accepting, drain, flush acks, close the store).
 Active/standby: gateways sharing one database elect the active one through a lease row in
 ``kg_gateway_lease`` (named after ``config.name``). A standby opens the store and waits,
 its protocol ports closed (its admin port answers only ``/healthz``, 503 "standby"), until
-the lease is free or has lapsed (by the database's clock);
-taking it over increments the lease's epoch. The active gateway fences its store with that
-epoch, so every write transaction proves in the database that the lease is still its own.
+the lease is free or has lapsed (by the database's clock); taking it over increments the
+lease's epoch. The active gateway fences its store with that epoch, so every write
+transaction proves in the database that the lease is still its own.
 It renews every ``lease_ttl / 3`` (each attempt bounded by ``lease_ttl / 3``); if a write
 is fenced off, a renewal finds the lease taken, or it cannot renew within ``lease_ttl``,
 it stops at once (listeners closed together, no drain: nothing more can commit) and the
@@ -209,7 +209,7 @@ class Gateway:
                 async with asyncio.timeout(ttl / 3):
                     held = await self._acquire(self._epoch) is not None
             except (KeygateError, TimeoutError) as e:
-                log.warning("renewing the gateway lease failed: %s", e or "timed out")
+                log.warning("renewing the gateway lease failed: %s", str(e) or "timed out")
                 held = time.monotonic() - renewed < ttl
             else:
                 renewed = time.monotonic() if held else renewed
