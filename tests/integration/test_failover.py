@@ -15,12 +15,15 @@ import asyncio
 import os
 import signal
 import socket
+import time
 from contextlib import AbstractContextManager, ExitStack
 from pathlib import Path
 from subprocess import Popen
 
 import aio_pika
 import aiohttp
+import pika
+import pika.exceptions
 import pytest
 
 from gateway.client import Backoff, Client, Consumer
@@ -214,3 +217,77 @@ async def test_protocol_state_follows_a_failover_after_kill_9(
             with pytest.raises(TimeoutError):
                 extra = await consumer.receive(timeout=1.0)
                 pytest.fail(f"stored twice: {extra.payload!r}")
+
+
+def _pika_publisher(ports: list[int], total: int, confirmed: list[bytes]) -> None:
+    """What an AMQP user does: pika with both gateways' parameters, confirms on, and a
+    retry loop that reconnects (and re-sends the unconfirmed message) on a lost link."""
+    parameters = [
+        pika.ConnectionParameters("127.0.0.1", port, connection_attempts=1, socket_timeout=5)
+        for port in ports
+    ]
+    i, attempts = 0, 0
+    while i < total:
+        try:
+            connection = pika.BlockingConnection(parameters)
+        except pika.exceptions.AMQPConnectionError:
+            attempts += 1
+            assert attempts < 600, "pika never reached a gateway"
+            time.sleep(0.1)  # the user's reconnect backoff, not a test synchronisation
+            continue
+        try:
+            channel = connection.channel()
+            channel.confirm_delivery()
+            while i < total:
+                key = f"k{i % 5}"
+                headers = {"JMSXGroupID": key}
+                body = b"%d" % i
+                channel.basic_publish("", "orders", body, pika.BasicProperties(headers=headers))
+                confirmed.append(body)
+                i += 1
+        except pika.exceptions.AMQPError:
+            continue  # lost with the gateway: reconnect and send message i again
+        finally:
+            if connection.is_open:
+                connection.close()
+
+
+async def test_a_pika_publisher_with_both_addresses_continues_on_the_new_gateway(
+    postgres_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KEYGATE_LEASE_TTL", LEASE_TTL)
+    amqp = {"a": _free_port(), "b": _free_port()}
+    total = 300
+    confirmed: list[bytes] = []
+    with ExitStack() as stack:
+        proc_a, ports_a, _ = stack.enter_context(
+            serve(postgres_url, tmp_path, f"--amqp-port={amqp['a']}", name="a")
+        )
+        taking_over = asyncio.create_task(
+            asyncio.to_thread(
+                stack.enter_context,
+                serve(postgres_url, tmp_path, f"--amqp-port={amqp['b']}", name="b"),
+            )
+        )
+        async with Client(f"keygate://127.0.0.1:{ports_a['native']}") as admin:
+            await admin.declare_queue("orders", partitions=4)
+        publishing = asyncio.create_task(
+            asyncio.to_thread(_pika_publisher, [amqp["a"], amqp["b"]], total, confirmed)
+        )
+        await eventually(lambda: len(confirmed) >= total // 3)
+        proc_a.kill()
+        _, ports_b, _ = await asyncio.wait_for(taking_over, 60)
+        await asyncio.wait_for(publishing, 60)
+        async with Client(f"keygate://127.0.0.1:{ports_b['native']}") as reader:
+            consumer = await reader.subscribe("orders", group="g", start="earliest")
+            order: dict[str, list[int]] = {}
+            seen: set[bytes] = set()
+            while not set(confirmed) <= seen:
+                message = await consumer.receive(timeout=30)
+                if message.payload not in seen:  # a re-sent unconfirmed one may repeat
+                    seen.add(message.payload)
+                    assert message.key is not None
+                    order.setdefault(message.key, []).append(int(message.payload))
+                await consumer.acknowledge(message)
+    for key, numbers in order.items():
+        assert numbers == sorted(numbers), f"key {key} out of order: {numbers}"
