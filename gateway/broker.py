@@ -48,6 +48,7 @@ from core.model import (
 from core.topics import SubscriptionIndex, normalize_topic, validate_pattern
 from gateway.config import GatewayConfig
 from gateway.metrics import GroupGauge, Metrics, QueueGauge, RuntimeMetrics
+from gateway.protocol_state import ProtocolState
 from gateway.runtime import GroupRuntime
 from gateway.security import Authenticator
 from protocols.sink import (
@@ -99,7 +100,7 @@ class _Flow:
     principal: Principal
 
 
-class Broker:
+class Broker(ProtocolState):
     def __init__(
         self,
         store: SqlStore,

@@ -1,12 +1,15 @@
 """The gateway's periodic work, in one task.
 
 Every ``ack_flush_interval`` it asks each group runtime to write its pending acks. Every
-``retention_interval`` it deletes what every group settled, writes each flow's pending
-count to ``kg_flows`` and renews the native group leases. In between, about every 0.2 s,
+``retention_interval`` it deletes what every group settled and the expired MQTT
+sessions, writes each flow's pending count to ``kg_flows`` and renews the native group
+leases. In between, about every 0.2 s,
 it runs retention early while a depth-limited queue is at least half full: depth counts
 stored rows, so settled messages waiting for retention must not make it refuse publishes.
 Every HEAD_CHECK_INTERVAL it reads the heads of the queues with running groups (one
-query), so rows that another writer appended reach those groups within about a second.
+query), so rows that another writer appended reach those groups within about a second;
+on PostgreSQL such an append also notifies (``kg_heads``), and the heads are read at the
+next tick (procrastinate's pattern: the notification is the hint, the poll the guarantee).
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ class Housekeeping:
         self.broker = broker
         self._clock = clock
         self._task: asyncio.Task[None] | None = None
+        # Set by another writer's notification (PostgreSQL): check the heads at the next tick.
+        self._hinted = False
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run())
@@ -42,7 +47,23 @@ class Housekeeping:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
 
+    def _hint(self) -> None:
+        self._hinted = True
+
     async def _run(self) -> None:
+        try:
+            stop_listening = await self.broker.store.listen_heads(self._hint)
+        except KeygateError as e:
+            log.warning("cannot listen for other writers' appends (polling only): %s", e)
+        else:
+            try:
+                await self._loop()
+            finally:
+                await stop_listening()
+            return
+        await self._loop()
+
+    async def _loop(self) -> None:
         broker, store = self.broker, self.broker.store
         interval = broker.config.ack_flush_interval
         retention_every = max(1, round(broker.config.retention_interval / interval))
@@ -56,11 +77,13 @@ class Housekeeping:
             try:
                 if ticks % retention_every == 0:
                     await store.retention(now=self._clock())
+                    await store.expire_mqtt_sessions(now=self._clock())
                     await self._write_pending()
                     await broker.renew_group_leases()
                 elif ticks % PROMPT_RETENTION_TICKS == 0 and await self._filling():
                     await store.retention(now=self._clock())
-                if ticks % heads_every == 0:
+                if self._hinted or ticks % heads_every == 0:
+                    self._hinted = False
                     await broker.check_heads()
             except KeygateError as e:
                 log.warning("housekeeping failed: %s", e)

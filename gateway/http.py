@@ -1,7 +1,7 @@
 """The admin HTTP API (JSON) and ``/metrics`` (Prometheus text format).
 
     GET    /                                the web console (gateway/console/)
-    GET    /healthz                         liveness
+    GET    /healthz                         liveness and role (a standby answers 503)
     GET    /metrics                         Prometheus metrics
     GET    /api/openapi.json                this API as an OpenAPI 3.1 document
     GET    /api/status                      role, name, version, database, listeners
@@ -288,7 +288,7 @@ class AdminServer:
         return web.FileResponse(STATIC_DIR / "index.html")
 
     async def _health(self, request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok"})
+        return web.json_response({"status": "ok", "role": "active"})
 
     async def _status(self, request: web.Request) -> web.Response:
         config = self.broker.config

@@ -21,7 +21,8 @@ meanwhile rather than sending something whose count is not durable. A message th
 be read back (``store.read_for_delivery``) or encoded for its flow (``FlowOutput.deliver``
 returns it) goes back to the machine, which dead-letters it as ``undeliverable``: one
 message never stops its partition. Any other error in a step is logged and the executor
-goes on (a group's executor never dies of one step).
+goes on (a group's executor never dies of one step). Fenced is not retried: a gateway
+that lost the lease writes nothing more, and stops.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from core.actions import (
     RecordDispatch,
     RetryScheduled,
 )
-from core.errors import KeygateError
+from core.errors import Fenced, KeygateError
 from core.group import GroupMachine
 from core.model import AckMode, GroupConfig, Message, QueueConfig
 from core.partition import GroupStatus
@@ -370,6 +371,8 @@ class GroupRuntime:
             try:
                 await write()
                 return
+            except Fenced:
+                return  # another gateway is active: this one writes nothing more, and stops
             except KeygateError as e:
                 log.warning(
                     "group %s/%s: write failed (%s); retrying in %.2fs",

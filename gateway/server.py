@@ -3,9 +3,10 @@ shuts down gracefully (stop accepting, drain, flush acks, close the store).
 
 Active/standby: gateways sharing one database elect the active one through a lease row in
 ``kg_gateway_lease`` (named after ``config.name``). A standby opens the store and waits,
-accepting no connections, until the lease is free or has lapsed (by the database's clock);
-taking it over increments the lease's epoch. The active gateway fences its store with that
-epoch, so every write transaction proves in the database that the lease is still its own.
+its protocol ports closed (its admin port answers only ``/healthz``, 503 "standby"), until
+the lease is free or has lapsed (by the database's clock); taking it over increments the
+lease's epoch. The active gateway fences its store with that epoch, so every write
+transaction proves in the database that the lease is still its own.
 It renews every ``lease_ttl / 3`` (each attempt bounded by ``lease_ttl / 3``); if a write
 is fenced off, a renewal finds the lease taken, or it cannot renew within ``lease_ttl``,
 it stops at once (listeners closed together, no drain: nothing more can commit) and the
@@ -36,9 +37,11 @@ from gateway.housekeeping import Housekeeping
 from gateway.http import AdminServer
 from gateway.metrics import Metrics
 from gateway.security import check_security
+from gateway.standby import StandbyHealth
 from protocols.native.listener import NativeListener
 from protocols.sink import Listener
 from storage.base import GatewayLease
+from storage.engine import GATEWAY_APPLICATION
 from storage.store import SqlStore, open_store
 
 log = logging.getLogger("keygate.server")
@@ -153,12 +156,27 @@ class Gateway:
         context = ssl_context(self.config)
         # A file left by an earlier run must not pass for this one's readiness.
         _remove_ports_file(self.config.ports_file)
-        self.store = await open_store(self.config.db)
+        self.store = await open_store(self.config.db, application_name=GATEWAY_APPLICATION)
+        standby: StandbyHealth | None = None
         try:
+            http_port = self.config.port("http")
+            if http_port is not None:
+                standby = StandbyHealth(self.config.name)
+                try:
+                    await standby.start(self.config.host, http_port, ssl_context(self.config))
+                except OSError as e:
+                    if e.errno == errno.EADDRINUSE:
+                        raise PortInUse("http", self.config.host, http_port) from e
+                    raise
             await self._become_active()
+            if standby is not None:
+                await standby.close()
+                standby = None
             # Another gateway may have written since the store was opened.
             await self.store.load_caches()
         except BaseException:
+            if standby is not None:
+                await standby.close()
             await self.stop()
             raise
         self._lease_task = asyncio.create_task(self._keep_lease())
@@ -220,7 +238,7 @@ class Gateway:
                 async with asyncio.timeout(ttl / 3):
                     held = await self._acquire(self._epoch) is not None
             except (KeygateError, TimeoutError) as e:
-                log.warning("renewing the gateway lease failed: %s", e or "timed out")
+                log.warning("renewing the gateway lease failed: %s", str(e) or "timed out")
                 held = time.monotonic() - renewed < ttl
             else:
                 renewed = time.monotonic() if held else renewed

@@ -253,6 +253,32 @@ class Sink(Protocol):
         """
         ...
 
+    # --- protocol state kept by the gateway, so it survives a restart or failover ------
+
+    async def amqp_exchanges(self) -> dict[str, str]:
+        """Every declared AMQP exchange: name -> type."""
+        ...
+
+    async def save_amqp_exchange(self, name: str, type_name: str | None) -> None:
+        """Store a declared exchange, or delete it (``type_name`` None)."""
+        ...
+
+    async def mqtt_session(self, client_id: str) -> set[int] | None:
+        """The QoS 2 packet ids an unexpired stored MQTT session waits PUBREL for; None
+        when no such session is stored."""
+        ...
+
+    async def save_mqtt_session(
+        self, client_id: str, qos2_waiting: frozenset[int], *, expires_in: float | None
+    ) -> None:
+        """Store an MQTT session: ``expires_in`` None while its client is connected, else
+        the seconds it outlives its connection."""
+        ...
+
+    async def drop_mqtt_session(self, client_id: str) -> None:
+        """Forget an MQTT session (clean start, or it ended with its connection)."""
+        ...
+
 
 class TransportInfo(Protocol):
     """What ``peer_identity`` reads: an asyncio transport or StreamWriter."""

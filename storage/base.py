@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -30,6 +30,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from core.errors import Fenced, QueueNotFound, StorageError, StorageUnavailable
 from core.model import Message, QueueConfig
 from storage.codec import message_values, queue_from_row
+from storage.engine import HEADS_CHANNEL
 from storage.schema import (
     kg_gateway_lease,
     kg_messages,
@@ -220,6 +221,35 @@ class StoreBase:
                 advanced.setdefault(queue, {})[partition] = head
         return advanced
 
+    async def listen_heads(self, hint: Callable[[], None]) -> Callable[[], Awaitable[None]]:
+        """On PostgreSQL, call ``hint`` whenever another writer advances a partition head
+        (the HEADS_CHANNEL notification); returns the coroutine function that stops. A
+        no-op on SQLite, and after a lost connection: the periodic head check (Broker.
+        check_heads) is the guarantee, the notification only makes it prompt."""
+        if self.engine.dialect.name != "postgresql":
+            return _nothing
+        try:
+            conn = await self.engine.connect()
+            driver: Any = (await conn.get_raw_connection()).driver_connection
+        except (sa.exc.SQLAlchemyError, OSError) as e:
+            raise StorageError(f"database error: {e}") from e
+
+        def notified(*_: object) -> None:
+            hint()
+
+        async def stop() -> None:
+            with suppress(Exception):  # the connection may be gone already
+                await driver.remove_listener(HEADS_CHANNEL, notified)
+            with suppress(sa.exc.SQLAlchemyError, OSError):
+                await conn.close()
+
+        try:
+            await driver.add_listener(HEADS_CHANNEL, notified)
+        except Exception as e:
+            await stop()
+            raise StorageError(f"cannot listen for {HEADS_CHANNEL}: {e}") from e
+        return stop
+
     @asynccontextmanager
     async def transaction(self, *, fenced: bool = True) -> AsyncIterator[AsyncConnection]:
         """One transaction; driver failures become StorageError, keygate errors pass.
@@ -287,6 +317,10 @@ async def read_queues(conn: AsyncConnection, name: str | None = None) -> list[Qu
         patterns.setdefault(row.queue, []).append(row.pattern)
     rows = (await conn.execute(queues)).mappings()
     return [queue_from_row(row, tuple(patterns.get(row["name"], ()))) for row in rows]
+
+
+async def _nothing() -> None:
+    return None
 
 
 def upsert(

@@ -30,6 +30,10 @@ _SQLITE_PRAGMAS: Final = (
 )
 _SEARCH_PATH: Final = "search_path"
 IDLE_IN_TRANSACTION_TIMEOUT_MS: Final = 5000
+# The gateway's PostgreSQL sessions. The kg_partitions trigger (migration 0005) sends the
+# HEADS_CHANNEL notification for other writers' appends (Spark, tools), never for these.
+GATEWAY_APPLICATION: Final = "keygate-gateway"
+HEADS_CHANNEL: Final = "kg_heads"
 
 
 def _require_driver(module: str) -> None:
@@ -74,8 +78,9 @@ def _sqlite_setup(engine: sa.Engine) -> None:
         connection.exec_driver_sql("BEGIN IMMEDIATE")
 
 
-def async_engine(url: str) -> AsyncEngine:
-    """An engine for the store: aiosqlite or asyncpg."""
+def async_engine(url: str, *, application_name: str | None = None) -> AsyncEngine:
+    """An engine for the store: aiosqlite or asyncpg. ``application_name`` names the
+    PostgreSQL sessions (the active gateway's: GATEWAY_APPLICATION)."""
     parsed, search_path = _parse(url)
     if parsed.get_backend_name() == "sqlite":
         engine = create_async_engine(parsed.set(drivername="sqlite+aiosqlite"))
@@ -88,6 +93,8 @@ def async_engine(url: str) -> AsyncEngine:
     settings = {"idle_in_transaction_session_timeout": str(IDLE_IN_TRANSACTION_TIMEOUT_MS)}
     if search_path:
         settings["search_path"] = search_path
+    if application_name:
+        settings["application_name"] = application_name
     connect_args: dict[str, Any] = {"server_settings": settings}
     # pre_ping: a connection the server dropped (restart, failover, idle timeout) is
     # replaced at checkout instead of failing the transaction (one round-trip per

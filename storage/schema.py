@@ -214,6 +214,23 @@ kg_gateway_lease: Final = sa.Table(
     sa.Column("epoch", sa.BigInteger, nullable=False, server_default=sa.text("0")),
 )
 
+kg_amqp_exchanges: Final = sa.Table(
+    "kg_amqp_exchanges",
+    metadata,
+    sa.Column("name", sa.String(200), primary_key=True),
+    sa.Column("type", sa.String(20), nullable=False),
+)
+
+kg_mqtt_sessions: Final = sa.Table(
+    "kg_mqtt_sessions",
+    metadata,
+    sa.Column("client_id", sa.String(500), primary_key=True),
+    # QoS 2 packet ids stored and PUBREC'd, waiting for PUBREL: "1,5,9".
+    sa.Column("qos2_waiting", sa.Text, nullable=False),
+    # NULL while the client is connected; then when the session ends.
+    sa.Column("expires_at", Time),
+)
+
 
 # -- views -------------------------------------------------------------------------------
 
@@ -431,6 +448,7 @@ __all__ = [
     "JsonType",
     "create_views",
     "drop_views",
+    "kg_amqp_exchanges",
     "kg_dedup",
     "kg_deliveries",
     "kg_flows",
@@ -438,6 +456,7 @@ __all__ = [
     "kg_group_offsets",
     "kg_groups",
     "kg_messages",
+    "kg_mqtt_sessions",
     "kg_parked_keys",
     "kg_partition_assignments",
     "kg_partitions",

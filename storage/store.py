@@ -1,6 +1,7 @@
 """The SQL store: group-committed appends, reads and retention. The rest of its interface
 lives in storage.admin (queues, groups), storage.consumer (dispatch, offsets, dead
-letters, flows), storage.leases and storage.inspection (the views as dicts).
+letters, flows), storage.leases, storage.protocol_state (AMQP exchanges, MQTT sessions)
+and storage.inspection (the views as dicts).
 
 How an append works: the caller's messages (complete, seq 0) are queued for the append
 writer (storage.batcher). The writer takes every pending call (up to ``max_batch``
@@ -45,6 +46,7 @@ from storage.engine import async_engine
 from storage.inspection import InspectionOps
 from storage.leases import LeaseOps
 from storage.migrate import migrate
+from storage.protocol_state import ProtocolStateOps
 from storage.schema import kg_dedup, kg_group_offsets, kg_groups, kg_messages
 
 _log = logging.getLogger("keygate.storage")
@@ -90,7 +92,7 @@ def _partition_query(queue: str, partition: int, after_seq: int, limit: int) -> 
 RETENTION_CHUNK: Final = 1000
 
 
-class SqlStore(InspectionOps, LeaseOps, ConsumerOps):
+class SqlStore(InspectionOps, LeaseOps, ProtocolStateOps, ConsumerOps):
     """keygate's durable store. Create it with ``open_store``; one active writer per DB."""
 
     def __init__(self, url: str, engine: AsyncEngine, *, max_batch: int, linger: float) -> None:
@@ -393,14 +395,19 @@ class SqlStore(InspectionOps, LeaseOps, ConsumerOps):
 
 
 async def open_store(
-    url: str, *, max_batch: int = DEFAULT_MAX_BATCH, linger: float = DEFAULT_LINGER
+    url: str,
+    *,
+    max_batch: int = DEFAULT_MAX_BATCH,
+    linger: float = DEFAULT_LINGER,
+    application_name: str | None = None,
 ) -> SqlStore:
     """Migrate the database at ``url`` (sqlite:///path or postgresql://...) and open it."""
     try:
         await migrate(url)
     except (sa.exc.SQLAlchemyError, OSError) as e:
         raise StorageError(f"cannot migrate the database: {e}") from e
-    store = SqlStore(url, async_engine(url), max_batch=max_batch, linger=linger)
+    engine = async_engine(url, application_name=application_name)
+    store = SqlStore(url, engine, max_batch=max_batch, linger=linger)
     try:
         await store.load_caches()
     except BaseException:

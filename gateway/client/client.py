@@ -46,14 +46,26 @@ DEFAULT_PORT: Final = 55555
 _QUEUE_SETTINGS: Final = frozenset(f.name for f in fields(QueueConfig)) - {"name", "subscriptions"}
 
 
-def parse_url(url: str) -> tuple[str, int, bool]:
-    """``keygate://host:port`` (plain) or ``keygates://host:port`` (TLS)."""
+def parse_url(url: str) -> tuple[tuple[tuple[str, int], ...], bool]:
+    """``keygate://host:port`` (plain) or ``keygates://host:port`` (TLS), with several
+    comma-separated addresses for active/standby gateways (``keygate://a:55555,b:55555``).
+    Returns the addresses in order and whether TLS is on."""
     parts = urlsplit(url)
-    if parts.scheme not in ("keygate", "keygates") or not parts.hostname:
+    if parts.scheme not in ("keygate", "keygates") or not parts.netloc:
         raise InvalidArgument(
-            f"service URL must be keygate://host:port or keygates://…, got {url!r}"
+            f"service URL must be keygate://host:port[,host:port…] or keygates://…, got {url!r}"
         )
-    return parts.hostname, parts.port or DEFAULT_PORT, parts.scheme == "keygates"
+    addresses: list[tuple[str, int]] = []
+    for netloc in parts.netloc.split(","):
+        one = urlsplit(f"//{netloc}")
+        try:
+            host, port = one.hostname, one.port
+        except ValueError:  # a port that is not a number in 0..65535
+            host = port = None
+        if not host:
+            raise InvalidArgument(f"bad address {netloc!r} in service URL {url!r}")
+        addresses.append((host, port or DEFAULT_PORT))
+    return tuple(addresses), parts.scheme == "keygates"
 
 
 class Client:
@@ -75,7 +87,7 @@ class Client:
         ack_batch_size: int = 256,
         ack_flush_interval: float = 0.005,
     ) -> None:
-        host, port, tls = parse_url(service_url)
+        addresses, tls = parse_url(service_url)
         if tls and ssl_context is None:
             ssl_context = ssl.create_default_context()
         self._client_name = client_name or f"keygate-py-{uuid.uuid4().hex}"
@@ -86,8 +98,7 @@ class Client:
             max_frame=max_frame,
         )
         self._session = Session(
-            host,
-            port,
+            addresses,
             hello,
             ssl_context=ssl_context,
             connect_timeout=connect_timeout,

@@ -9,6 +9,9 @@ Only then are waiting requests released onto the new connection. Requests that w
 flight at the cut fail with ``ConnectionLost``; nothing is resent here (a publish may have
 been stored: resending could duplicate it — the client resends only when it carries a
 dedup id). Queue declarations are not replayed: they are durable on the gateway.
+
+Several addresses (active/standby gateways): every connect and reconnect tries them in
+turn, so the client follows whichever gateway is active.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import asyncio
 import logging
 import random
 import ssl
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from core.errors import KeygateError
@@ -48,8 +52,7 @@ class Session:
 
     def __init__(
         self,
-        host: str,
-        port: int,
+        addresses: Sequence[tuple[str, int]],
         hello: Hello,
         *,
         ssl_context: ssl.SSLContext | None,
@@ -59,7 +62,11 @@ class Session:
         max_reconnect_attempts: int | None,
         rng: random.Random | None = None,
     ) -> None:
-        self._host, self._port, self._hello = host, port, hello
+        if not addresses:
+            raise ValueError("a session needs at least one address")
+        self._addresses, self._hello = tuple(addresses), hello
+        # Index of the address the current (or last) connection went to.
+        self._current = 0
         self._ssl = ssl_context
         self._connect_timeout = connect_timeout
         self._heartbeat = heartbeat
@@ -136,15 +143,33 @@ class Session:
             self._conn.abort()
 
     async def _open(self) -> Connection:
-        return await Connection.open(
-            self._host,
-            self._port,
-            self._hello,
-            ssl_context=self._ssl,
-            connect_timeout=self._connect_timeout,
-            heartbeat=self._heartbeat,
-            on_lost=self._lost,
-        )
+        """Connect to the first address that answers, trying each once in turn, starting
+        with the one after the address last connected to when that connection was lost (a
+        standby keeps its ports closed, so a refused address costs one round trip)."""
+        start = self._current + (1 if self._conn is not None else 0)
+        error: BaseException | None = None
+        for step in range(len(self._addresses)):
+            index = (start + step) % len(self._addresses)
+            host, port = self._addresses[index]
+            try:
+                conn = await Connection.open(
+                    host,
+                    port,
+                    self._hello,
+                    ssl_context=self._ssl,
+                    connect_timeout=self._connect_timeout,
+                    heartbeat=self._heartbeat,
+                    on_lost=self._lost,
+                )
+            except (OSError, TimeoutError, KeygateError) as e:
+                if len(self._addresses) > 1:
+                    log.info("keygate gateway %s:%d did not answer: %s", host, port, e)
+                error = e
+                continue
+            self._current = index
+            return conn
+        assert error is not None
+        raise error
 
     def _lost(self, conn: Connection, reason: BaseException) -> None:
         if conn is not self._conn or self._error is not None:

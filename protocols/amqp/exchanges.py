@@ -1,9 +1,11 @@
 """Exchanges and how AMQP routing maps onto keygate's topic space.
 
 keygate routes by topic subscriptions on queues (MQTT-style ``/`` levels, ``+`` and ``#``).
-An exchange is therefore only a namespace plus a matching rule; it lives in listener
-memory and is not persisted (applications re-declare their exchanges on connect, as they
-do with RabbitMQ). Bindings are persisted: each becomes a topic subscription of the queue.
+An exchange is therefore only a namespace plus a matching rule. Declared exchanges are
+kept by the gateway (``Sink.save_amqp_exchange``, in SQL) and loaded when the listener
+starts, so a publisher need not re-declare after a restart or failover; ``Exchanges``
+collects each declare and delete for the listener to store before it answers. Bindings
+are persisted too: each becomes a topic subscription of the queue.
 
 - ``amq.topic`` is the shared topic space, the one MQTT and STOMP ``/topic/`` use (as
   RabbitMQ's MQTT and STOMP plugins use amq.topic): ``.`` becomes ``/`` (a ``/`` is kept,
@@ -73,6 +75,18 @@ class Exchanges:
 
     def __init__(self) -> None:
         self._declared: dict[str, Exchange] = {}
+        # Declares (type) and deletes (None) not yet stored by the listener.
+        self._unsaved: dict[str, str | None] = {}
+
+    def load(self, stored: Mapping[str, str]) -> None:
+        """The exchanges the gateway kept (name -> type), at listener start."""
+        for name, type_name in stored.items():
+            self._declared[name] = Exchange(name, ExchangeType(type_name))
+
+    def take_unsaved(self) -> dict[str, str | None]:
+        """The declares (name -> type) and deletes (name -> None) to store, once each."""
+        unsaved, self._unsaved = self._unsaved, {}
+        return unsaved
 
     def find(self, name: str) -> Exchange | None:
         """The exchange, or None. ``amq.default`` is the default exchange."""
@@ -113,6 +127,8 @@ class Exchanges:
                     f"inequivalent arg '{argument}' for exchange '{name}' in vhost '/': "
                     f"received '{received}' but current is '{current}'",
                 )
+            if name in self._declared:
+                self._unsaved[name] = existing.type.value  # stored again: idempotent
             return existing
         if name == "" or name.startswith("amq."):
             raise AmqpChannelError(ReplyCode.ACCESS_REFUSED, f"exchange name '{name}' is reserved")
@@ -121,13 +137,15 @@ class Exchanges:
                 ReplyCode.ACCESS_REFUSED, f"not allowed to create exchange '{name}'"
             )
         self._declared[name] = wanted
+        self._unsaved[name] = wanted.type.value
         return wanted
 
     def delete(self, name: str) -> None:
         """Delete a declared exchange; deleting one that does not exist is OK (RabbitMQ)."""
         if name in _BUILTIN or name.startswith("amq."):
             raise AmqpChannelError(ReplyCode.ACCESS_REFUSED, f"exchange '{name}' is built in")
-        self._declared.pop(name, None)
+        if self._declared.pop(name, None) is not None:
+            self._unsaved[name] = None
 
 
 def _exchange(name: str, type_name: str, arguments: Mapping[str, Any]) -> Exchange:

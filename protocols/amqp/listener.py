@@ -79,9 +79,12 @@ class _Session:
         self._idle.set()
         self._principal: Principal | None = None
         self._last_write = 0.0
+        self._saving = False
         self.peer = writer.get_extra_info("peername")
 
     def flush(self) -> None:
+        if self._saving:
+            return  # answers wait until the exchanges they confirm are stored
         data = self.connection.data_to_send()
         if data and not self._writer.is_closing():
             self._writer.write(data)
@@ -113,6 +116,21 @@ class _Session:
             with contextlib.suppress(ConnectionError, ssl.SSLError, TimeoutError):
                 async with asyncio.timeout(_CLOSE_TIMEOUT):
                     await self._writer.wait_closed()
+
+    async def _save_exchanges(self) -> None:
+        """Store the exchanges this input declared or deleted before answering it."""
+        unsaved = self.connection.exchanges.take_unsaved()
+        if not unsaved:
+            return
+        self._saving = True
+        try:
+            for name, type_name in unsaved.items():
+                await self.sink.save_amqp_exchange(name, type_name)
+        except KeygateError as e:
+            logger.warning("amqp connection %s: cannot store exchanges: %s", self.peer, e)
+            self.connection.close(ReplyCode.INTERNAL_ERROR, f"cannot store the exchange: {e}")
+        finally:
+            self._saving = False
 
     def shutdown(self) -> None:
         """Close with 320 CONNECTION_FORCED; stop reading if Close-Ok does not come."""
@@ -146,6 +164,7 @@ class _Session:
                     self._pending_bytes += len(event.payload)
                 self._idle.clear()
                 self._wake.set()
+            await self._save_exchanges()
             self.flush()
             await self._writer.drain()
             while len(self._ops) > _MAX_PENDING_OPS or self._pending_bytes > _MAX_PENDING_BYTES:
@@ -327,6 +346,7 @@ class AmqpListener:
         self._watcher: asyncio.Task[None] | None = None
 
     async def start(self, host: str, port: int, ssl_context: ssl.SSLContext | None) -> int:
+        self.exchanges.load(await self.sink.amqp_exchanges())
         self._server = await asyncio.start_server(self._serve, host, port, ssl=ssl_context)
         self._watcher = asyncio.create_task(self._watch_blocked(), name=f"{self.name}-blocked")
         bound: int = self._server.sockets[0].getsockname()[1]

@@ -118,6 +118,13 @@ class _Client:
         self._graceful_shutdown = False
         # Set once the socket failed: later bytes are dropped instead of queueing forever.
         self._writer_gone = False
+        # The session as kept by the sink (SQL), so it survives a restart or failover:
+        # QoS 2 ids committed but not yet in the session (their PUBREC is on its way),
+        # whether a row was written, and the saves in flight (in order, one at a time).
+        self._stored_qos2: set[int] = set()
+        self._session_saved = False
+        self._save_lock = asyncio.Lock()
+        self._saves: set[asyncio.Task[None]] = set()
 
     async def serve(self) -> None:
         """Run the connection to its end; never raises for peer behaviour."""
@@ -208,7 +215,12 @@ class _Client:
                     break
                 if not data:
                     break
+                waiting = self._qos2_waiting()
                 conn.receive_data(data, self.loop.time())
+                if waiting - self._qos2_waiting():  # PUBRELs released some: store that
+                    task = asyncio.create_task(self._save_session())
+                    self._saves.add(task)
+                    task.add_done_callback(self._saves.discard)
                 while (event := conn.next_event()) is not None:
                     if isinstance(event, ConnectRequest):
                         await self._on_connect(event)
@@ -263,14 +275,64 @@ class _Client:
             self.conn.refuse(ReasonCode.CLIENT_IDENTIFIER_NOT_VALID)
             return
         await listener.take_over(request.client_id, self)
+        try:
+            if connect.clean_start:
+                await listener.sink.drop_mqtt_session(request.client_id)
+                stored = None
+            else:
+                stored = await listener.sink.mqtt_session(request.client_id)
+        except KeygateError as e:
+            log.warning("mqtt %s: cannot load the session: %s", request.client_id, e.message)
+            self.conn.refuse(ReasonCode.SERVER_UNAVAILABLE)
+            return
         session, present = listener.sessions.open(
             request.client_id, connect.clean_start, self.loop.time(), owner=owner
         )
+        if stored is not None and not present:
+            # Kept in SQL by an earlier run or another gateway (restart, failover).
+            session.qos2_received |= stored
+            present = self._session_saved = True
         self.conn.accept(session, present, request.client_id)
 
     def _start_publish(self, request: PublishRequest) -> asyncio.Task[_Outcome]:
         assert self.principal is not None
+        if request.qos == 2 and request.packet_id is not None:
+            return asyncio.create_task(self._publish_qos2(self.principal, request))
         return asyncio.create_task(self._publish(self.principal, request.publication))
+
+    async def _publish_qos2(self, principal: Principal, request: PublishRequest) -> _Outcome:
+        """Store, then record the packet id in the stored session before the PUBREC goes
+        out, so a PUBLISH re-sent to another gateway after a failover is not stored again."""
+        outcome = await self._publish(principal, request.publication)
+        if outcome.reason < 0x80 and request.packet_id is not None:
+            self._stored_qos2.add(request.packet_id)
+            await self._save_session()
+        return outcome
+
+    def _qos2_waiting(self) -> frozenset[int]:
+        session = self.conn.session
+        held = session.qos2_received if session is not None else set()
+        return frozenset(held | self._stored_qos2)
+
+    async def _save_session(self, *, ending: bool = False) -> None:
+        """Write the session as it is now (saves run one at a time, in call order). When
+        the connection ends, the row expires with the session, or goes at once."""
+        session, client_id = self.conn.session, self.conn.client_id
+        if session is None or client_id is None:
+            return
+        sink = self.listener.sink
+        async with self._save_lock:
+            try:
+                if ending and session.expiry_interval <= 0:
+                    await sink.drop_mqtt_session(client_id)
+                else:
+                    expires_in = session.expiry_interval if ending else None
+                    waiting = self._qos2_waiting()
+                    await sink.save_mqtt_session(client_id, waiting, expires_in=expires_in)
+                    self._session_saved = True
+            except KeygateError as e:
+                # What is stored stays stored; only a re-send after a failover may repeat.
+                log.warning("mqtt %s: cannot store the session: %s", client_id, e.message)
 
     async def _publish(self, principal: Principal, publication: Publication) -> _Outcome:
         try:
@@ -340,10 +402,14 @@ class _Client:
                 )
                 if self._reader_task is not None:
                     self._reader_task.cancel()
+            if request.packet_id is not None:
+                self._stored_qos2.discard(request.packet_id)  # now in the session itself
 
     async def _finish_session(self) -> None:
         conn, listener = self.conn, self.listener
         now = self.loop.time()
+        if conn.session is not None and self._session_saved:
+            await self._save_session(ending=True)
         if conn.session is not None:
             listener.release(conn.client_id, self)
             listener.sessions.release(conn.session, now)

@@ -1,18 +1,25 @@
-"""The gateway lease and fencing, at the store: a takeover increments the epoch, and a
-store fenced with an older epoch can write nothing more (SQLite and PostgreSQL)."""
+"""The gateway lease and fencing: a takeover increments the epoch, a store fenced with an
+older epoch can write nothing more, and a gateway fenced off stops at once (SQLite and
+PostgreSQL)."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import AsyncIterator
 
 import pytest
+import sqlalchemy as sa
 
 from core.actions import OffsetUpdate
 from core.errors import Fenced
 from core.model import QueueConfig
+from gateway.client import Client
 from storage import SqlStore, open_store
 from storage.base import GatewayLease
+from storage.schema import kg_gateway_lease, kg_group_offsets
 from tests.conftest import MessageFactory
+from tests.integration.conftest import native_url, start_gateway
 from tests.support.wait import eventually
 
 NOW = 1_700_000_000.0
@@ -81,3 +88,45 @@ async def test_the_holder_writes_while_it_renews(
         assert await store.acquire_gateway_lease("main", "gw-a", ttl=10, epoch=epoch) == epoch
         await store.append([make_message("orders", payload=b"%d" % n)], now=NOW)
     assert [m.payload for m in await store.read("orders", 0, 0, 10)] == [b"0", b"1", b"2"]
+
+
+async def test_a_gateway_fenced_off_with_consumers_stops_at_once_without_writing(
+    db_url: str,
+) -> None:
+    gateway = await start_gateway(db_url, lease_ttl=30.0)
+    try:
+        async with Client(native_url(gateway)) as client:
+            await client.declare_queue("orders", partitions=2)
+            consumer = await client.subscribe("orders", group="g")
+            for n in range(5):
+                await client.publish("orders", b"%d" % n, key=f"k{n}")
+            received = [await consumer.receive(timeout=5) for _ in range(5)]
+            other = await open_store(db_url)
+            try:
+                # Another gateway takes over (its epoch is newer than ours).
+                async with other.transaction() as conn:
+                    await conn.execute(
+                        sa.update(kg_gateway_lease).values(
+                            holder="gw-b", epoch=kg_gateway_lease.c.epoch + 1
+                        )
+                    )
+                for message in received:
+                    await consumer.acknowledge(message)  # its offsets cannot be written
+                started = time.monotonic()
+                await asyncio.wait_for(gateway.wait_closed(), 30)
+                assert time.monotonic() - started < 3.0, "a fenced gateway must not drain"
+                assert gateway.lost_lease
+                [lag] = await _group_lag(other)
+                assert lag["committed"] == 0, "a fenced-off gateway wrote offsets"
+            finally:
+                await other.close()
+    finally:
+        await gateway.stop()
+
+
+async def _group_lag(store: SqlStore) -> list[dict[str, int]]:
+    async with store.transaction() as conn:
+        rows = await conn.execute(
+            sa.select(sa.func.coalesce(sa.func.sum(kg_group_offsets.c.committed_seq), 0))
+        )
+        return [{"committed": int(rows.scalar_one())}]

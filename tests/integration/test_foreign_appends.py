@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from core.model import Message
+from gateway import housekeeping
 from gateway.client import Client
 from storage import open_store
 from tests.conftest import MessageFactory
@@ -17,6 +20,18 @@ NOW = 1_700_000_000.0
 async def test_rows_another_writer_appends_reach_a_running_group_within_a_second(
     db_url: str, make_message: MessageFactory
 ) -> None:
+    await _foreign_rows_arrive_within_a_second(db_url, make_message)
+
+
+@pytest.mark.postgres
+async def test_on_postgresql_the_notification_alone_brings_the_rows_at_once(
+    postgres_url: str, make_message: MessageFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(housekeeping, "HEAD_CHECK_INTERVAL", 3600.0)  # no poll in time
+    await _foreign_rows_arrive_within_a_second(postgres_url, make_message)
+
+
+async def _foreign_rows_arrive_within_a_second(db_url: str, make_message: MessageFactory) -> None:
     gateway = await start_gateway(db_url)
     other = await open_store(db_url)
     try:

@@ -70,6 +70,9 @@ class MemorySink:
     admins: set[str] | None = None
     queues: dict[str, QueueConfig] = field(default_factory=dict)
     stored: list[Stored] = field(default_factory=list)
+    # State the gateway keeps for the listeners (survives a listener restart in tests).
+    exchanges: dict[str, str] = field(default_factory=dict)
+    mqtt_sessions: dict[str, frozenset[int]] = field(default_factory=dict)
     fail_writes: bool = False
     blocked: bool = False
     max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
@@ -223,6 +226,33 @@ class MemorySink:
         self.settled.append((flow_id, event))
         if isinstance(event, Unbind):
             del self.flows[flow_id]
+
+    async def amqp_exchanges(self) -> dict[str, str]:
+        return dict(self.exchanges)
+
+    async def save_amqp_exchange(self, name: str, type_name: str | None) -> None:
+        self._fail_if_asked()
+        if type_name is None:
+            self.exchanges.pop(name, None)
+        else:
+            self.exchanges[name] = type_name
+
+    async def mqtt_session(self, client_id: str) -> set[int] | None:
+        waiting = self.mqtt_sessions.get(client_id)
+        return None if waiting is None else set(waiting)
+
+    async def save_mqtt_session(
+        self, client_id: str, qos2_waiting: frozenset[int], *, expires_in: float | None
+    ) -> None:
+        self._fail_if_asked()
+        self.mqtt_sessions[client_id] = qos2_waiting
+
+    async def drop_mqtt_session(self, client_id: str) -> None:
+        self.mqtt_sessions.pop(client_id, None)
+
+    def _fail_if_asked(self) -> None:
+        if self.fail_writes:
+            raise StorageError("the test made writes fail")
 
     async def wait_stored(self, count: int, timeout: float = 10.0) -> list[Stored]:
         """Wait until at least ``count`` messages are stored (poll with a deadline)."""

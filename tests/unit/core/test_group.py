@@ -649,3 +649,16 @@ def test_a_message_the_owner_cannot_encode_is_dead_lettered_as_undeliverable() -
     assert [(x.message, x.reason) for x in d.dead] == [(poison, DeadLetterReason.UNDELIVERABLE)]
     assert d.settled(0, poison.seq)
     assert d.received("a") == [poison, after]
+
+
+def test_a_head_another_writer_advanced_is_fetched_and_delivered() -> None:
+    d = make()
+    d.bind("a")
+    d.publish("k")
+    # Another writer commits seqs 2 and 3; only the partition head tells the group.
+    d.store[0] += [Message(f"x{seq}", "q", 0, seq, "k", b"x") for seq in (2, 3)]
+    assert d.seqs("a") == [1]
+    d.call(d.machine.heads, {0: 3})
+    assert d.seqs("a") == [1, 2, 3]
+    # A head already known asks storage for nothing.
+    assert not [a for a in d.call(d.machine.heads, {0: 3}) if isinstance(a, Fetch)]

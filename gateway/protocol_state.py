@@ -1,0 +1,34 @@
+"""The Sink calls through which the listeners keep protocol state in SQL (AMQP exchanges,
+MQTT sessions), so that it survives a gateway restart or failover. Mixed into Broker."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from storage.store import SqlStore
+
+
+class ProtocolState:
+    store: SqlStore
+    _clock: Callable[[], float]
+
+    async def amqp_exchanges(self) -> dict[str, str]:
+        return await self.store.amqp_exchanges()
+
+    async def save_amqp_exchange(self, name: str, type_name: str | None) -> None:
+        await self.store.save_amqp_exchange(name, type_name)
+
+    async def mqtt_session(self, client_id: str) -> set[int] | None:
+        return await self.store.mqtt_session(client_id, now=self._clock())
+
+    async def save_mqtt_session(
+        self, client_id: str, qos2_waiting: frozenset[int], *, expires_in: float | None
+    ) -> None:
+        expires_at = None if expires_in is None else self._clock() + expires_in
+        await self.store.save_mqtt_session(client_id, qos2_waiting, expires_at=expires_at)
+
+    async def drop_mqtt_session(self, client_id: str) -> None:
+        await self.store.drop_mqtt_session(client_id)
+
+
+__all__ = ["ProtocolState"]

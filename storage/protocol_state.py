@@ -1,0 +1,78 @@
+"""Protocol state that must survive a gateway restart or failover, kept in SQL rather than
+in listener memory: AMQP exchanges (their bindings are already queue subscriptions) and
+MQTT sessions (the QoS 2 packet ids stored and waiting for PUBREL, and when the session
+expires once its client is gone).
+
+These writes are fenced like every other (StoreBase.transaction): a gateway that lost the
+lease cannot overwrite the new active gateway's sessions.
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+from storage.base import StoreBase, upsert
+from storage.schema import kg_amqp_exchanges, kg_mqtt_sessions
+
+
+def _encode_ids(packet_ids: frozenset[int]) -> str:
+    return ",".join(str(i) for i in sorted(packet_ids))
+
+
+def _decode_ids(text: str) -> set[int]:
+    return {int(part) for part in text.split(",") if part}
+
+
+class ProtocolStateOps(StoreBase):
+    async def amqp_exchanges(self) -> dict[str, str]:
+        """Every declared AMQP exchange: name -> type."""
+        e = kg_amqp_exchanges
+        async with self.transaction(fenced=False) as conn:
+            return {row.name: row.type for row in await conn.execute(sa.select(e))}
+
+    async def save_amqp_exchange(self, name: str, type_name: str | None) -> None:
+        """Store a declared exchange, or delete it (``type_name`` None)."""
+        e = kg_amqp_exchanges
+        async with self.transaction() as conn:
+            if type_name is None:
+                await conn.execute(sa.delete(e).where(e.c.name == name))
+            else:
+                stmt = upsert(conn, e, ("name",), ("type",))
+                await conn.execute(stmt, [{"name": name, "type": type_name}])
+
+    async def mqtt_session(self, client_id: str, *, now: float) -> set[int] | None:
+        """The QoS 2 packet ids a stored, unexpired session waits PUBREL for; None when
+        no such session is stored."""
+        s = kg_mqtt_sessions
+        query = sa.select(s.c.qos2_waiting).where(
+            s.c.client_id == client_id, sa.or_(s.c.expires_at.is_(None), s.c.expires_at > now)
+        )
+        async with self.transaction(fenced=False) as conn:
+            text = (await conn.execute(query)).scalar_one_or_none()
+        return None if text is None else _decode_ids(text)
+
+    async def save_mqtt_session(
+        self, client_id: str, qos2_waiting: frozenset[int], *, expires_at: float | None
+    ) -> None:
+        """Store the session (``expires_at`` None while its client is connected)."""
+        s = kg_mqtt_sessions
+        row = {
+            "client_id": client_id,
+            "qos2_waiting": _encode_ids(qos2_waiting),
+            "expires_at": expires_at,
+        }
+        async with self.transaction() as conn:
+            stmt = upsert(conn, s, ("client_id",), ("qos2_waiting", "expires_at"))
+            await conn.execute(stmt, [row])
+
+    async def drop_mqtt_session(self, client_id: str) -> None:
+        s = kg_mqtt_sessions
+        async with self.transaction() as conn:
+            await conn.execute(sa.delete(s).where(s.c.client_id == client_id))
+
+    async def expire_mqtt_sessions(self, *, now: float) -> int:
+        """Delete the sessions that expired; returns how many."""
+        s = kg_mqtt_sessions
+        async with self.transaction() as conn:
+            result = await conn.execute(sa.delete(s).where(s.c.expires_at <= now))
+        return int(result.rowcount)
