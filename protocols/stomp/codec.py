@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import Final
 
+from protocols._limits import parse_decimal
 from protocols.stomp.frames import (
     UNESCAPED_COMMANDS,
     Frame,
@@ -209,9 +210,9 @@ class Codec:
         return command, tuple(headers), length
 
     def _content_length(self, command: str, raw: str, body_start: int) -> int:
-        if not (raw.isascii() and raw.isdigit()):
+        length = parse_decimal(raw)
+        if length is None:
             raise InvalidFrame(f"{command} frame: invalid content-length {raw[:40]!r}")
-        length = int(raw)
         if body_start + length + 1 > self.max_frame_size:
             raise FrameTooLarge(
                 f"{command} frame of {length} body bytes is over the limit of "

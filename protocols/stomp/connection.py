@@ -32,6 +32,7 @@ from core.errors import (
     Unavailable,
 )
 from core.model import Publication
+from protocols._limits import parse_decimal
 from protocols.stomp.codec import DEFAULT_MAX_FRAME_SIZE, DEFAULT_MAX_HEADERS, Codec
 from protocols.stomp.frames import (
     SUPPORTED_VERSIONS,
@@ -52,6 +53,9 @@ MAX_TRANSACTION_BYTES: Final = 64 * 1024 * 1024
 # A client is dropped after this many of its negotiated heart-beat intervals of silence
 # (the spec leaves the margin to the implementation; stomp.py itself allows 1.5).
 HEARTBEAT_TOLERANCE: Final = 2.0
+# The longest heart-beat interval a client may ask for (one day, in milliseconds); a larger
+# or malformed value is an ERROR, not an overflow in the reader.
+MAX_HEARTBEAT: Final = 86_400_000
 
 
 class State(Enum):
@@ -154,10 +158,12 @@ def _heartbeat(frame: Frame, version: Version) -> tuple[int, int]:
     raw = frame.header("heart-beat")
     if raw is None or version is Version.V1_0:
         return 0, 0
-    parts = raw.split(",")
-    if len(parts) != 2 or not all(p.strip().isascii() and p.strip().isdigit() for p in parts):
-        raise InvalidFrame(f"invalid heart-beat header {raw[:40]!r}: want 'cx,cy'")
-    return int(parts[0]), int(parts[1])
+    parts = [parse_decimal(p.strip(), MAX_HEARTBEAT) for p in raw.split(",")]
+    if len(parts) != 2 or parts[0] is None or parts[1] is None:
+        raise InvalidFrame(
+            f"invalid heart-beat header {raw[:40]!r}: want 'cx,cy', each at most {MAX_HEARTBEAT} ms"
+        )
+    return parts[0], parts[1]
 
 
 class ServerConnection:

@@ -14,6 +14,7 @@ from typing import Final
 from core.errors import InvalidArgument
 from core.model import Publication, validate_name
 from core.topics import normalize_topic
+from protocols._limits import parse_decimal
 from protocols.stomp.frames import Frame, InvalidDestination, InvalidFrame
 
 QUEUE_PREFIX: Final = "/queue/"
@@ -63,12 +64,12 @@ def destination_of(destination: str | None, receipt: str | None) -> tuple[str | 
 def _expire_at(raw: str | None, receipt: str | None) -> float | None:
     if raw is None:
         return None
-    if not (raw.isascii() and raw.isdigit()):
+    millis = parse_decimal(raw)
+    if millis is None:
         raise InvalidFrame(
             f"invalid expires header {raw[:40]!r}: milliseconds since the epoch",
             receipt_id=receipt,
         )
-    millis = int(raw)
     return millis / 1000.0 if millis else None
 
 
