@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from core.errors import InvalidArgument
+from protocols._limits import DEFAULT_LOGIN_TIMEOUT, DEFAULT_MAX_LOGIN_FRAME, ConnectionLimits
 
 LISTENERS: Final = ("native", "mqtt", "amqp", "stomp", "http")
 DEFAULT_PORTS: Final = {"native": 55555, "mqtt": 1883, "amqp": 5672, "stomp": 61613, "http": 8080}
@@ -54,6 +55,15 @@ class GatewayConfig:
     log_level: str = "INFO"
     log_json: bool = False
     name: str = "keygate"
+    # Limits (docs/operations.md, "Limits"): what one client can make the gateway hold.
+    login_timeout: float = DEFAULT_LOGIN_TIMEOUT
+    max_login_frame: int = DEFAULT_MAX_LOGIN_FRAME
+
+    def connection_limits(self) -> ConnectionLimits:
+        """The per-connection bounds every listener enforces."""
+        return ConnectionLimits(
+            login_timeout=self.login_timeout, max_login_frame=self.max_login_frame
+        )
 
     def port(self, listener: str) -> int | None:
         return self.ports.get(listener)

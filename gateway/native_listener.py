@@ -24,7 +24,8 @@ from core import actions
 from core.errors import InvalidArgument, KeygateError, Unavailable
 from core.model import Publication, QueueConfig
 from gateway.broker import Broker
-from protocols.native.connection import ServerConnection
+from protocols._limits import DEFAULT_LIMITS, ConnectionLimits
+from protocols.native.connection import ConnectionState, ServerConnection
 from protocols.native.events import (
     DEFAULT_MAX_FRAME,
     Ack,
@@ -135,7 +136,9 @@ class _Session:
         self.broker = listener.broker
         self.reader = reader
         self.writer = writer
-        self.conn = ServerConnection(listener.max_frame)
+        self.conn = ServerConnection(
+            listener.max_frame, max_login_frame=listener.limits.max_login_frame
+        )
         self.principal: Principal | None = None
         self.flows: set[str] = set()
         self.tasks: set[asyncio.Task[None]] = set()
@@ -165,9 +168,14 @@ class _Session:
         self.writer.close()
 
     async def run(self) -> None:
+        login_deadline = asyncio.get_running_loop().time() + self.listener.limits.login_timeout
         try:
             while True:
-                data = await self.reader.read(_READ_SIZE)
+                if self.conn.state is ConnectionState.AWAIT_HELLO:
+                    async with asyncio.timeout_at(login_deadline):
+                        data = await self.reader.read(_READ_SIZE)
+                else:
+                    data = await self.reader.read(_READ_SIZE)
                 if not data:
                     return
                 self.conn.receive_data(data)
@@ -178,6 +186,11 @@ class _Session:
         except NativeProtocolError as e:
             log.info("native %s: protocol error: %s", self.peer, e)
             self.send(Error(request_id=0, code=e.code, text=e.message))
+        except TimeoutError:
+            log.info(
+                "native %s: no HELLO within %.0fs", self.peer, self.listener.limits.login_timeout
+            )
+            self.send(Error(request_id=0, code="login-timeout", text="no HELLO in time"))
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         finally:
@@ -361,9 +374,15 @@ class NativeListener:
     name = "native"
 
     def __init__(
-        self, broker: Broker, *, server_name: str = "keygate", max_frame: int = DEFAULT_MAX_FRAME
+        self,
+        broker: Broker,
+        *,
+        server_name: str = "keygate",
+        max_frame: int = DEFAULT_MAX_FRAME,
+        limits: ConnectionLimits = DEFAULT_LIMITS,
     ) -> None:
         self.broker = broker
+        self.limits = limits
         self.server_name = server_name
         self.max_frame = max_frame
         self._server: asyncio.Server | None = None

@@ -51,20 +51,21 @@ class PortInUse(KeygateError):
 def _listeners(broker: Broker, config: GatewayConfig) -> dict[str, Listener]:
     # Imported here so that a protocol package is only loaded when its listener is on.
     out: dict[str, Listener] = {}
+    limits = config.connection_limits()
     if config.port("native") is not None:
-        out["native"] = NativeListener(broker, server_name=config.name)
+        out["native"] = NativeListener(broker, server_name=config.name, limits=limits)
     if config.port("mqtt") is not None:
         from protocols.mqtt import MqttListener
 
-        out["mqtt"] = MqttListener(broker)
+        out["mqtt"] = MqttListener(broker, limits=limits)
     if config.port("amqp") is not None:
         from protocols.amqp import AmqpListener
 
-        out["amqp"] = AmqpListener(broker)
+        out["amqp"] = AmqpListener(broker, limits=limits)
     if config.port("stomp") is not None:
         from protocols.stomp import StompListener
 
-        out["stomp"] = StompListener(broker)
+        out["stomp"] = StompListener(broker, limits=limits)
     if config.port("http") is not None:
         out["http"] = AdminServer(broker)
     return out

@@ -24,6 +24,7 @@ from typing import Any, Final
 from pamqp import base, body, commands, header, heartbeat
 
 from core.errors import KeygateError, MessageTooLarge, NoRoute, NotFound, PermissionDenied
+from protocols._limits import DEFAULT_MAX_LOGIN_FRAME
 from protocols.amqp import events as ev
 from protocols.amqp.channel import Channel, ChannelState, Content, confirm_frames
 from protocols.amqp.codec import BadProtocolHeader, Frame, FrameReader, content_frames, method_frame
@@ -74,6 +75,7 @@ class AmqpConnection:
         channel_max: int,
         heartbeat: int,
         max_message_size: int,
+        max_login_frame: int = DEFAULT_MAX_LOGIN_FRAME,
     ) -> None:
         self.exchanges = exchanges
         self.frame_max = frame_max
@@ -83,7 +85,8 @@ class AmqpConnection:
         self.state = State.AWAIT_HEADER
         self.username: str | None = None
         self.client_id: str | None = None
-        self._reader = FrameReader(frame_max)
+        # Until tune-ok the peer may send only login-sized frames (the spec allows 4096).
+        self._reader = FrameReader(max(FRAME_MIN_SIZE, min(max_login_frame, frame_max)))
         self._out: list[bytes] = []
         self._events: deque[ev.Event] = deque()
         self._channels: dict[int, Channel] = {}

@@ -25,6 +25,7 @@ from collections import deque
 from typing import Final
 
 from core.errors import InvalidArgument, KeygateError, StorageError, Unavailable
+from protocols._limits import DEFAULT_LIMITS, ConnectionLimits
 from protocols.amqp import events as ev
 from protocols.amqp.codec import HEARTBEAT_FRAME
 from protocols.amqp.connection import AmqpConnection, State
@@ -40,7 +41,6 @@ _BATCH: Final = 1000
 _MAX_PENDING_OPS: Final = 5000
 _MAX_PENDING_BYTES: Final = 64 * 1024 * 1024
 _READ_SIZE: Final = 256 * 1024
-_HANDSHAKE_TIMEOUT: Final = 30.0
 _CLOSE_TIMEOUT: Final = 3.0
 _DRAIN_TIMEOUT: Final = 30.0
 _BLOCKED_POLL: Final = 0.25
@@ -57,9 +57,12 @@ class _Session:
         connection: AmqpConnection,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
+        login_timeout: float,
     ) -> None:
         self.sink = sink
         self.connection = connection
+        # The whole handshake (header to connection.open) must finish by then.
+        self._login_deadline = asyncio.get_running_loop().time() + login_timeout
         self._reader = reader
         self._writer = writer
         self._ops: deque[ev.Authenticate | ev.Operation] = deque()
@@ -116,7 +119,7 @@ class _Session:
         if state is State.CLOSING:
             return _CLOSE_TIMEOUT
         if state is not State.OPEN:
-            return _HANDSHAKE_TIMEOUT
+            return max(0.0, self._login_deadline - asyncio.get_running_loop().time())
         # Two missed heartbeats mean the peer is gone (spec 4.2.7).
         return 2 * self.connection.heartbeat if self.connection.heartbeat else None
 
@@ -275,8 +278,10 @@ class AmqpListener:
         channel_max: int = 2047,
         heartbeat: int = 60,
         name: str = "amqp",
+        limits: ConnectionLimits = DEFAULT_LIMITS,
     ) -> None:
         self.name = name
+        self.limits = limits
         self.sink = sink
         self.exchanges = Exchanges()
         self._frame_max = frame_max
@@ -316,8 +321,9 @@ class AmqpListener:
             channel_max=self._channel_max,
             heartbeat=self._heartbeat,
             max_message_size=self.sink.max_message_size,
+            max_login_frame=self.limits.max_login_frame,
         )
-        session = _Session(self.sink, connection, reader, writer)
+        session = _Session(self.sink, connection, reader, writer, self.limits.login_timeout)
         self._sessions.add(session)
         self._tasks.add(task)
         try:

@@ -37,6 +37,7 @@ from core.errors import (
     Unavailable,
 )
 from core.model import Publication
+from protocols._limits import DEFAULT_LIMITS, ConnectionLimits
 from protocols.mqtt.connection import (
     ConnectRequest,
     Limits,
@@ -53,7 +54,6 @@ from protocols.sink import Principal, Sink
 log = logging.getLogger(__name__)
 
 READ_CHUNK: Final = 64 * 1024
-CONNECT_TIMEOUT: Final = 10.0
 WRITE_QUEUE: Final = 256
 # Room for the topic and properties around a payload of the sink's largest size.
 PACKET_OVERHEAD: Final = 64 * 1024
@@ -346,13 +346,19 @@ class MqttListener:
         receive_maximum: int = 1024,
         topic_alias_maximum: int = 64,
         max_session_expiry: float = 7200.0,
-        connect_timeout: float = CONNECT_TIMEOUT,
+        limits: ConnectionLimits = DEFAULT_LIMITS,
     ) -> None:
         self.name = name
         self.sink = sink
         packet_size = max_packet_size or min(sink.max_message_size + PACKET_OVERHEAD, MAX_VBI)
-        self.limits = Limits(packet_size, receive_maximum, topic_alias_maximum, max_session_expiry)
-        self.connect_timeout = connect_timeout
+        self.limits = Limits(
+            packet_size,
+            receive_maximum,
+            topic_alias_maximum,
+            max_session_expiry,
+            limits.max_login_frame,
+        )
+        self.connect_timeout = limits.login_timeout
         self.sessions = SessionStore()
         self.stats = MqttStats()
         self._server: asyncio.Server | None = None

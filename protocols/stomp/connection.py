@@ -32,7 +32,7 @@ from core.errors import (
     Unavailable,
 )
 from core.model import Publication
-from protocols._limits import parse_decimal
+from protocols._limits import DEFAULT_MAX_LOGIN_FRAME, parse_decimal
 from protocols.stomp.codec import DEFAULT_MAX_FRAME_SIZE, DEFAULT_MAX_HEADERS, Codec
 from protocols.stomp.frames import (
     SUPPORTED_VERSIONS,
@@ -176,12 +176,17 @@ class ServerConnection:
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
         max_headers: int = DEFAULT_MAX_HEADERS,
         heartbeat: tuple[int, int] = (10_000, 10_000),
+        max_login_frame: int = DEFAULT_MAX_LOGIN_FRAME,
     ) -> None:
         self.server = server
+        self._max_frame_size = max_frame_size
         self.heartbeat = heartbeat
         self.state = State.AWAITING_CONNECT
         self.version = Version.V1_0
-        self.codec = Codec(max_frame_size=max_frame_size, max_headers=max_headers)
+        # Until CONNECTED only a login-sized frame is read (a CONNECT is a few headers).
+        self.codec = Codec(
+            max_frame_size=min(max_login_frame, max_frame_size), max_headers=max_headers
+        )
         self.producer = "stomp"
         # Seconds between our heart-beats / of client silence tolerated; None = off.
         self.send_interval: float | None = None
@@ -304,6 +309,7 @@ class ServerConnection:
             raise RuntimeError(f"connected() in state {self.state}")
         self.state = State.CONNECTED
         self.producer = f"stomp:{self._client_id or session}"
+        self.codec.max_frame_size = self._max_frame_size
         headers = [("version", self.version.value), ("server", self.server), ("session", session)]
         if self.version is not Version.V1_0:
             sx, sy = self.heartbeat

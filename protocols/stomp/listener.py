@@ -34,6 +34,7 @@ from typing import Final, TypeAlias
 
 from core.errors import KeygateError, StorageError, Unavailable
 from core.model import Publication
+from protocols._limits import DEFAULT_LIMITS, ConnectionLimits
 from protocols.sink import Principal, Sink
 from protocols.stomp.codec import DEFAULT_MAX_HEADERS
 from protocols.stomp.connection import (
@@ -59,7 +60,6 @@ WRITE_QUEUE_DEPTH: Final = 1024
 CLOSE_TIMEOUT: Final = 5.0
 LINGER: Final = 1.0
 DEFAULT_HEARTBEAT: Final = (10_000, 10_000)
-DEFAULT_CONNECT_TIMEOUT: Final = 30.0
 
 
 class _Fatal:
@@ -147,6 +147,7 @@ class _Session:
             max_frame_size=listener.max_frame_size,
             max_headers=listener.max_headers,
             heartbeat=listener.heartbeat,
+            max_login_frame=listener.max_login_frame,
         )
         self._pipeline = _Pipeline()
         self._writes: asyncio.Queue[bytes | None] = asyncio.Queue(WRITE_QUEUE_DEPTH)
@@ -376,7 +377,7 @@ class StompListener:
         max_headers: int = DEFAULT_MAX_HEADERS,
         name: str = "stomp",
         heartbeat: tuple[int, int] = DEFAULT_HEARTBEAT,
-        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        limits: ConnectionLimits = DEFAULT_LIMITS,
         server_name: str = "keygate",
     ) -> None:
         self.sink = sink
@@ -388,7 +389,8 @@ class StompListener:
         )
         self.max_headers = max_headers
         self.heartbeat = heartbeat
-        self.connect_timeout = connect_timeout
+        self.connect_timeout = limits.login_timeout
+        self.max_login_frame = limits.max_login_frame
         self.server_name = server_name
         self._server: asyncio.Server | None = None
         self._sessions: dict[_Session, asyncio.Task[None]] = {}

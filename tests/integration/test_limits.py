@@ -5,13 +5,14 @@ clients keep publishing and consuming."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 
 import pika
 import pytest
 
 from gateway.client import Client
 from gateway.server import Gateway
-from tests.integration.conftest import native_url
+from tests.integration.conftest import native_url, start_gateway
 
 CLOSE_WITHIN = 5.0
 
@@ -91,3 +92,57 @@ async def test_an_amqp_expiration_that_is_no_number_closes_the_channel_with_406(
         got = await consumer.receive(timeout=5)
     assert outcome.startswith("406 ")
     assert got.message_id == confirmed
+
+
+@pytest.fixture
+async def strict_gateway(db_url: str) -> AsyncIterator[Gateway]:
+    """A gateway that gives a peer one second to log in."""
+    gw = await start_gateway(db_url, login_timeout=1.0)
+    try:
+        yield gw
+    finally:
+        await gw.stop()
+
+
+LOGIN_PROTOCOLS = ("native", "mqtt", "amqp", "stomp")
+
+
+async def _closed_after(port: int, data: bytes) -> tuple[bytes, float]:
+    """Send ``data`` and nothing more; the answer and how long until the gateway closed."""
+    started = asyncio.get_running_loop().time()
+    answer = await _answer_then_close(port, data)
+    return answer, asyncio.get_running_loop().time() - started
+
+
+@pytest.mark.parametrize("protocol", LOGIN_PROTOCOLS)
+async def test_a_peer_that_never_logs_in_is_closed_after_the_login_timeout(
+    strict_gateway: Gateway, protocol: str
+) -> None:
+    # AMQP needs its protocol header to get as far as waiting for start-ok.
+    opening = b"AMQP\x00\x00\x09\x01" if protocol == "amqp" else b""
+    _, elapsed = await _closed_after(strict_gateway.ports[protocol], opening)
+    assert 0.9 <= elapsed < CLOSE_WITHIN
+
+
+# Each announces a login frame of 100,000 bytes (over 64 KiB, under every protocol's
+# frame limit after login) and sends its first bytes: refused before the rest.
+OVERSIZED_LOGIN = {
+    "native": (100_000).to_bytes(4, "big") + b"\x01" * 64,
+    "mqtt": b"\x10\xa0\x8d\x06" + b"\x00" * 64,
+    "amqp": b"AMQP\x00\x00\x09\x01\x01\x00\x00" + (100_000).to_bytes(4, "big") + b"\0" * 64,
+    "stomp": b"CONNECT\naccept-version:1.2\nlogin:" + b"a" * 100_000,
+}
+
+
+@pytest.mark.parametrize("protocol", LOGIN_PROTOCOLS)
+async def test_a_login_frame_over_64_kib_closes_the_connection(
+    gateway: Gateway, protocol: str
+) -> None:
+    answer, elapsed = await _closed_after(gateway.ports[protocol], OVERSIZED_LOGIN[protocol])
+    assert elapsed < CLOSE_WITHIN
+    assert b"Traceback" not in answer
+    async with Client(native_url(gateway)) as client:
+        await client.declare_queue("orders", partitions=2)
+        confirmed = await client.publish("orders", b"after", key="k")
+        consumer = await client.subscribe("orders", group="g")
+        assert (await consumer.receive(timeout=5)).message_id == confirmed
