@@ -23,6 +23,7 @@ code their wire needs.
     │   └── PermissionDenied       403
     ├── StorageError               503  the database failed; the operation did not happen
     ├── Unavailable                503  shutting down / standby gateway
+    │   └── ConnectionLimitReached      too many connections in total or for the user
     └── ProtocolError              400  malformed input from a peer (subclassed per protocol)
 """
 
@@ -128,6 +129,12 @@ class Unavailable(KeygateError):
     status = 503
 
 
+class ConnectionLimitReached(Unavailable):
+    """The gateway's total or the user's connection limit is reached; the login is refused."""
+
+    code = "connection-limit"
+
+
 class ProtocolError(KeygateError):
     """Malformed or out-of-order input from a peer. Subclasses add the wire's own code."""
 
@@ -140,6 +147,7 @@ __all__ = [
     "AuthError",
     "AuthenticationFailed",
     "Conflict",
+    "ConnectionLimitReached",
     "GroupLeased",
     "GroupNotFound",
     "InvalidArgument",

@@ -15,7 +15,14 @@ from pathlib import Path
 from typing import Any, Final
 
 from core.errors import InvalidArgument
-from protocols._limits import DEFAULT_LOGIN_TIMEOUT, DEFAULT_MAX_LOGIN_FRAME, ConnectionLimits
+from protocols._limits import (
+    DEFAULT_LOGIN_TIMEOUT,
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MAX_CONNECTIONS_PER_USER,
+    DEFAULT_MAX_LOGIN_FRAME,
+    ConnectionCounter,
+    ConnectionLimits,
+)
 
 LISTENERS: Final = ("native", "mqtt", "amqp", "stomp", "http")
 DEFAULT_PORTS: Final = {"native": 55555, "mqtt": 1883, "amqp": 5672, "stomp": 61613, "http": 8080}
@@ -56,13 +63,17 @@ class GatewayConfig:
     log_json: bool = False
     name: str = "keygate"
     # Limits (docs/operations.md, "Limits"): what one client can make the gateway hold.
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    max_connections_per_user: int = DEFAULT_MAX_CONNECTIONS_PER_USER
     login_timeout: float = DEFAULT_LOGIN_TIMEOUT
     max_login_frame: int = DEFAULT_MAX_LOGIN_FRAME
 
     def connection_limits(self) -> ConnectionLimits:
-        """The per-connection bounds every listener enforces."""
+        """The bounds every listener enforces, with one connection counter for them all."""
         return ConnectionLimits(
-            login_timeout=self.login_timeout, max_login_frame=self.max_login_frame
+            login_timeout=self.login_timeout,
+            max_login_frame=self.max_login_frame,
+            connections=ConnectionCounter(self.max_connections, self.max_connections_per_user),
         )
 
     def port(self, listener: str) -> int | None:

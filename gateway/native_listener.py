@@ -144,6 +144,7 @@ class _Session:
         self.tasks: set[asyncio.Task[None]] = set()
         self.outgoing: list[bytes] = []
         self.session_id = uuid.uuid4().hex
+        self.admission = listener.limits.connections.open()
 
     def send(self, event: Event) -> None:
         """Encode now, write once per event-loop turn: replies and deliveries produced in
@@ -201,6 +202,7 @@ class _Session:
         return str(self.writer.get_extra_info("peername"))
 
     async def finish(self) -> None:
+        self.admission.release()
         self.write_out()
         for flow_id in list(self.flows):
             self.broker.unbind(flow_id)
@@ -278,6 +280,7 @@ class _Session:
         self.principal = await self.broker.authenticate(
             event.username, event.password, protocol="native", client_id=event.client_name
         )
+        self.admission.login(self.principal.username)
         self.send(self.conn.accept(self.listener.server_name, self.session_id))
 
     async def publish(self, event: Publish) -> None:

@@ -1,6 +1,13 @@
 """Bounds shared by every listener: what a peer may do before it has logged in, and
 numbers read from text headers.
 
+Connections: one ``ConnectionCounter`` is shared by every listener. A listener opens an
+``Admission`` when it accepts a socket (the total counts sockets still logging in, so a
+flood of silent peers fills it too) and asks it to ``login`` the authenticated user: that
+raises ``ConnectionLimitReached`` when the total is over ``max_connections`` or the user
+already has ``max_connections_per_user`` logged-in connections, and the listener refuses
+the login with its protocol's error. ``release`` (idempotent) gives both counts back.
+
 Before login (MQTT CONNECT, AMQP connection.start-ok/tune-ok/open, STOMP CONNECT, native
 HELLO) a peer gets ``login_timeout`` seconds and frames of at most ``max_login_frame``
 bytes; after login the protocol's negotiated frame size applies. Each listener takes a
@@ -17,15 +24,76 @@ never an exception that kills a reader task.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
+
+from core.errors import ConnectionLimitReached
 
 MAX_DECIMAL_DIGITS: Final = 18
 """The longest decimal a header may hold: every value below 10**18 fits in an int64."""
 
 INT64_MAX: Final = 2**63 - 1
+DEFAULT_MAX_CONNECTIONS: Final = 10_000
+DEFAULT_MAX_CONNECTIONS_PER_USER: Final = 1_000
 DEFAULT_LOGIN_TIMEOUT: Final = 10.0
 DEFAULT_MAX_LOGIN_FRAME: Final = 64 * 1024
+
+
+class ConnectionCounter:
+    """Open connections across every listener, in total and per logged-in user
+    (None = anonymous). A limit of 0 is no limit."""
+
+    def __init__(self, max_connections: int = 0, max_connections_per_user: int = 0) -> None:
+        self.max_connections = max_connections
+        self.max_connections_per_user = max_connections_per_user
+        self.total = 0
+        self.per_user: dict[str | None, int] = {}
+
+    def open(self) -> Admission:
+        """Count an accepted socket; release the returned admission when it closes."""
+        self.total += 1
+        return Admission(self)
+
+
+class Admission:
+    """One accepted connection's place in the shared ``ConnectionCounter``."""
+
+    __slots__ = ("_counter", "_open", "_user")
+    _user: tuple[str | None] | None
+
+    def __init__(self, counter: ConnectionCounter) -> None:
+        self._counter = counter
+        self._user = None
+        self._open = True
+
+    def login(self, user: str | None) -> None:
+        """Count this connection for ``user``; raise ConnectionLimitReached (and leave it
+        uncounted for the user) when a limit is reached."""
+        counter = self._counter
+        if counter.max_connections and counter.total > counter.max_connections:
+            raise ConnectionLimitReached(
+                f"connection limit reached ({counter.max_connections} connections)"
+            )
+        held = counter.per_user.get(user, 0)
+        if counter.max_connections_per_user and held >= counter.max_connections_per_user:
+            raise ConnectionLimitReached(
+                f"connection limit reached ({counter.max_connections_per_user} per user)"
+            )
+        counter.per_user[user] = held + 1
+        self._user = (user,)
+
+    def release(self) -> None:
+        """Give the connection's counts back; later calls do nothing."""
+        if not self._open:
+            return
+        self._open = False
+        counter = self._counter
+        counter.total -= 1
+        if self._user is not None:
+            (user,) = self._user
+            counter.per_user[user] -= 1
+            if not counter.per_user[user]:
+                del counter.per_user[user]
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +104,8 @@ class ConnectionLimits:
     """Seconds from accept until the login frame must have been received."""
     max_login_frame: int = DEFAULT_MAX_LOGIN_FRAME
     """The largest frame accepted before login, in bytes."""
+    connections: ConnectionCounter = field(default_factory=ConnectionCounter)
+    """Shared by every listener given these limits."""
 
 
 DEFAULT_LIMITS: Final = ConnectionLimits()
@@ -54,9 +124,13 @@ def parse_decimal(raw: str, maximum: int = INT64_MAX) -> int | None:
 __all__ = [
     "DEFAULT_LIMITS",
     "DEFAULT_LOGIN_TIMEOUT",
+    "DEFAULT_MAX_CONNECTIONS",
+    "DEFAULT_MAX_CONNECTIONS_PER_USER",
     "DEFAULT_MAX_LOGIN_FRAME",
     "INT64_MAX",
     "MAX_DECIMAL_DIGITS",
+    "Admission",
+    "ConnectionCounter",
     "ConnectionLimits",
     "parse_decimal",
 ]

@@ -23,7 +23,14 @@ from typing import Any, Final
 
 from pamqp import base, body, commands, header, heartbeat
 
-from core.errors import KeygateError, MessageTooLarge, NoRoute, NotFound, PermissionDenied
+from core.errors import (
+    ConnectionLimitReached,
+    KeygateError,
+    MessageTooLarge,
+    NoRoute,
+    NotFound,
+    PermissionDenied,
+)
 from protocols._limits import DEFAULT_MAX_LOGIN_FRAME
 from protocols.amqp import events as ev
 from protocols.amqp.channel import Channel, ChannelState, Content, confirm_frames
@@ -158,7 +165,13 @@ class AmqpConnection:
         if self.state is not State.AUTHENTICATING:
             return
         if error is not None:
-            self._hard_error(AmqpConnectionError(ReplyCode.ACCESS_REFUSED, error.message, 10, 11))
+            # RabbitMQ answers a reached connection limit with 530, bad credentials with 403.
+            refusal = (
+                ReplyCode.NOT_ALLOWED
+                if isinstance(error, ConnectionLimitReached)
+                else ReplyCode.ACCESS_REFUSED
+            )
+            self._hard_error(AmqpConnectionError(refusal, error.message, 10, 11))
             return
         self._send(0, commands.Connection.Tune(self.channel_max, self.frame_max, self.heartbeat))
         self.state = State.AWAIT_TUNE_OK

@@ -24,8 +24,14 @@ import ssl
 from collections import deque
 from typing import Final
 
-from core.errors import InvalidArgument, KeygateError, StorageError, Unavailable
-from protocols._limits import DEFAULT_LIMITS, ConnectionLimits
+from core.errors import (
+    ConnectionLimitReached,
+    InvalidArgument,
+    KeygateError,
+    StorageError,
+    Unavailable,
+)
+from protocols._limits import DEFAULT_LIMITS, Admission, ConnectionLimits
 from protocols.amqp import events as ev
 from protocols.amqp.codec import HEARTBEAT_FRAME
 from protocols.amqp.connection import AmqpConnection, State
@@ -58,8 +64,10 @@ class _Session:
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
         login_timeout: float,
+        admission: Admission,
     ) -> None:
         self.sink = sink
+        self._admission = admission
         self.connection = connection
         # The whole handshake (header to connection.open) must finish by then.
         self._login_deadline = asyncio.get_running_loop().time() + login_timeout
@@ -196,7 +204,13 @@ class _Session:
                 logger.info("amqp login refused for %r from %s: %s", op.username, self.peer, e)
                 self.connection.authenticated(e)
             else:
-                self.connection.authenticated(None)
+                try:
+                    self._admission.login(self._principal.username)
+                except ConnectionLimitReached as e:
+                    logger.info("amqp login refused for %r from %s: %s", op.username, self.peer, e)
+                    self.connection.authenticated(e)
+                else:
+                    self.connection.authenticated(None)
             return
         assert self._principal is not None and not isinstance(op, ev.Publish)
         if not self.connection.is_current(op):
@@ -323,12 +337,16 @@ class AmqpListener:
             max_message_size=self.sink.max_message_size,
             max_login_frame=self.limits.max_login_frame,
         )
-        session = _Session(self.sink, connection, reader, writer, self.limits.login_timeout)
+        admission = self.limits.connections.open()
+        session = _Session(
+            self.sink, connection, reader, writer, self.limits.login_timeout, admission
+        )
         self._sessions.add(session)
         self._tasks.add(task)
         try:
             await session.run()
         finally:
+            admission.release()
             self._sessions.discard(session)
             self._tasks.discard(task)
 

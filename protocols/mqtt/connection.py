@@ -63,6 +63,7 @@ _V3_RETURN_CODES: Final = {
     ReasonCode.SERVER_UNAVAILABLE: ConnectReturnCode.SERVER_UNAVAILABLE,
     ReasonCode.SERVER_BUSY: ConnectReturnCode.SERVER_UNAVAILABLE,
     ReasonCode.SERVER_SHUTTING_DOWN: ConnectReturnCode.SERVER_UNAVAILABLE,
+    ReasonCode.QUOTA_EXCEEDED: ConnectReturnCode.SERVER_UNAVAILABLE,
 }
 
 

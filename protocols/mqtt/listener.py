@@ -27,6 +27,7 @@ from typing import Any, Final
 
 from core.errors import (
     AuthError,
+    ConnectionLimitReached,
     KeygateError,
     MessageTooLarge,
     NoRoute,
@@ -103,6 +104,7 @@ class _Client:
         self.reader = reader
         self.writer = writer
         self.conn = ServerConnection(listener.limits)
+        self.admission = listener.connections.open()
         self.principal: Principal | None = None
         self.loop = asyncio.get_running_loop()
         self.done = asyncio.Event()
@@ -250,6 +252,12 @@ class _Client:
             log.warning("mqtt %s: cannot authenticate: %s", request.client_id, e.message)
             self.conn.refuse(ReasonCode.SERVER_UNAVAILABLE)
             return
+        try:
+            self.admission.login(self.principal.username)
+        except ConnectionLimitReached as e:
+            log.info("mqtt %s: refused: %s", request.client_id, e.message)
+            self.conn.refuse(ReasonCode.QUOTA_EXCEEDED)
+            return
         await listener.take_over(request.client_id, self)
         session, present = listener.sessions.open(
             request.client_id, connect.clean_start, self.loop.time()
@@ -359,6 +367,7 @@ class MqttListener:
             limits.max_login_frame,
         )
         self.connect_timeout = limits.login_timeout
+        self.connections = limits.connections
         self.sessions = SessionStore()
         self.stats = MqttStats()
         self._server: asyncio.Server | None = None
@@ -398,6 +407,7 @@ class MqttListener:
         try:
             await client.serve()
         finally:
+            client.admission.release()
             self._clients.discard(client)
 
     async def take_over(self, client_id: str, client: _Client) -> None:

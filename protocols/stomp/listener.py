@@ -32,7 +32,7 @@ import ssl
 from collections import deque
 from typing import Final, TypeAlias
 
-from core.errors import KeygateError, StorageError, Unavailable
+from core.errors import ConnectionLimitReached, KeygateError, StorageError, Unavailable
 from core.model import Publication
 from protocols._limits import DEFAULT_LIMITS, ConnectionLimits
 from protocols.sink import Principal, Sink
@@ -158,6 +158,7 @@ class _Session:
         self._tasks: list[asyncio.Task[None]] = []
         self._reader_task: asyncio.Task[None] | None = None
         self._broken = False  # the socket failed: frames for the client are dropped
+        self._admission = listener.connections.open()
         peer = writer.get_extra_info("peername")
         self._peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
 
@@ -196,6 +197,9 @@ class _Session:
             async with asyncio.timeout(LINGER):
                 while await self._reader.read(READ_SIZE):
                     pass
+
+    def release(self) -> None:
+        self._admission.release()
 
     def stop(self) -> None:
         """Stop reading; what is already queued is still stored and confirmed."""
@@ -242,6 +246,12 @@ class _Session:
                 event.login, event.passcode, protocol="stomp", client_id=event.client_id or session
             )
         except KeygateError as e:
+            log.info("stomp %s: CONNECT refused: %s", self._peer, e.message)
+            await self._pipeline.put(_Fatal(e))
+            return False
+        try:
+            self._admission.login(self._principal.username)
+        except ConnectionLimitReached as e:
             log.info("stomp %s: CONNECT refused: %s", self._peer, e.message)
             await self._pipeline.put(_Fatal(e))
             return False
@@ -390,6 +400,7 @@ class StompListener:
         self.max_headers = max_headers
         self.heartbeat = heartbeat
         self.connect_timeout = limits.login_timeout
+        self.connections = limits.connections
         self.max_login_frame = limits.max_login_frame
         self.server_name = server_name
         self._server: asyncio.Server | None = None
@@ -413,6 +424,7 @@ class StompListener:
         except Exception:
             log.exception("stomp connection failed unexpectedly")
         finally:
+            session.release()
             self._sessions.pop(session, None)
 
     async def close(self) -> None:
