@@ -20,6 +20,7 @@ from protocols._limits import (
     DEFAULT_MAX_CONNECTIONS,
     DEFAULT_MAX_CONNECTIONS_PER_USER,
     DEFAULT_MAX_LOGIN_FRAME,
+    DEFAULT_MAX_UNCONFIRMED_BYTES,
     ConnectionCounter,
     ConnectionLimits,
 )
@@ -67,12 +68,14 @@ class GatewayConfig:
     max_connections_per_user: int = DEFAULT_MAX_CONNECTIONS_PER_USER
     login_timeout: float = DEFAULT_LOGIN_TIMEOUT
     max_login_frame: int = DEFAULT_MAX_LOGIN_FRAME
+    max_unconfirmed_bytes: int = DEFAULT_MAX_UNCONFIRMED_BYTES
 
     def connection_limits(self) -> ConnectionLimits:
         """The bounds every listener enforces, with one connection counter for them all."""
         return ConnectionLimits(
             login_timeout=self.login_timeout,
             max_login_frame=self.max_login_frame,
+            max_unconfirmed_bytes=self.max_unconfirmed_bytes,
             connections=ConnectionCounter(self.max_connections, self.max_connections_per_user),
         )
 

@@ -3,7 +3,9 @@
 Requests are handled as they arrive. PUBLISH is pipelined: each one runs in its own task,
 and because ``Broker.publish`` hands its messages to the store's group commit before its
 first suspension, tasks started in arrival order are stored in arrival order; PUBLISH_OK
-goes out when the commit is done. Deliveries come from the group runtimes through
+goes out when the commit is done. The payload bytes of PUBLISHes not yet confirmed are
+held in a ``ByteBudget``: when it is spent the read loop waits for confirms instead of
+reading (and spawning) more. Deliveries come from the group runtimes through
 ``_FlowOutput`` and are written straight to the transport: the flow's window bounds how
 much can be outstanding. A socket that drops unbinds its flows (their partitions enter the
 rebalance delay), exactly like UNBIND without shutdown.
@@ -24,7 +26,7 @@ from core import actions
 from core.errors import InvalidArgument, KeygateError, Unavailable
 from core.model import Publication, QueueConfig
 from gateway.broker import Broker
-from protocols._limits import DEFAULT_LIMITS, ConnectionLimits
+from protocols._limits import DEFAULT_LIMITS, ByteBudget, ConnectionLimits
 from protocols.native.connection import ConnectionState, ServerConnection
 from protocols.native.events import (
     DEFAULT_MAX_FRAME,
@@ -145,6 +147,7 @@ class _Session:
         self.outgoing: list[bytes] = []
         self.session_id = uuid.uuid4().hex
         self.admission = listener.limits.connections.open()
+        self.unconfirmed = ByteBudget(listener.limits.max_unconfirmed_bytes)
 
     def send(self, event: Event) -> None:
         """Encode now, write once per event-loop turn: replies and deliveries produced in
@@ -227,6 +230,8 @@ class _Session:
                 case Publish():
                     if self.listener.closing:
                         raise Unavailable("the gateway is shutting down")
+                    # Waiting here stops the read loop: back-pressure, not buffering.
+                    await self.unconfirmed.acquire(len(event.payload))
                     self.spawn(self.publish(event))
                 case Ack():
                     self.broker.ack(event.flow_id, event.message_ids)
@@ -284,6 +289,15 @@ class _Session:
         self.send(self.conn.accept(self.listener.server_name, self.session_id))
 
     async def publish(self, event: Publish) -> None:
+        try:
+            await self._publish(event)
+        finally:
+            self.unconfirmed.release(len(event.payload))
+            self.listener.unconfirmed_peak = max(
+                self.listener.unconfirmed_peak, self.unconfirmed.peak
+            )
+
+    async def _publish(self, event: Publish) -> None:
         assert self.principal is not None
         try:
             receipt = await self.broker.publish(
@@ -386,6 +400,9 @@ class NativeListener:
     ) -> None:
         self.broker = broker
         self.limits = limits
+        # The most bytes of unconfirmed publishes any connection has held (never above
+        # limits.max_unconfirmed_bytes, or one message when a message is larger).
+        self.unconfirmed_peak = 0
         self.server_name = server_name
         self.max_frame = max_frame
         self._server: asyncio.Server | None = None

@@ -8,6 +8,12 @@ raises ``ConnectionLimitReached`` when the total is over ``max_connections`` or 
 already has ``max_connections_per_user`` logged-in connections, and the listener refuses
 the login with its protocol's error. ``release`` (idempotent) gives both counts back.
 
+Unconfirmed publishes: a ``ByteBudget`` per connection counts the bytes of publishes
+received and not yet confirmed. The reader awaits ``acquire`` before taking the next
+publish, so when the budget is spent the socket is not read until confirms free space
+(back-pressure through TCP) instead of buffering without bound. ``peak`` records the
+most ever held, for tests and metrics.
+
 Before login (MQTT CONNECT, AMQP connection.start-ok/tune-ok/open, STOMP CONNECT, native
 HELLO) a peer gets ``login_timeout`` seconds and frames of at most ``max_login_frame``
 bytes; after login the protocol's negotiated frame size applies. Each listener takes a
@@ -24,6 +30,7 @@ never an exception that kills a reader task.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -37,6 +44,32 @@ DEFAULT_MAX_CONNECTIONS: Final = 10_000
 DEFAULT_MAX_CONNECTIONS_PER_USER: Final = 1_000
 DEFAULT_LOGIN_TIMEOUT: Final = 10.0
 DEFAULT_MAX_LOGIN_FRAME: Final = 64 * 1024
+DEFAULT_MAX_UNCONFIRMED_BYTES: Final = 16 * 1024 * 1024
+
+
+class ByteBudget:
+    """Bytes one connection holds for publishes not yet confirmed (see the module doc).
+
+    One publish larger than the whole budget is still let through when nothing else is
+    held, so every message the protocol allows can be sent."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+        self.peak = 0
+        self._freed = asyncio.Event()
+
+    async def acquire(self, size: int) -> None:
+        """Wait until ``size`` more bytes fit, then hold them."""
+        while self.held and self.held + size > self.limit:
+            self._freed.clear()
+            await self._freed.wait()
+        self.held += size
+        self.peak = max(self.peak, self.held)
+
+    def release(self, size: int) -> None:
+        self.held -= size
+        self._freed.set()
 
 
 class ConnectionCounter:
@@ -104,6 +137,8 @@ class ConnectionLimits:
     """Seconds from accept until the login frame must have been received."""
     max_login_frame: int = DEFAULT_MAX_LOGIN_FRAME
     """The largest frame accepted before login, in bytes."""
+    max_unconfirmed_bytes: int = DEFAULT_MAX_UNCONFIRMED_BYTES
+    """Per connection: bytes of publishes received and not yet confirmed."""
     connections: ConnectionCounter = field(default_factory=ConnectionCounter)
     """Shared by every listener given these limits."""
 
@@ -127,9 +162,11 @@ __all__ = [
     "DEFAULT_MAX_CONNECTIONS",
     "DEFAULT_MAX_CONNECTIONS_PER_USER",
     "DEFAULT_MAX_LOGIN_FRAME",
+    "DEFAULT_MAX_UNCONFIRMED_BYTES",
     "INT64_MAX",
     "MAX_DECIMAL_DIGITS",
     "Admission",
+    "ByteBudget",
     "ConnectionCounter",
     "ConnectionLimits",
     "parse_decimal",

@@ -11,6 +11,7 @@ import pika
 import pytest
 
 from gateway.client import Client
+from gateway.native_listener import NativeListener
 from gateway.server import Gateway
 from tests.integration.conftest import native_url, start_gateway
 
@@ -146,3 +147,25 @@ async def test_a_login_frame_over_64_kib_closes_the_connection(
         confirmed = await client.publish("orders", b"after", key="k")
         consumer = await client.subscribe("orders", group="g")
         assert (await consumer.receive(timeout=5)).message_id == confirmed
+
+
+async def test_a_publisher_flooding_unconfirmed_publishes_is_held_to_the_byte_budget(
+    db_url: str,
+) -> None:
+    budget = 64 * 1024
+    gw = await start_gateway(db_url, max_unconfirmed_bytes=budget)
+    try:
+        async with Client(native_url(gw)) as client:
+            await client.declare_queue("orders", partitions=4)
+            payloads = [b"%05d" % i + b"x" * 4091 for i in range(600)]  # 2.4 MB in flight
+            confirmed = await asyncio.gather(
+                *(client.publish("orders", p, key=f"k{i % 7}") for i, p in enumerate(payloads))
+            )
+            consumer = await client.subscribe("orders", group="g", window=1000)
+            got = {(await consumer.receive(timeout=10)).message_id for _ in confirmed}
+        assert got == set(confirmed)
+        native = gw._listeners["native"]
+        assert isinstance(native, NativeListener)
+        assert 0 < native.unconfirmed_peak <= budget
+    finally:
+        await gw.stop()
