@@ -31,9 +31,15 @@ from core.errors import (
     NotFound,
     PermissionDenied,
 )
-from protocols._limits import DEFAULT_MAX_LOGIN_FRAME
+from protocols._limits import DEFAULT_MAX_LOGIN_FRAME, DEFAULT_MAX_UNCONFIRMED_BYTES
 from protocols.amqp import events as ev
-from protocols.amqp.channel import Channel, ChannelState, Content, confirm_frames
+from protocols.amqp.channel import (
+    Channel,
+    ChannelState,
+    Content,
+    confirm_frames,
+    partial_body_bytes,
+)
 from protocols.amqp.codec import BadProtocolHeader, Frame, FrameReader, content_frames, method_frame
 from protocols.amqp.constants import FRAME_MIN_SIZE, PROTOCOL_HEADER, ReplyCode
 from protocols.amqp.errors import AmqpChannelError, AmqpConnectionError, AmqpError, reply_for
@@ -83,7 +89,11 @@ class AmqpConnection:
         heartbeat: int,
         max_message_size: int,
         max_login_frame: int = DEFAULT_MAX_LOGIN_FRAME,
+        max_unconfirmed_bytes: int = DEFAULT_MAX_UNCONFIRMED_BYTES,
     ) -> None:
+        # Bytes of publishes held before they are stored: completed ones (the listener
+        # stops reading above it) and partial bodies across all channels (refused above it).
+        self.max_unconfirmed_bytes = max_unconfirmed_bytes
         self.exchanges = exchanges
         self.frame_max = frame_max
         self.channel_max = channel_max
@@ -478,6 +488,8 @@ class AmqpConnection:
     def _on_content(
         self, channel: Channel, payload: header.ContentHeader | body.ContentBody
     ) -> None:
+        if isinstance(payload, header.ContentHeader):
+            self._check_partial_bytes(channel, payload.body_size)
         content = channel.receive_content(payload, self.max_message_size)
         if content is None:
             return
@@ -487,6 +499,18 @@ class AmqpConnection:
         except AmqpChannelError as e:
             e.class_id, e.method_id = commands.Basic.Publish.index >> 16, 40
             self._soft_error(channel, e)
+
+    def _check_partial_bytes(self, channel: Channel, body_size: int) -> None:
+        """Refuse a body that, with the bodies other channels are still receiving, is over
+        the budget: 2047 channels x one partial 5 MiB body each must not be held at once.
+        The reader cannot wait for room here (the frames that finish the other bodies are
+        behind this one), so the connection is closed with 506 resource-error."""
+        partial = partial_body_bytes(self._channels.values(), channel)
+        if partial and partial + body_size > self.max_unconfirmed_bytes:
+            raise AmqpConnectionError(
+                ReplyCode.RESOURCE_ERROR,
+                f"partial message bodies across channels over {self.max_unconfirmed_bytes} bytes",
+            )
 
     def _send_return(self, channel: Channel, publish: ev.Publish, code: int, text: str) -> None:
         method = commands.Basic.Return(code, text, publish.exchange, publish.routing_key)

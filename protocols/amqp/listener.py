@@ -45,7 +45,6 @@ logger = logging.getLogger("keygate.amqp")
 _BATCH: Final = 1000
 # Stop reading from a connection while this much is queued for the worker.
 _MAX_PENDING_OPS: Final = 5000
-_MAX_PENDING_BYTES: Final = 64 * 1024 * 1024
 _READ_SIZE: Final = 256 * 1024
 _CLOSE_TIMEOUT: Final = 3.0
 _DRAIN_TIMEOUT: Final = 30.0
@@ -150,7 +149,10 @@ class _Session:
                 self._wake.set()
             self.flush()
             await self._writer.drain()
-            while len(self._ops) > _MAX_PENDING_OPS or self._pending_bytes > _MAX_PENDING_BYTES:
+            while (
+                len(self._ops) > _MAX_PENDING_OPS
+                or self._pending_bytes > self.connection.max_unconfirmed_bytes
+            ):
                 self._room.clear()
                 await self._room.wait()
 
@@ -336,6 +338,7 @@ class AmqpListener:
             heartbeat=self._heartbeat,
             max_message_size=self.sink.max_message_size,
             max_login_frame=self.limits.max_login_frame,
+            max_unconfirmed_bytes=self.limits.max_unconfirmed_bytes,
         )
         admission = self.limits.connections.open()
         session = _Session(
