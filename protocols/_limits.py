@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from core.errors import ConnectionLimitReached
+from core.model import Publication
 
 MAX_DECIMAL_DIGITS: Final = 18
 """The longest decimal a header may hold: every value below 10**18 fits in an int64."""
@@ -146,6 +147,17 @@ class ConnectionLimits:
 DEFAULT_LIMITS: Final = ConnectionLimits()
 
 
+def publication_bytes(publication: Publication) -> int:
+    """What a publication costs in memory, about: its payload plus every text field and
+    property (names and values), so a message of large headers counts as large."""
+    p = publication
+    texts = (p.queue, p.topic, p.key, p.producer, p.dedup_id, p.content_type, p.correlation_id)
+    size = len(p.payload) + sum(len(t) for t in (*texts, p.reply_to, p.app_id) if t is not None)
+    for name, value in p.properties.items():
+        size += len(name) + (len(value) if isinstance(value, str | bytes) else 8)
+    return size
+
+
 def parse_decimal(raw: str, maximum: int = INT64_MAX) -> int | None:
     """The non-negative integer ``raw`` spells, or None when it is not one or is over
     ``maximum``. Surrounding spaces are not allowed; the caller strips where its
@@ -170,4 +182,5 @@ __all__ = [
     "ConnectionCounter",
     "ConnectionLimits",
     "parse_decimal",
+    "publication_bytes",
 ]

@@ -34,7 +34,7 @@ from typing import Final, TypeAlias
 
 from core.errors import ConnectionLimitReached, KeygateError, StorageError, Unavailable
 from core.model import Publication
-from protocols._limits import DEFAULT_LIMITS, ConnectionLimits
+from protocols._limits import DEFAULT_LIMITS, ConnectionLimits, publication_bytes
 from protocols.sink import Principal, Sink
 from protocols.stomp.codec import DEFAULT_MAX_HEADERS
 from protocols.stomp.connection import (
@@ -53,7 +53,6 @@ log = logging.getLogger(__name__)
 READ_SIZE: Final = 256 * 1024
 HEADER_ALLOWANCE: Final = 64 * 1024  # frame size beyond the largest message body
 MAX_PENDING_OPS: Final = 4096
-MAX_PENDING_BYTES: Final = 16 * 1024 * 1024
 MAX_BATCH: Final = 1024
 MAX_BATCH_BYTES: Final = 4 * 1024 * 1024
 WRITE_QUEUE_DEPTH: Final = 1024
@@ -82,24 +81,26 @@ _Op: TypeAlias = Publish | Commit | ReceiptRequest | Disconnect | _Fatal | _End
 
 
 def _op_size(op: _Op) -> int:
+    # Headers count: a SEND of small body and 64 KiB of headers is not free.
     if isinstance(op, Publish):
-        return len(op.publication.payload)
+        return publication_bytes(op.publication)
     if isinstance(op, Commit):
-        return sum(len(p.payload) for p in op.publications)
+        return sum(publication_bytes(p) for p in op.publications)
     return 0
 
 
 class _Pipeline:
     """The ordered, bounded queue between a session's reader and its worker."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_bytes: int) -> None:
         self._ops: deque[_Op] = deque()
         self._bytes = 0
+        self._max_bytes = max_bytes
         self._ready = asyncio.Event()
         self._space = asyncio.Event()
 
     async def put(self, op: _Op) -> None:
-        while self._ops and (len(self._ops) >= MAX_PENDING_OPS or self._bytes >= MAX_PENDING_BYTES):
+        while self._ops and (len(self._ops) >= MAX_PENDING_OPS or self._bytes >= self._max_bytes):
             self._space.clear()
             await self._space.wait()
         self.put_nowait(op)
@@ -149,7 +150,7 @@ class _Session:
             heartbeat=listener.heartbeat,
             max_login_frame=listener.max_login_frame,
         )
-        self._pipeline = _Pipeline()
+        self._pipeline = _Pipeline(listener.max_unconfirmed_bytes)
         self._writes: asyncio.Queue[bytes | None] = asyncio.Queue(WRITE_QUEUE_DEPTH)
         self._principal = Principal(None, "stomp")
         self._loop = asyncio.get_running_loop()
@@ -401,6 +402,7 @@ class StompListener:
         self.heartbeat = heartbeat
         self.connect_timeout = limits.login_timeout
         self.connections = limits.connections
+        self.max_unconfirmed_bytes = limits.max_unconfirmed_bytes
         self.max_login_frame = limits.max_login_frame
         self.server_name = server_name
         self._server: asyncio.Server | None = None

@@ -5,10 +5,12 @@ clients keep publishing and consuming."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 
 import pika
 import pytest
+import stomp
 
 from gateway.client import Client
 from gateway.native_listener import NativeListener
@@ -167,5 +169,49 @@ async def test_a_publisher_flooding_unconfirmed_publishes_is_held_to_the_byte_bu
         native = gw._listeners["native"]
         assert isinstance(native, NativeListener)
         assert 0 < native.unconfirmed_peak <= budget
+    finally:
+        await gw.stop()
+
+
+def _stomp_flood(port: int, count: int) -> str:
+    """Send ``count`` SENDs with 8 KiB of headers each, a receipt on the last."""
+    conn = stomp.Connection12([("127.0.0.1", port)], reconnect_attempts_max=1)
+    receipts: list[str] = []
+    conn.set_listener("r", _ReceiptRecorder(receipts))
+    conn.connect(wait=True)
+    try:
+        for i in range(count):
+            headers = {"JMSXGroupID": f"k{i % 5}", "x-pad": "p" * 8192}
+            if i == count - 1:
+                headers["receipt"] = "last"
+            conn.send("/queue/orders", b"%d" % i, headers=headers)
+        deadline = time.monotonic() + 30
+        while not receipts and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        conn.disconnect()
+    return receipts[0] if receipts else "no receipt"
+
+
+class _ReceiptRecorder(stomp.ConnectionListener):  # type: ignore[misc]
+    def __init__(self, receipts: list[str]) -> None:
+        self.receipts = receipts
+
+    def on_receipt(self, frame: stomp.utils.Frame) -> None:
+        self.receipts.append(frame.headers["receipt-id"])
+
+
+async def test_a_stomp_flood_of_large_headers_under_a_small_budget_is_all_stored(
+    db_url: str,
+) -> None:
+    gw = await start_gateway(db_url, max_unconfirmed_bytes=64 * 1024)
+    try:
+        async with Client(native_url(gw)) as client:
+            await client.declare_queue("orders", partitions=2)
+            receipt = await asyncio.to_thread(_stomp_flood, gw.ports["stomp"], 300)
+            consumer = await client.subscribe("orders", group="g", window=1000)
+            got = {(await consumer.receive(timeout=10)).payload for _ in range(300)}
+        assert receipt == "last"
+        assert got == {b"%d" % i for i in range(300)}
     finally:
         await gw.stop()
