@@ -38,7 +38,7 @@ from core.errors import (
     Unavailable,
 )
 from core.model import Publication
-from protocols._limits import DEFAULT_LIMITS, ConnectionLimits
+from protocols._limits import DEFAULT_LIMITS, ByteBudget, ConnectionLimits, publication_bytes
 from protocols.mqtt.connection import (
     ConnectRequest,
     Limits,
@@ -112,6 +112,8 @@ class _Client:
         # Free places in the pipeline; taken before a publish starts, so a cancelled
         # reader never leaves a started publish outside the pipeline.
         self._slots = asyncio.Semaphore(listener.limits.receive_maximum)
+        # Receive Maximum bounds the count of publishes in flight, this their bytes.
+        self._unconfirmed = ByteBudget(listener.max_unconfirmed_bytes)
         # Publishes in arrival order; None marks the end of the connection.
         self._pipeline: deque[tuple[PublishRequest, asyncio.Task[_Outcome]] | None] = deque()
         self._pipeline_grew = asyncio.Event()
@@ -215,6 +217,7 @@ class _Client:
                         await self._on_connect(event)
                     else:
                         await self._slots.acquire()
+                        await self._unconfirmed.acquire(publication_bytes(event.publication))
                         self._append((event, self._start_publish(event)))
                 await self._flush()
                 if conn.state is State.CONNECTED:
@@ -309,6 +312,7 @@ class _Client:
             outcome = await task
             pipeline.popleft()
             self._slots.release()
+            self._unconfirmed.release(publication_bytes(request.publication))
             if outcome.reason >= 0x80 or outcome.reason == ReasonCode.NO_MATCHING_SUBSCRIBERS:
                 log.info(
                     "mqtt %s: publish to %r not stored: %s",
@@ -368,6 +372,7 @@ class MqttListener:
         )
         self.connect_timeout = limits.login_timeout
         self.connections = limits.connections
+        self.max_unconfirmed_bytes = limits.max_unconfirmed_bytes
         self.sessions = SessionStore()
         self.stats = MqttStats()
         self._server: asyncio.Server | None = None

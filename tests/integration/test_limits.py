@@ -8,9 +8,11 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 
+import paho.mqtt.client as paho
 import pika
 import pytest
 import stomp
+from paho.mqtt.enums import CallbackAPIVersion
 
 from gateway.client import Client
 from gateway.native_listener import NativeListener
@@ -213,5 +215,41 @@ async def test_a_stomp_flood_of_large_headers_under_a_small_budget_is_all_stored
             got = {(await consumer.receive(timeout=10)).payload for _ in range(300)}
         assert receipt == "last"
         assert got == {b"%d" % i for i in range(300)}
+    finally:
+        await gw.stop()
+
+
+def _mqtt_flood(port: int, count: int) -> int:
+    """Publish ``count`` QoS 1 messages of 4 KiB without waiting; the PUBACKs received."""
+    acked: list[int] = []
+    client = paho.Client(CallbackAPIVersion.VERSION2, client_id="flood", protocol=paho.MQTTv5)
+    client.on_publish = lambda c, u, mid, rc, p: acked.append(mid)
+    client.max_inflight_messages_set(count)
+    client.connect("127.0.0.1", port)
+    client.loop_start()
+    try:
+        for i in range(count):
+            client.publish("orders/in", b"%05d" % i + b"x" * 4091, qos=1)
+        deadline = time.monotonic() + 30
+        while len(acked) < count and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        client.disconnect()
+        client.loop_stop()
+    return len(acked)
+
+
+async def test_an_mqtt_flood_of_qos1_publishes_under_a_small_budget_is_all_stored(
+    db_url: str,
+) -> None:
+    gw = await start_gateway(db_url, max_unconfirmed_bytes=64 * 1024)
+    try:
+        async with Client(native_url(gw)) as client:
+            await client.declare_queue("orders", partitions=2, subscriptions=["orders/#"])
+            acked = await asyncio.to_thread(_mqtt_flood, gw.ports["mqtt"], 500)
+            consumer = await client.subscribe("orders", group="g", window=1000)
+            got = {(await consumer.receive(timeout=10)).payload[:5] for _ in range(500)}
+        assert acked == 500
+        assert got == {b"%05d" % i for i in range(500)}
     finally:
         await gw.stop()
