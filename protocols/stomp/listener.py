@@ -237,6 +237,10 @@ class _Session:
             )
         except OSError as e:
             log.info("stomp %s: read failed: %s", self._peer, e)
+        except Exception:
+            # A bug, not the peer's fault: the connection still ends instead of staying
+            # open with nobody reading it.
+            log.exception("stomp %s: reader failed", self._peer)
         if conn.state is not State.CLOSED:
             self._pipeline.put_nowait(_End())
 
