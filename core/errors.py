@@ -27,6 +27,7 @@ code their wire needs.
     │   ├── StorageUnavailable          the database could not be reached (retry later)
     │   └── Fenced                      this gateway lost the gateway lease to another
     ├── Unavailable                503  shutting down / standby gateway
+    │   └── ConnectionLimitReached      too many connections in total or for the user
     └── ProtocolError              400  malformed input from a peer (subclassed per protocol)
 """
 
@@ -162,6 +163,12 @@ class Unavailable(KeygateError):
     status = 503
 
 
+class ConnectionLimitReached(Unavailable):
+    """The gateway's total or the user's connection limit is reached; the login is refused."""
+
+    code = "connection-limit"
+
+
 class ProtocolError(KeygateError):
     """Malformed or out-of-order input from a peer. Subclasses add the wire's own code."""
 
@@ -174,6 +181,7 @@ __all__ = [
     "AuthError",
     "AuthenticationFailed",
     "Conflict",
+    "ConnectionLimitReached",
     "Fenced",
     "GroupLeased",
     "GroupNotFound",

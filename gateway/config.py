@@ -15,6 +15,15 @@ from pathlib import Path
 from typing import Any, Final
 
 from core.errors import InvalidArgument
+from protocols._limits import (
+    DEFAULT_LOGIN_TIMEOUT,
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MAX_CONNECTIONS_PER_USER,
+    DEFAULT_MAX_LOGIN_FRAME,
+    DEFAULT_MAX_UNCONFIRMED_BYTES,
+    ConnectionCounter,
+    ConnectionLimits,
+)
 
 PLAIN_LISTENERS: Final = ("native", "mqtt", "amqp", "stomp", "http")
 # Each plain listener has a TLS twin, ``<name>_tls``, started only when a certificate is set.
@@ -94,6 +103,21 @@ class GatewayConfig:
     log_level: str = "INFO"
     log_json: bool = False
     name: str = "keygate"
+    # Limits (docs/operations.md, "Limits"): what one client can make the gateway hold.
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    max_connections_per_user: int = DEFAULT_MAX_CONNECTIONS_PER_USER
+    login_timeout: float = DEFAULT_LOGIN_TIMEOUT
+    max_login_frame: int = DEFAULT_MAX_LOGIN_FRAME
+    max_unconfirmed_bytes: int = DEFAULT_MAX_UNCONFIRMED_BYTES
+
+    def connection_limits(self) -> ConnectionLimits:
+        """The bounds every listener enforces, with one connection counter for them all."""
+        return ConnectionLimits(
+            login_timeout=self.login_timeout,
+            max_login_frame=self.max_login_frame,
+            max_unconfirmed_bytes=self.max_unconfirmed_bytes,
+            connections=ConnectionCounter(self.max_connections, self.max_connections_per_user),
+        )
 
     def port(self, listener: str) -> int | None:
         return self.ports.get(listener)

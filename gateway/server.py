@@ -38,6 +38,7 @@ from gateway.http import AdminServer
 from gateway.metrics import Metrics
 from gateway.security import check_security
 from gateway.standby import StandbyHealth
+from protocols._limits import ConnectionLimits
 from protocols.native.listener import NativeListener
 from protocols.sink import Listener
 from storage.base import GatewayLease
@@ -59,37 +60,46 @@ class PortInUse(KeygateError):
 
 
 def _listener(
-    protocol: str, broker: Broker, config: GatewayConfig, ports: Mapping[str, int]
+    protocol: str,
+    broker: Broker,
+    config: GatewayConfig,
+    ports: Mapping[str, int],
+    limits: ConnectionLimits,
 ) -> Listener:
     # Imported here so that a protocol package is only loaded when its listener is on.
     if protocol == "native":
         return NativeListener(
-            broker, server_name=config.name, write_buffer=config.consumer_write_buffer
+            broker,
+            server_name=config.name,
+            write_buffer=config.consumer_write_buffer,
+            limits=limits,
         )
     if protocol == "mqtt":
         from protocols.mqtt import MqttListener
 
-        return MqttListener(broker)
+        return MqttListener(broker, limits=limits)
     if protocol == "amqp":
         from protocols.amqp import AmqpListener
 
-        return AmqpListener(broker)
+        return AmqpListener(broker, limits=limits)
     if protocol == "stomp":
         from protocols.stomp import StompListener
 
-        return StompListener(broker)
+        return StompListener(broker, limits=limits)
     return AdminServer(broker, ports=ports)
 
 
 def _listeners(
     broker: Broker, config: GatewayConfig, ports: Mapping[str, int]
 ) -> dict[str, Listener]:
-    """Every enabled listener by name; a ``<protocol>_tls`` twin only with a certificate."""
+    """Every enabled listener by name; a ``<protocol>_tls`` twin only with a certificate.
+    They share one set of limits, so connections are counted across all of them."""
+    limits = config.connection_limits()
     out: dict[str, Listener] = {}
     for name in LISTENERS:
         if config.port(name) is None or (name in TLS_LISTENERS and not config.tls_cert):
             continue
-        out[name] = _listener(name.removesuffix("_tls"), broker, config, ports)
+        out[name] = _listener(name.removesuffix("_tls"), broker, config, ports, limits)
     return out
 
 

@@ -155,4 +155,14 @@ def confirm_frames(settled: Iterable[tuple[int, bool]]) -> list[base.Frame]:
     return frames
 
 
-__all__ = ["Channel", "ChannelState", "Content", "confirm_frames"]
+def partial_body_bytes(channels: Iterable[Channel], but: Channel) -> int:
+    """Body bytes announced by the content headers of messages still being received on
+    ``channels`` other than ``but`` (bodies over max_message_size are not kept)."""
+    return sum(
+        c.content.body_size
+        for c in channels
+        if c is not but and c.content is not None and c.content.too_large is None
+    )
+
+
+__all__ = ["Channel", "ChannelState", "Content", "confirm_frames", "partial_body_bytes"]

@@ -23,10 +23,24 @@ from typing import Any, Final
 
 from pamqp import base, body, commands, header, heartbeat
 
-from core.errors import KeygateError, MessageTooLarge, NoRoute, NotFound, PermissionDenied
+from core.errors import (
+    ConnectionLimitReached,
+    KeygateError,
+    MessageTooLarge,
+    NoRoute,
+    NotFound,
+    PermissionDenied,
+)
+from protocols._limits import DEFAULT_MAX_LOGIN_FRAME, DEFAULT_MAX_UNCONFIRMED_BYTES
 from protocols.amqp import events as ev
 from protocols.amqp.arguments import declared_queue
-from protocols.amqp.channel import Channel, ChannelState, Content, confirm_frames
+from protocols.amqp.channel import (
+    Channel,
+    ChannelState,
+    Content,
+    confirm_frames,
+    partial_body_bytes,
+)
 from protocols.amqp.codec import BadProtocolHeader, Frame, FrameReader, content_frames, method_frame
 from protocols.amqp.constants import FRAME_MIN_SIZE, PROTOCOL_HEADER, ReplyCode
 from protocols.amqp.errors import AmqpChannelError, AmqpConnectionError, AmqpError, reply_for
@@ -74,7 +88,12 @@ class AmqpConnection:
         channel_max: int,
         heartbeat: int,
         max_message_size: int,
+        max_login_frame: int = DEFAULT_MAX_LOGIN_FRAME,
+        max_unconfirmed_bytes: int = DEFAULT_MAX_UNCONFIRMED_BYTES,
     ) -> None:
+        # Bytes of publishes held before they are stored: completed ones (the listener
+        # stops reading above it) and partial bodies across all channels (refused above it).
+        self.max_unconfirmed_bytes = max_unconfirmed_bytes
         self.exchanges = exchanges
         self.frame_max = frame_max
         self.channel_max = channel_max
@@ -84,7 +103,8 @@ class AmqpConnection:
         self.username: str | None = None
         self._admin = False  # set by authenticated(): may create and delete exchanges
         self.client_id: str | None = None
-        self._reader = FrameReader(frame_max)
+        # Until tune-ok the peer may send only login-sized frames (the spec allows 4096).
+        self._reader = FrameReader(max(FRAME_MIN_SIZE, min(max_login_frame, frame_max)))
         self._out: list[bytes] = []
         self._events: deque[ev.Event] = deque()
         self._channels: dict[int, Channel] = {}
@@ -163,7 +183,13 @@ class AmqpConnection:
         self._admin = admin
         self.username = username or self.username
         if error is not None:
-            self._hard_error(AmqpConnectionError(ReplyCode.ACCESS_REFUSED, error.message, 10, 11))
+            # RabbitMQ answers a reached connection limit with 530, bad credentials with 403.
+            refusal = (
+                ReplyCode.NOT_ALLOWED
+                if isinstance(error, ConnectionLimitReached)
+                else ReplyCode.ACCESS_REFUSED
+            )
+            self._hard_error(AmqpConnectionError(refusal, error.message, 10, 11))
             return
         self._send(0, commands.Connection.Tune(self.channel_max, self.frame_max, self.heartbeat))
         self.state = State.AWAIT_TUNE_OK
@@ -490,6 +516,8 @@ class AmqpConnection:
     def _on_content(
         self, channel: Channel, payload: header.ContentHeader | body.ContentBody
     ) -> None:
+        if isinstance(payload, header.ContentHeader):
+            self._check_partial_bytes(channel, payload.body_size)
         content = channel.receive_content(payload, self.max_message_size)
         if content is None:
             return
@@ -499,6 +527,18 @@ class AmqpConnection:
         except AmqpChannelError as e:
             e.class_id, e.method_id = commands.Basic.Publish.index >> 16, 40
             self._soft_error(channel, e)
+
+    def _check_partial_bytes(self, channel: Channel, body_size: int) -> None:
+        """Refuse a body that, with the bodies other channels are still receiving, is over
+        the budget: 2047 channels x one partial 5 MiB body each must not be held at once.
+        The reader cannot wait for room here (the frames that finish the other bodies are
+        behind this one), so the connection is closed with 506 resource-error."""
+        partial = partial_body_bytes(self._channels.values(), channel)
+        if partial and partial + body_size > self.max_unconfirmed_bytes:
+            raise AmqpConnectionError(
+                ReplyCode.RESOURCE_ERROR,
+                f"partial message bodies across channels over {self.max_unconfirmed_bytes} bytes",
+            )
 
     def _send_return(self, channel: Channel, publish: ev.Publish, code: int, text: str) -> None:
         method = commands.Basic.Return(code, text, publish.exchange, publish.routing_key)

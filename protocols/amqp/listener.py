@@ -25,6 +25,7 @@ from collections import deque
 from typing import Final
 
 from core.errors import (
+    ConnectionLimitReached,
     InvalidArgument,
     KeygateError,
     PermissionDenied,
@@ -33,6 +34,7 @@ from core.errors import (
     Unavailable,
 )
 from core.model import QueueConfig
+from protocols._limits import DEFAULT_LIMITS, Admission, ConnectionLimits
 from protocols.amqp import events as ev
 from protocols.amqp.arguments import check_equivalent
 from protocols.amqp.codec import HEARTBEAT_FRAME
@@ -47,9 +49,7 @@ logger = logging.getLogger("keygate.amqp")
 _BATCH: Final = 1000
 # Stop reading from a connection while this much is queued for the worker.
 _MAX_PENDING_OPS: Final = 5000
-_MAX_PENDING_BYTES: Final = 64 * 1024 * 1024
 _READ_SIZE: Final = 256 * 1024
-_HANDSHAKE_TIMEOUT: Final = 30.0
 _CLOSE_TIMEOUT: Final = 3.0
 _DRAIN_TIMEOUT: Final = 30.0
 _BLOCKED_POLL: Final = 0.25
@@ -66,9 +66,14 @@ class _Session:
         connection: AmqpConnection,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
+        login_timeout: float,
+        admission: Admission,
     ) -> None:
         self.sink = sink
+        self._admission = admission
         self.connection = connection
+        # The whole handshake (header to connection.open) must finish by then.
+        self._login_deadline = asyncio.get_running_loop().time() + login_timeout
         self._reader = reader
         self._writer = writer
         self._ops: deque[ev.Authenticate | ev.Operation] = deque()
@@ -143,7 +148,7 @@ class _Session:
         if state is State.CLOSING:
             return _CLOSE_TIMEOUT
         if state is not State.OPEN:
-            return _HANDSHAKE_TIMEOUT
+            return max(0.0, self._login_deadline - asyncio.get_running_loop().time())
         # Two missed heartbeats mean the peer is gone (spec 4.2.7).
         return 2 * self.connection.heartbeat if self.connection.heartbeat else None
 
@@ -167,7 +172,10 @@ class _Session:
             await self._save_exchanges()
             self.flush()
             await self._writer.drain()
-            while len(self._ops) > _MAX_PENDING_OPS or self._pending_bytes > _MAX_PENDING_BYTES:
+            while (
+                len(self._ops) > _MAX_PENDING_OPS
+                or self._pending_bytes > self.connection.max_unconfirmed_bytes
+            ):
                 self._room.clear()
                 await self._room.wait()
 
@@ -227,9 +235,15 @@ class _Session:
                 logger.info("amqp login refused for %r from %s: %s", op.username, self.peer, e)
                 self.connection.authenticated(e)
             else:
-                admin = self.sink.may_administer(self._principal)
-                username = self._principal.username
-                self.connection.authenticated(None, admin=admin, username=username)
+                try:
+                    self._admission.login(self._principal.username)
+                except ConnectionLimitReached as e:
+                    logger.info("amqp login refused for %r from %s: %s", op.username, self.peer, e)
+                    self.connection.authenticated(e)
+                else:
+                    admin = self.sink.may_administer(self._principal)
+                    username = self._principal.username
+                    self.connection.authenticated(None, admin=admin, username=username)
             return
         assert self._principal is not None and not isinstance(op, ev.Publish)
         if not self.connection.is_current(op):
@@ -333,8 +347,10 @@ class AmqpListener:
         channel_max: int = 2047,
         heartbeat: int = 60,
         name: str = "amqp",
+        limits: ConnectionLimits = DEFAULT_LIMITS,
     ) -> None:
         self.name = name
+        self.limits = limits
         self.sink = sink
         self.exchanges = Exchanges()
         self._frame_max = frame_max
@@ -375,13 +391,19 @@ class AmqpListener:
             channel_max=self._channel_max,
             heartbeat=self._heartbeat,
             max_message_size=self.sink.max_message_size,
+            max_login_frame=self.limits.max_login_frame,
+            max_unconfirmed_bytes=self.limits.max_unconfirmed_bytes,
         )
-        session = _Session(self.sink, connection, reader, writer)
+        admission = self.limits.connections.open()
+        session = _Session(
+            self.sink, connection, reader, writer, self.limits.login_timeout, admission
+        )
         self._sessions.add(session)
         self._tasks.add(task)
         try:
             await session.run()
         finally:
+            admission.release()
             self._sessions.discard(session)
             self._tasks.discard(task)
 

@@ -15,6 +15,7 @@ from pamqp import commands
 
 from core.model import PropertyValue, Publication
 from core.schedule import DELAY_HEADER, delay_seconds
+from protocols._limits import parse_decimal
 from protocols.amqp.constants import ReplyCode
 from protocols.amqp.errors import AmqpChannelError
 
@@ -88,9 +89,10 @@ def to_publication(
     ttl = None
     expiration = _text(properties.expiration)
     if expiration is not None:
-        if not expiration.isdigit():
-            raise _precondition(f"invalid expiration {expiration!r}: milliseconds expected")
-        ttl = int(expiration) / 1000
+        millis = parse_decimal(expiration)
+        if millis is None:
+            raise _precondition(f"invalid expiration {expiration[:40]!r}: milliseconds expected")
+        ttl = millis / 1000
     return Publication(
         payload=payload,
         queue=queue,

@@ -22,6 +22,7 @@ from typing import Final, NoReturn
 
 from core.errors import InvalidArgument
 from core.model import Publication
+from protocols._limits import DEFAULT_MAX_LOGIN_FRAME
 from protocols.mqtt.codec import MqttCodec
 from protocols.mqtt.errors import MqttProtocolError, UnsupportedProtocolVersion
 from protocols.mqtt.mapping import delay_of, payload_format_valid, to_publication
@@ -63,6 +64,7 @@ _V3_RETURN_CODES: Final = {
     ReasonCode.SERVER_UNAVAILABLE: ConnectReturnCode.SERVER_UNAVAILABLE,
     ReasonCode.SERVER_BUSY: ConnectReturnCode.SERVER_UNAVAILABLE,
     ReasonCode.SERVER_SHUTTING_DOWN: ConnectReturnCode.SERVER_UNAVAILABLE,
+    ReasonCode.QUOTA_EXCEEDED: ConnectReturnCode.SERVER_UNAVAILABLE,
 }
 
 
@@ -98,6 +100,8 @@ class Limits:
     receive_maximum: int = 1024
     topic_alias_maximum: int = 64
     max_session_expiry: float = 7200.0
+    max_login_packet: int = DEFAULT_MAX_LOGIN_FRAME
+    """The largest packet accepted before CONNACK (the CONNECT, Will included)."""
 
 
 def _valid_topic_name(topic: str) -> bool:
@@ -108,7 +112,7 @@ class ServerConnection:
     def __init__(self, limits: Limits) -> None:
         self.limits = limits
         self.state = State.AWAIT_CONNECT
-        self.codec = MqttCodec(max_packet_size=limits.max_packet_size)
+        self.codec = MqttCodec(max_packet_size=min(limits.max_login_packet, limits.max_packet_size))
         self.client_id: str | None = None
         self.keep_alive = 0.0
         self.last_received = 0.0
@@ -264,6 +268,7 @@ class ServerConnection:
                 will.topic, will.payload, will.properties, retain=will.retain, client_id=client_id
             )
         self.state = State.CONNECTED
+        self.codec.max_packet_size = self.limits.max_packet_size
         props = MqttProperties()
         if self.v5:
             props = MqttProperties(

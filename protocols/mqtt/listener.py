@@ -27,6 +27,7 @@ from typing import Any, Final
 
 from core.errors import (
     AuthError,
+    ConnectionLimitReached,
     KeygateError,
     MessageTooLarge,
     NoRoute,
@@ -37,6 +38,7 @@ from core.errors import (
     Unavailable,
 )
 from core.model import Publication
+from protocols._limits import DEFAULT_LIMITS, ByteBudget, ConnectionLimits, publication_bytes
 from protocols.mqtt.connection import (
     ConnectRequest,
     Limits,
@@ -53,7 +55,6 @@ from protocols.sink import Principal, Sink, peer_identity
 log = logging.getLogger(__name__)
 
 READ_CHUNK: Final = 64 * 1024
-CONNECT_TIMEOUT: Final = 10.0
 WRITE_QUEUE: Final = 256
 # Room for the topic and properties around a payload of the sink's largest size.
 PACKET_OVERHEAD: Final = 64 * 1024
@@ -104,6 +105,7 @@ class _Client:
         self.reader = reader
         self.writer = writer
         self.conn = ServerConnection(listener.limits)
+        self.admission = listener.connections.open()
         self.principal: Principal | None = None
         self.loop = asyncio.get_running_loop()
         self.done = asyncio.Event()
@@ -111,6 +113,8 @@ class _Client:
         # Free places in the pipeline; taken before a publish starts, so a cancelled
         # reader never leaves a started publish outside the pipeline.
         self._slots = asyncio.Semaphore(listener.limits.receive_maximum)
+        # Receive Maximum bounds the count of publishes in flight, this their bytes.
+        self._unconfirmed = ByteBudget(listener.max_unconfirmed_bytes)
         # Publishes in arrival order; None marks the end of the connection.
         self._pipeline: deque[tuple[PublishRequest, asyncio.Task[_Outcome]] | None] = deque()
         self._pipeline_grew = asyncio.Event()
@@ -226,6 +230,7 @@ class _Client:
                         await self._on_connect(event)
                     else:
                         await self._slots.acquire()
+                        await self._unconfirmed.acquire(publication_bytes(event.publication))
                         self._append((event, self._start_publish(event)))
                 await self._flush()
                 if conn.state is State.CONNECTED:
@@ -268,6 +273,12 @@ class _Client:
         except KeygateError as e:
             log.warning("mqtt %s: cannot authenticate: %s", request.client_id, e.message)
             self.conn.refuse(ReasonCode.SERVER_UNAVAILABLE)
+            return
+        try:
+            self.admission.login(self.principal.username)
+        except ConnectionLimitReached as e:
+            log.info("mqtt %s: refused: %s", request.client_id, e.message)
+            self.conn.refuse(ReasonCode.QUOTA_EXCEEDED)
             return
         owner = self.principal.username
         if not listener.may_use(request.client_id, owner, self.loop.time()):
@@ -375,6 +386,7 @@ class _Client:
             outcome = await task
             pipeline.popleft()
             self._slots.release()
+            self._unconfirmed.release(publication_bytes(request.publication))
             if outcome.reason >= 0x80 or outcome.reason == ReasonCode.NO_MATCHING_SUBSCRIBERS:
                 log.info(
                     "mqtt %s: publish to %r not stored: %s",
@@ -432,13 +444,21 @@ class MqttListener:
         receive_maximum: int = 1024,
         topic_alias_maximum: int = 64,
         max_session_expiry: float = 7200.0,
-        connect_timeout: float = CONNECT_TIMEOUT,
+        limits: ConnectionLimits = DEFAULT_LIMITS,
     ) -> None:
         self.name = name
         self.sink = sink
         packet_size = max_packet_size or min(sink.max_message_size + PACKET_OVERHEAD, MAX_VBI)
-        self.limits = Limits(packet_size, receive_maximum, topic_alias_maximum, max_session_expiry)
-        self.connect_timeout = connect_timeout
+        self.limits = Limits(
+            packet_size,
+            receive_maximum,
+            topic_alias_maximum,
+            max_session_expiry,
+            limits.max_login_frame,
+        )
+        self.connect_timeout = limits.login_timeout
+        self.connections = limits.connections
+        self.max_unconfirmed_bytes = limits.max_unconfirmed_bytes
         self.sessions = SessionStore()
         self.stats = MqttStats()
         self._server: asyncio.Server | None = None
@@ -478,6 +498,7 @@ class MqttListener:
         try:
             await client.serve()
         finally:
+            client.admission.release()
             self._clients.discard(client)
 
     def may_use(self, client_id: str, username: str | None, now: float) -> bool:

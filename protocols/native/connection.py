@@ -196,8 +196,12 @@ class ServerConnection(_Connection):
     _ours = SERVER_EVENTS
     _theirs = CLIENT_EVENTS
 
-    def __init__(self, max_frame: int = DEFAULT_MAX_FRAME) -> None:
-        super().__init__(max_frame)
+    def __init__(
+        self, max_frame: int = DEFAULT_MAX_FRAME, *, max_login_frame: int = MIN_MAX_FRAME
+    ) -> None:
+        # Until HELLO_OK only a login-sized frame is read: nobody unauthenticated may make
+        # the gateway buffer a 16 MiB frame.
+        super().__init__(min(max_frame, max_login_frame))
         self._server_max_frame = max(MIN_MAX_FRAME, max_frame)
         self.hello: Hello | None = None
 

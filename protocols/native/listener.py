@@ -4,7 +4,9 @@ The listener talks to the gateway only through ``protocols.sink.Sink``. Requests
 handled as they arrive. PUBLISH is pipelined: each one runs in its own task, and because
 the sink's ``publish`` hands its messages to the store's group commit before its first
 suspension, tasks started in arrival order are stored in arrival order; PUBLISH_OK goes out
-when the commit is done. BIND gives the sink one ``_FlowOutput`` per flow; deliveries come
+when the commit is done. The payload bytes of PUBLISHes not yet confirmed are held in a
+``ByteBudget``: when it is spent the read loop waits for confirms instead of reading (and
+spawning) more. BIND gives the sink one ``_FlowOutput`` per flow; deliveries come
 through it and are written to the transport: the flow's window bounds how much can be
 outstanding. ACK, NACK, CREDIT and UNBIND become the sink's settle events; the sink refuses
 them for a flow bound by another connection (ERROR, the connection stays). A socket that
@@ -29,7 +31,8 @@ from core.errors import KeygateError, Unavailable
 from core.ingress import validate_client_name, validate_delay, validate_window
 from core.model import AckMode, Publication
 from protocols import sink
-from protocols.native.connection import ServerConnection
+from protocols._limits import DEFAULT_LIMITS, ByteBudget, ConnectionLimits
+from protocols.native.connection import ConnectionState, ServerConnection
 from protocols.native.events import (
     DEFAULT_MAX_FRAME,
     Ack,
@@ -127,12 +130,16 @@ class _Session:
         self.sink = listener.sink
         self.reader = reader
         self.writer = writer
-        self.conn = ServerConnection(listener.max_frame)
+        self.conn = ServerConnection(
+            listener.max_frame, max_login_frame=listener.limits.max_login_frame
+        )
         self.principal: Principal | None = None
         self.flows: set[str] = set()
         self.tasks: set[asyncio.Task[None]] = set()
         self.outgoing: list[bytes] = []
         self.session_id = uuid.uuid4().hex
+        self.admission = listener.limits.connections.open()
+        self.unconfirmed = ByteBudget(listener.limits.max_unconfirmed_bytes)
         # Back-pressure towards the consumer: above ``high`` bytes not yet in the kernel,
         # frames wait here, encoded (so a delivery the wire cannot carry is found at once
         # and dead-lettered), with the auto-ack they owe, until the transport is below
@@ -241,9 +248,14 @@ class _Session:
         self.writer.close()
 
     async def run(self) -> None:
+        login_deadline = asyncio.get_running_loop().time() + self.listener.limits.login_timeout
         try:
             while True:
-                data = await self.reader.read(_READ_SIZE)
+                if self.conn.state is ConnectionState.AWAIT_HELLO:
+                    async with asyncio.timeout_at(login_deadline):
+                        data = await self.reader.read(_READ_SIZE)
+                else:
+                    data = await self.reader.read(_READ_SIZE)
                 if not data:
                     return
                 self.conn.receive_data(data)
@@ -254,6 +266,11 @@ class _Session:
         except NativeProtocolError as e:
             log.info("native %s: protocol error: %s", self.peer, e)
             self.send(Error(request_id=0, code=e.code, text=e.message))
+        except TimeoutError:
+            log.info(
+                "native %s: no HELLO within %.0fs", self.peer, self.listener.limits.login_timeout
+            )
+            self.send(Error(request_id=0, code="login-timeout", text="no HELLO in time"))
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         finally:
@@ -264,6 +281,7 @@ class _Session:
         return str(self.writer.get_extra_info("peername"))
 
     async def finish(self) -> None:
+        self.admission.release()
         self.write_out()
         if self.watcher is not None:
             self.watcher.cancel()
@@ -291,6 +309,8 @@ class _Session:
                 case Publish():
                     if self.listener.closing:
                         raise Unavailable("the gateway is shutting down")
+                    # Waiting here stops the read loop: back-pressure, not buffering.
+                    await self.unconfirmed.acquire(len(event.payload))
                     self.spawn(self.publish(event))
                 case Ack():
                     self.settle(event.flow_id, sink.Ack(event.message_ids))
@@ -351,9 +371,19 @@ class _Session:
             certificate_user=certificate_user,
         )
         self.principal = replace(principal, connection=f"native:{self.session_id}")
+        self.admission.login(self.principal.username)
         self.send(self.conn.accept(self.listener.server_name, self.session_id))
 
     async def publish(self, event: Publish) -> None:
+        try:
+            await self._publish(event)
+        finally:
+            self.unconfirmed.release(len(event.payload))
+            self.listener.unconfirmed_peak = max(
+                self.listener.unconfirmed_peak, self.unconfirmed.peak
+            )
+
+    async def _publish(self, event: Publish) -> None:
         assert self.principal is not None
         try:
             receipt = await self.sink.publish(
@@ -460,8 +490,13 @@ class NativeListener:
         server_name: str = "keygate",
         max_frame: int = DEFAULT_MAX_FRAME,
         write_buffer: int = DEFAULT_WRITE_BUFFER,
+        limits: ConnectionLimits = DEFAULT_LIMITS,
     ) -> None:
         self.sink = sink
+        self.limits = limits
+        # The most bytes of unconfirmed publishes any connection has held (never above
+        # limits.max_unconfirmed_bytes, or one message when a message is larger).
+        self.unconfirmed_peak = 0
         self.write_buffer = write_buffer
         self.server_name = server_name
         self.max_frame = max_frame

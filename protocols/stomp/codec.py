@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import Final
 
+from protocols._limits import parse_decimal
 from protocols.stomp.frames import (
     UNESCAPED_COMMANDS,
     Frame,
@@ -27,7 +28,6 @@ from protocols.stomp.frames import (
     InvalidFrame,
     StompProtocolError,
     Version,
-    header_number,
 )
 
 DEFAULT_MAX_FRAME_SIZE: Final = 5 * 1024 * 1024 + 64 * 1024
@@ -210,7 +210,9 @@ class Codec:
         return command, tuple(headers), length
 
     def _content_length(self, command: str, raw: str, body_start: int) -> int:
-        length = header_number("content-length", raw)
+        length = parse_decimal(raw)
+        if length is None:
+            raise InvalidFrame(f"{command} frame: invalid content-length {raw[:40]!r}")
         if body_start + length + 1 > self.max_frame_size:
             raise FrameTooLarge(
                 f"{command} frame of {length} body bytes is over the limit of "

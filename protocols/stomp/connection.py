@@ -32,6 +32,7 @@ from core.errors import (
     Unavailable,
 )
 from core.model import Publication
+from protocols._limits import DEFAULT_MAX_LOGIN_FRAME, parse_decimal
 from protocols.stomp.codec import DEFAULT_MAX_FRAME_SIZE, DEFAULT_MAX_HEADERS, Codec
 from protocols.stomp.frames import (
     SUPPORTED_VERSIONS,
@@ -42,7 +43,6 @@ from protocols.stomp.frames import (
     UnsupportedFrame,
     UnsupportedVersion,
     Version,
-    header_number,
 )
 from protocols.stomp.mapping import publication_from_send
 
@@ -53,6 +53,9 @@ MAX_TRANSACTION_BYTES: Final = 64 * 1024 * 1024
 # A client is dropped after this many of its negotiated heart-beat intervals of silence
 # (the spec leaves the margin to the implementation; stomp.py itself allows 1.5).
 HEARTBEAT_TOLERANCE: Final = 2.0
+# The longest heart-beat interval a client may ask for (one day, in milliseconds); a larger
+# or malformed value is an ERROR, not an overflow in the reader.
+MAX_HEARTBEAT: Final = 86_400_000
 
 
 class State(Enum):
@@ -155,11 +158,12 @@ def _heartbeat(frame: Frame, version: Version) -> tuple[int, int]:
     raw = frame.header("heart-beat")
     if raw is None or version is Version.V1_0:
         return 0, 0
-    parts = raw.split(",")
-    if len(parts) != 2:
-        raise InvalidFrame(f"invalid heart-beat header {raw[:40]!r}: want 'cx,cy'")
-    cx, cy = (header_number("heart-beat", part.strip()) for part in parts)
-    return cx, cy
+    parts = [parse_decimal(p.strip(), MAX_HEARTBEAT) for p in raw.split(",")]
+    if len(parts) != 2 or parts[0] is None or parts[1] is None:
+        raise InvalidFrame(
+            f"invalid heart-beat header {raw[:40]!r}: want 'cx,cy', each at most {MAX_HEARTBEAT} ms"
+        )
+    return parts[0], parts[1]
 
 
 class ServerConnection:
@@ -172,12 +176,17 @@ class ServerConnection:
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
         max_headers: int = DEFAULT_MAX_HEADERS,
         heartbeat: tuple[int, int] = (10_000, 10_000),
+        max_login_frame: int = DEFAULT_MAX_LOGIN_FRAME,
     ) -> None:
         self.server = server
+        self._max_frame_size = max_frame_size
         self.heartbeat = heartbeat
         self.state = State.AWAITING_CONNECT
         self.version = Version.V1_0
-        self.codec = Codec(max_frame_size=max_frame_size, max_headers=max_headers)
+        # Until CONNECTED only a login-sized frame is read (a CONNECT is a few headers).
+        self.codec = Codec(
+            max_frame_size=min(max_login_frame, max_frame_size), max_headers=max_headers
+        )
         self.producer = "stomp"
         # Seconds between our heart-beats / of client silence tolerated; None = off.
         self.send_interval: float | None = None
@@ -300,6 +309,7 @@ class ServerConnection:
             raise RuntimeError(f"connected() in state {self.state}")
         self.state = State.CONNECTED
         self.producer = f"stomp:{self._client_id or session}"
+        self.codec.max_frame_size = self._max_frame_size
         headers = [("version", self.version.value), ("server", self.server), ("session", session)]
         if self.version is not Version.V1_0:
             sx, sy = self.heartbeat

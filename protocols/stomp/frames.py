@@ -91,22 +91,6 @@ class InvalidFrame(StompProtocolError):
     stomp_message = "invalid frame"
 
 
-# Numbers in headers (content-length, heart-beat, expires, prefetch) have at most this many
-# digits: enough for any real value, and far below what int() and float() refuse.
-MAX_NUMBER_DIGITS: Final = 15
-
-
-def header_number(name: str, raw: str, receipt: str | None = None) -> int:
-    """A non-negative decimal header value, or InvalidFrame (never ValueError/OverflowError
-    from a number too long to convert)."""
-    if not (raw.isascii() and raw.isdigit() and len(raw) <= MAX_NUMBER_DIGITS):
-        raise InvalidFrame(
-            f"invalid {name} header {raw[:40]!r}: a number of at most {MAX_NUMBER_DIGITS} digits",
-            receipt_id=receipt,
-        )
-    return int(raw)
-
-
 class TransactionTooLarge(StompProtocolError):
     """A transaction buffering more than the connection allows before COMMIT."""
 

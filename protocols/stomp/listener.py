@@ -32,8 +32,9 @@ import ssl
 from collections import deque
 from typing import Final, TypeAlias
 
-from core.errors import KeygateError, StorageError, Unavailable
+from core.errors import ConnectionLimitReached, KeygateError, StorageError, Unavailable
 from core.model import Publication
+from protocols._limits import DEFAULT_LIMITS, ConnectionLimits, publication_bytes
 from protocols.sink import Principal, Sink, peer_identity
 from protocols.stomp.codec import DEFAULT_MAX_HEADERS
 from protocols.stomp.connection import (
@@ -52,14 +53,12 @@ log = logging.getLogger(__name__)
 READ_SIZE: Final = 256 * 1024
 HEADER_ALLOWANCE: Final = 64 * 1024  # frame size beyond the largest message body
 MAX_PENDING_OPS: Final = 4096
-MAX_PENDING_BYTES: Final = 16 * 1024 * 1024
 MAX_BATCH: Final = 1024
 MAX_BATCH_BYTES: Final = 4 * 1024 * 1024
 WRITE_QUEUE_DEPTH: Final = 1024
 CLOSE_TIMEOUT: Final = 5.0
 LINGER: Final = 1.0
 DEFAULT_HEARTBEAT: Final = (10_000, 10_000)
-DEFAULT_CONNECT_TIMEOUT: Final = 30.0
 
 
 class _Fatal:
@@ -82,24 +81,26 @@ _Op: TypeAlias = Publish | Commit | ReceiptRequest | Disconnect | _Fatal | _End
 
 
 def _op_size(op: _Op) -> int:
+    # Headers count: a SEND of small body and 64 KiB of headers is not free.
     if isinstance(op, Publish):
-        return len(op.publication.payload)
+        return publication_bytes(op.publication)
     if isinstance(op, Commit):
-        return sum(len(p.payload) for p in op.publications)
+        return sum(publication_bytes(p) for p in op.publications)
     return 0
 
 
 class _Pipeline:
     """The ordered, bounded queue between a session's reader and its worker."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_bytes: int) -> None:
         self._ops: deque[_Op] = deque()
         self._bytes = 0
+        self._max_bytes = max_bytes
         self._ready = asyncio.Event()
         self._space = asyncio.Event()
 
     async def put(self, op: _Op) -> None:
-        while self._ops and (len(self._ops) >= MAX_PENDING_OPS or self._bytes >= MAX_PENDING_BYTES):
+        while self._ops and (len(self._ops) >= MAX_PENDING_OPS or self._bytes >= self._max_bytes):
             self._space.clear()
             await self._space.wait()
         self.put_nowait(op)
@@ -147,8 +148,9 @@ class _Session:
             max_frame_size=listener.max_frame_size,
             max_headers=listener.max_headers,
             heartbeat=listener.heartbeat,
+            max_login_frame=listener.max_login_frame,
         )
-        self._pipeline = _Pipeline()
+        self._pipeline = _Pipeline(listener.max_unconfirmed_bytes)
         self._writes: asyncio.Queue[bytes | None] = asyncio.Queue(WRITE_QUEUE_DEPTH)
         self._principal = Principal(None, "stomp")
         self._loop = asyncio.get_running_loop()
@@ -157,6 +159,7 @@ class _Session:
         self._tasks: list[asyncio.Task[None]] = []
         self._reader_task: asyncio.Task[None] | None = None
         self._broken = False  # the socket failed: frames for the client are dropped
+        self._admission = listener.connections.open()
         peer = writer.get_extra_info("peername")
         self._peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
 
@@ -196,6 +199,9 @@ class _Session:
                 while await self._reader.read(READ_SIZE):
                     pass
 
+    def release(self) -> None:
+        self._admission.release()
+
     def stop(self) -> None:
         """Stop reading; what is already queued is still stored and confirmed."""
         if self._reader_task is not None:
@@ -231,6 +237,10 @@ class _Session:
             )
         except OSError as e:
             log.info("stomp %s: read failed: %s", self._peer, e)
+        except Exception:
+            # A bug, not the peer's fault: the connection still ends instead of staying
+            # open with nobody reading it.
+            log.exception("stomp %s: reader failed", self._peer)
         if conn.state is not State.CLOSED:
             self._pipeline.put_nowait(_End())
 
@@ -247,6 +257,12 @@ class _Session:
                 certificate_user=certificate_user,
             )
         except KeygateError as e:
+            log.info("stomp %s: CONNECT refused: %s", self._peer, e.message)
+            await self._pipeline.put(_Fatal(e))
+            return False
+        try:
+            self._admission.login(self._principal.username)
+        except ConnectionLimitReached as e:
             log.info("stomp %s: CONNECT refused: %s", self._peer, e.message)
             await self._pipeline.put(_Fatal(e))
             return False
@@ -382,7 +398,7 @@ class StompListener:
         max_headers: int = DEFAULT_MAX_HEADERS,
         name: str = "stomp",
         heartbeat: tuple[int, int] = DEFAULT_HEARTBEAT,
-        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        limits: ConnectionLimits = DEFAULT_LIMITS,
         server_name: str = "keygate",
     ) -> None:
         self.sink = sink
@@ -394,7 +410,10 @@ class StompListener:
         )
         self.max_headers = max_headers
         self.heartbeat = heartbeat
-        self.connect_timeout = connect_timeout
+        self.connect_timeout = limits.login_timeout
+        self.connections = limits.connections
+        self.max_unconfirmed_bytes = limits.max_unconfirmed_bytes
+        self.max_login_frame = limits.max_login_frame
         self.server_name = server_name
         self._server: asyncio.Server | None = None
         self._sessions: dict[_Session, asyncio.Task[None]] = {}
@@ -417,6 +436,7 @@ class StompListener:
         except Exception:
             log.exception("stomp connection failed unexpectedly")
         finally:
+            session.release()
             self._sessions.pop(session, None)
 
     async def close(self) -> None:

@@ -16,7 +16,8 @@ from core.errors import InvalidArgument
 from core.model import Publication, validate_name
 from core.schedule import STOMP_DELAY_HEADER, delay_seconds
 from core.topics import normalize_topic
-from protocols.stomp.frames import Frame, InvalidDestination, InvalidFrame, header_number
+from protocols._limits import parse_decimal
+from protocols.stomp.frames import Frame, InvalidDestination, InvalidFrame
 
 QUEUE_PREFIX: Final = "/queue/"
 TOPIC_PREFIX: Final = "/topic/"
@@ -65,7 +66,12 @@ def destination_of(destination: str | None, receipt: str | None) -> tuple[str | 
 def _expire_at(raw: str | None, receipt: str | None) -> float | None:
     if raw is None:
         return None
-    millis = header_number("expires", raw, receipt)
+    millis = parse_decimal(raw)
+    if millis is None:
+        raise InvalidFrame(
+            f"invalid expires header {raw[:40]!r}: milliseconds since the epoch",
+            receipt_id=receipt,
+        )
     return millis / 1000.0 if millis else None
 
 

@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from core.model import GROUP_ID_PROPERTY, Message
-from protocols.stomp.frames import Frame, InvalidFrame, Version, header_number
+from protocols._limits import parse_decimal
+from protocols.stomp.frames import Frame, InvalidFrame, Version
 from protocols.stomp.mapping import QUEUE_PREFIX, destination_of
 
 ACK_MODES: Final = frozenset({"auto", "client", "client-individual"})
@@ -29,6 +30,7 @@ DEFAULT_GROUP: Final = "default"
 # Prefetch headers, first found wins: ActiveMQ's, then RabbitMQ's.
 PREFETCH_HEADERS: Final = ("activemq.prefetchSize", "prefetch-count")
 GROUP_HEADER: Final = "x-group"
+MAX_PREFETCH: Final = 2**31 - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,9 +78,11 @@ def _prefetch(frame: Frame, receipt: str | None) -> int | None:
         raw = frame.header(name)
         if raw is None:
             continue
-        prefetch = header_number(name, raw, receipt)
-        if prefetch == 0:
-            raise InvalidFrame(f"{name} must be a positive integer", receipt_id=receipt)
+        prefetch = parse_decimal(raw, MAX_PREFETCH)
+        if not prefetch:
+            raise InvalidFrame(
+                f"{name} must be an integer from 1 to {MAX_PREFETCH}", receipt_id=receipt
+            )
         return prefetch
     return None
 

@@ -5,7 +5,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from pamqp import base, commands, encode, frame
+from pamqp import base, commands, encode, frame, header
 
 from core.errors import AuthenticationFailed, MessageTooLarge, NoRoute, StorageError
 from protocols.amqp import events as ev
@@ -20,13 +20,16 @@ PLAIN = "\x00guest\x00guest"
 class Client:
     """Drives an AmqpConnection with client frames and decodes what it answers."""
 
-    def __init__(self, max_message_size: int = 1_000_000) -> None:
+    def __init__(
+        self, max_message_size: int = 1_000_000, max_unconfirmed_bytes: int = 16 << 20
+    ) -> None:
         self.conn = AmqpConnection(
             Exchanges(),
             frame_max=8192,
             channel_max=16,
             heartbeat=30,
             max_message_size=max_message_size,
+            max_unconfirmed_bytes=max_unconfirmed_bytes,
         )
         self._reader = FrameReader(1 << 20)
         self._reader.feed(PROTOCOL_HEADER)
@@ -360,3 +363,31 @@ def test_long_non_ascii_error_texts_still_fit_a_short_string(client: Client) -> 
     [close] = client.send(data.replace(b"x" * 200, "é".encode() * 100))
     assert close.payload.reply_code == ReplyCode.PRECONDITION_FAILED
     assert len(close.payload.reply_text.encode()) <= 255
+
+
+def _header_only(channel: int, body_size: int) -> bytes:
+    """A publish and its content header announcing ``body_size``, without the body."""
+    method = commands.Basic.Publish(exchange="", routing_key="q")
+    props = header.ContentHeader(0, body_size, commands.Basic.Properties())
+    return frame.marshal(method, channel) + frame.marshal(props, channel)
+
+
+def test_partial_bodies_across_channels_over_the_budget_close_with_506() -> None:
+    client = Client(max_unconfirmed_bytes=1_500_000)
+    client.open()
+    client.channel(1)
+    client.channel(2)
+    assert client.send(_header_only(1, 900_000)) == []
+    [close] = client.send(_header_only(2, 900_000))
+    assert isinstance(close.payload, commands.Connection.Close)
+    assert close.payload.reply_code == ReplyCode.RESOURCE_ERROR
+
+
+def test_one_message_at_a_time_may_be_as_large_as_the_message_limit() -> None:
+    client = Client(max_unconfirmed_bytes=100_000)
+    client.open()
+    client.channel(1)
+    client.channel(2)
+    client.publish(b"x" * 900_000, channel=1)
+    client.publish(b"y" * 900_000, channel=2)
+    assert [type(e) for e in client.take()] == [ev.Publish, ev.Publish]

@@ -539,3 +539,20 @@ async def test_close_finishes_what_was_received_before_closing(sink: CountingSin
         assert await client.frame() is None
         await closing
     assert len(sink.stored) == 1
+
+
+async def test_a_reader_that_fails_unexpectedly_still_closes_the_connection(
+    port: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(self: Any) -> None:
+        raise ValueError("a bug in the codec")
+
+    monkeypatch.setattr("protocols.stomp.connection.ServerConnection.next_event", broken)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(b"CONNECT\naccept-version:1.2\n\n\0")
+        async with asyncio.timeout(5):
+            while await reader.read(65536):
+                pass
+    finally:
+        writer.close()
