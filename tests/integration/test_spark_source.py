@@ -21,6 +21,7 @@ import sqlalchemy as sa
 pytest.importorskip("pyspark")
 
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.functions import udf
 
 import spark
 from core.errors import GroupLeased, InvalidArgument
@@ -298,12 +299,62 @@ def test_consume_batch_commits_nothing_when_fn_raises(session: SparkSession, db_
         df.count()
         raise RuntimeError("job failed")
 
-    with pytest.raises(RuntimeError, match="job failed"):
+    with pytest.raises(RuntimeError, match="job failed"):  # on every row: a broken job
         spark.consume_batch(session, db_url, "orders", "billing", broken)
     assert offsets(db_url, "orders", "billing") == {0: 0, 1: 0, 2: 0}
+    assert execute(db_url, sa.select(kg_deliveries)) == []
     # The lease is released even so: the next batch runs and sees everything.
     result = spark.consume_batch(session, db_url, "orders", "billing", lambda df: None)
     assert result.acked == 10
+
+
+def test_a_poison_row_is_isolated_the_rest_commit_and_it_reaches_the_dlq(
+    session: SparkSession, db_url: str
+) -> None:
+    seed(db_url, "orders", 10, max_deliveries=2, backoff_initial=0.0)
+    poison = "payload-6"
+
+    def size(payload: bytearray) -> int:
+        if bytes(payload).decode() == poison:
+            raise ValueError("cannot parse")
+        return len(payload)
+
+    parse = udf(size, returnType="int", useArrow=False)
+
+    processed: list[str] = []
+
+    def job(df: DataFrame) -> None:
+        rows = df.select("message_id", parse(df.payload).alias("size")).collect()
+        processed.extend(row.message_id for row in rows)
+
+    first = spark.consume_batch(session, db_url, "orders", "billing", job)
+    assert (first.read, first.acked, first.nacked, first.dead_lettered) == (10, 9, 1, 0)
+    assert len(set(processed)) == 9
+    assert [row.delivery_count for row in execute(db_url, sa.select(kg_deliveries))] == [1]
+
+    second = spark.consume_batch(session, db_url, "orders", "billing", job)
+    assert (second.read, second.acked, second.nacked, second.dead_lettered) == (1, 0, 0, 1)
+    assert sum(offsets(db_url, "orders", "billing").values()) == 10
+    (dead,) = read(session, db_url, "orders.dlq", "inspect").collect()
+    assert dead.payload.decode() == poison
+    assert dead.properties[DEAD_LETTER_REASON] == "exception:ValueError"
+    assert dead.properties[DELIVERY_COUNT] == "2"
+
+
+def test_isolation_off_raises_at_once_and_counts_nothing(
+    session: SparkSession, db_url: str
+) -> None:
+    seed(db_url, "orders", 6)
+    runs: list[int] = []
+
+    def broken(df: DataFrame) -> None:
+        runs.append(df.count())
+        raise RuntimeError("job failed")
+
+    with pytest.raises(RuntimeError, match="job failed"):
+        spark.consume_batch(session, db_url, "orders", "billing", broken, isolation_runs=0)
+    assert runs == [6]
+    assert execute(db_url, sa.select(kg_deliveries)) == []
 
 
 def test_consume_batch_respects_max_messages_and_rejects_unknown_ids(
