@@ -33,7 +33,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from spark import lease
+from spark import lease, stopping
 from spark.db import (
     PartitionState,
     commit_through,
@@ -84,6 +84,8 @@ class _Planner:
             with self.engine.begin() as conn:
                 ensure_group(conn, o.queue, o.group, now)
             lease.acquire_waiting(self.engine, o.queue, o.group, owner, o.lease_timeout)
+            if self._renewed == -math.inf:
+                stopping.claim(o.url, o.queue, o.group, owner)
             self._renewed = time.time()
         with self.engine.begin() as conn:
             ensure_group(conn, o.queue, o.group, now)
@@ -183,6 +185,8 @@ class KeygateStreamReader(_Planner, DataSourceStreamReader, SupportsTriggerAvail
         o, now = self.options, time.time()
         with self.engine.begin() as conn:
             lease.acquire(conn, o.queue, o.group, self.owner, o.lease_timeout, now)
+            if self._renewed == -math.inf:
+                stopping.claim(o.url, o.queue, o.group, self.owner)
             self._renewed = now
             commit_through(conn, o.queue, o.group, _offsets(end), now)
 

@@ -40,7 +40,8 @@ from spark.db import write_engine
 from spark.options import parse_options
 from spark.source import KeygateStreamReader
 from storage import open_store
-from storage.schema import kg_deliveries, kg_flows, kg_group_offsets, kg_messages
+from storage.schema import kg_deliveries, kg_flows, kg_group_offsets, kg_groups, kg_messages
+from tests.support.wait import eventually
 
 pytestmark = pytest.mark.spark
 
@@ -173,6 +174,11 @@ def test_batch_read_honours_starting_and_ending_offsets(session: SparkSession, d
     assert [s for p, s in seqs if p == 2] == list(range(1, heads[2] + 1))
 
 
+def read_stream(session: SparkSession, url: str, queue: str, group: str) -> DataFrame:
+    reader = session.readStream.format("keygate").option("url", url).option("queue", queue)
+    return reader.option("group", group).load()
+
+
 def run_stream(
     session: SparkSession, url: str, queue: str, group: str, out: Path, **options: str
 ) -> list[int]:
@@ -211,6 +217,29 @@ def test_stream_restarted_from_checkpoint_neither_loses_nor_duplicates(
     # Spark commits a batch when it plans the next one: the restart committed the first run.
     committed = offsets(db_url, "orders", "etl")
     assert sum(committed.values()) >= 40
+
+
+def test_a_stopped_streams_group_is_free_within_seconds(
+    session: SparkSession, db_url: str, tmp_path: Path
+) -> None:
+    seed(db_url, "orders", 7)
+    query = (
+        read_stream(session, db_url, "orders", "etl")
+        .writeStream.format("noop")
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .start()
+    )
+    query.processAllAvailable()
+    holder = sa.select(kg_groups.c.lease_kind, kg_groups.c.lease_owner).where(
+        kg_groups.c.group_name == "etl"
+    )
+    assert execute(db_url, holder)[0].lease_kind == "spark"
+    query.stop()  # leaseTimeout is 60 s: only the listener can free it this soon
+    asyncio.run(eventually(lambda: execute(db_url, holder)[0].lease_owner is None, timeout=10))
+    # Another job takes the group at once (GroupLeased otherwise). The stream's last batch
+    # is committed only when the next is planned, so it is read again here.
+    result = spark.consume_batch(session, db_url, "orders", "etl", lambda df: None)
+    assert result.acked == result.read <= 7
 
 
 def test_max_offsets_per_trigger_bounds_every_micro_batch(
