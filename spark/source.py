@@ -5,8 +5,9 @@ engines created lazily and never pickled; ``read`` runs on executors with its ow
 connection (spark.reader). A streaming query holds the group's Spark lease (spark.lease)
 from its first offset request, renewed as it plans and commits. The lease is not taken
 when the reader is built: PySpark also builds stream readers in worker processes that
-only ``read``. PySpark does not reliably call ``stop`` when a query ends, so a stopped
-query's lease lapses after ``leaseTimeout`` (a restart waits for it, spark.lease).
+only ``read``. PySpark never calls ``stop`` when a query ends; the listener that
+``spark.register`` adds releases a stopped query's lease (spark.stopping), and without it
+the lease lapses after ``leaseTimeout`` (a restart waits for it, spark.lease).
 ``commit(end)`` is idempotent and monotonic (spark.db.commit_through).
 """
 
