@@ -502,21 +502,29 @@ def test_group_tag_filter_hides_other_messages_and_consuming_settles_them(
     assert sum(offsets(db_url, "orders", "fours").values()) == 21
 
 
+def seed_scheduled_and_expired(url: str) -> tuple[int, int]:
+    """Six messages in one partition: seq 2 scheduled an hour ahead, seq 4 expired."""
+    seed(url, "orders", 6, partitions=1, dead_letter_expired=True)
+    later, gone = 2, 4
+    m = kg_messages
+    execute(url, sa.update(m).where(m.c.seq == later).values(deliver_at=time.time() + 3600))
+    execute(url, sa.update(m).where(m.c.seq == gone).values(expire_at=time.time() - 1))
+    return later, gone
+
+
+def test_a_stream_reads_scheduled_and_expired_messages_as_stored_as_documented(
+    session: SparkSession, db_url: str, tmp_path: Path
+) -> None:
+    seed_scheduled_and_expired(db_url)
+    run_stream(session, db_url, "orders", "etl", tmp_path)
+    rows = session.read.parquet(str(tmp_path / "data")).collect()
+    assert sorted(row.seq for row in rows) == [1, 2, 3, 4, 5, 6]  # docs/spark.md: raw
+
+
 def test_consume_batch_holds_scheduled_messages_and_settles_expired_ones(
     session: SparkSession, db_url: str
 ) -> None:
-    seed(db_url, "orders", 6, partitions=1, dead_letter_expired=True)
-    later, gone = 2, 4  # seqs: one scheduled an hour ahead, one already expired
-    execute(
-        db_url,
-        sa.update(kg_messages)
-        .where(kg_messages.c.seq == later)
-        .values(deliver_at=time.time() + 3600),
-    )
-    execute(
-        db_url,
-        sa.update(kg_messages).where(kg_messages.c.seq == gone).values(expire_at=time.time() - 1),
-    )
+    later, gone = seed_scheduled_and_expired(db_url)
     seen: list[Any] = []
     result = spark.consume_batch(
         session, db_url, "orders", "billing", lambda df: seen.extend(df.collect())
