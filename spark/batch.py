@@ -10,8 +10,11 @@ How it works:
    message nacked by an earlier batch is in it again once its redelivery is due (the
    queue's backoff, recorded in ``kg_deliveries.redeliver_at``); one not due yet is left
    out and stays pending.
-3. Call ``fn(df)``. If it raises, nothing is written. It may return the ids of messages that
-   failed (an iterable of strings, or a DataFrame with a ``message_id`` column).
+3. Call ``fn(df)``. It may return the ids of messages that failed (an iterable of
+   strings, or a DataFrame with a ``message_id`` column). If it raises, the rows that make
+   it raise are isolated by re-running it on halves (spark/isolate.py); they count as
+   failed, with the exception's type as their dead-letter reason. If it raises on every
+   row, nothing is written and the exception is raised.
 4. In one transaction: successes acked (committed seq over contiguous successes, ranges
    above it for the rest); each failure's delivery count + 1 in ``kg_deliveries`` (first
    delivery time kept, due again after the queue's backoff); a failure whose count
@@ -26,9 +29,10 @@ heads in memory; see docs/spark.md, "Dead letters written by Spark".
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -40,7 +44,7 @@ from core.actions import DeadLetter
 from core.backoff import redelivery_delay
 from core.errors import InvalidArgument
 from core.ledger import AckLedger
-from core.model import DeadLetterReason, Message, QueueConfig
+from core.model import DEAD_LETTER_REASON, DeadLetterReason, Message, QueueConfig
 from spark import lease
 from spark.db import (
     PartitionState,
@@ -50,6 +54,7 @@ from spark.db import (
     write_engine,
     write_offsets,
 )
+from spark.isolate import DEFAULT_ISOLATION_RUNS, Outcome, run_isolated
 from spark.options import DEFAULT_LEASE_TIMEOUT, offsets_json
 from spark.plan import limit_offsets
 from spark.source import KeygateDataSource
@@ -78,16 +83,8 @@ class _Failure:
     message: Message
     delivery_count: int
     first_delivery_time: float
-
-
-def _failed_ids(outcome: object) -> set[str]:
-    if outcome is None:
-        return set()
-    if isinstance(outcome, DataFrame):
-        return {row["message_id"] for row in outcome.select("message_id").collect()}
-    if isinstance(outcome, str) or not isinstance(outcome, Iterable):
-        raise InvalidArgument("fn must return None or an iterable of failed message ids")
-    return {str(message_id) for message_id in outcome}
+    # The exception's type when fn raised on this row alone (poison), else None.
+    error: str | None = None
 
 
 def _in_batch(
@@ -127,7 +124,7 @@ def _failures(
     conn: sa.Connection,
     queue: str,
     group: str,
-    ids: set[str],
+    outcome: Outcome,
     start: Mapping[int, int],
     end: Mapping[int, int],
     states: Mapping[int, PartitionState],
@@ -135,6 +132,7 @@ def _failures(
 ) -> list[_Failure]:
     m, d = kg_messages, kg_deliveries
     messages: list[Message] = []
+    ids = outcome.failed | outcome.poison.keys()
     ordered = sorted(ids)
     for i in range(0, len(ordered), _ID_CHUNK):
         query = sa.select(m).where(
@@ -170,13 +168,20 @@ def _failures(
         # No record: delivered once before iff at or below dispatched_seq (see reader).
         seen = int(message.seq <= states[message.partition].dispatched)
         before, first = records.get((message.partition, message.seq), (seen, None))
-        failures.append(_Failure(message, before + 1, first if first is not None else now))
+        error = outcome.poison.get(message.message_id)
+        failures.append(_Failure(message, before + 1, first if first is not None else now, error))
     return failures
 
 
 def _append_dead_letters(
-    conn: sa.Connection, config: QueueConfig, group: str, letters: list[DeadLetter], now: float
+    conn: sa.Connection,
+    config: QueueConfig,
+    group: str,
+    letters: list[DeadLetter],
+    errors: Mapping[str, str],
+    now: float,
 ) -> None:
+    """Append ``letters`` to the DLQ; a poison row's reason is ``exception:<type>``."""
     dlq = config.dlq_name
     if dlq is None or not letters:
         return
@@ -191,7 +196,12 @@ def _append_dead_letters(
     copies = []
     for letter in letters:
         seq += 1
-        copies.append(dead_letter_copy(letter, group, dlq, DLQ_PARTITION, seq, now))
+        copy = dead_letter_copy(letter, group, dlq, DLQ_PARTITION, seq, now)
+        error = errors.get(letter.message.message_id)
+        if error is not None:
+            reason = {**copy.properties, DEAD_LETTER_REASON: f"exception:{error}"}
+            copy = dataclasses.replace(copy, properties=reason)
+        copies.append(copy)
     conn.execute(sa.insert(m), [message_row(copy) for copy in copies])
     conn.execute(sa.update(p).where(this).values(head_seq=seq))
 
@@ -301,7 +311,8 @@ def _settle(
     ]
     if config.dead_letter_expired and config.dlq_name:
         letters += _expired_letters(conn, config, group, states, start, end)
-    _append_dead_letters(conn, config, group, letters, now)
+    errors = {f.message.message_id: f.error for f in dead if f.error is not None}
+    _append_dead_letters(conn, config, group, letters, errors, now)
     write_offsets(conn, config.name, group, ledgers, dict(end), now)
     _record_nacks(conn, config, group, nacked, now)
     return nacked, letters, {p: ledger.committed for p, ledger in ledgers.items()}
@@ -316,16 +327,22 @@ def consume_batch(
     *,
     max_messages: int | None = None,
     lease_timeout: float = DEFAULT_LEASE_TIMEOUT,
+    isolation_runs: int = DEFAULT_ISOLATION_RUNS,
 ) -> BatchResult:
     """Run ``fn`` on the group's unsettled backlog and settle it (blocks until done).
 
-    Raises GroupLeased when native consumers or another Spark job hold the group, and
-    whatever ``fn`` raises (then nothing is committed). ``fn`` is not called when the
-    backlog is empty. ``lease_timeout`` must exceed fn's run time: the lease is renewed
-    only when the batch is settled.
+    Raises GroupLeased when native consumers or another Spark job hold the group. When
+    ``fn`` raises, at most ``isolation_runs`` more runs on halves of the batch find the
+    rows that make it raise (0 turns isolation off); they count as failed and the rest is
+    settled. When it raises on every row (or the runs are spent), its exception is raised
+    and nothing is committed. ``fn`` is not called when the backlog is empty.
+    ``lease_timeout`` must exceed fn's run time (isolation runs included): the lease is
+    renewed only when the batch is settled.
     """
     if max_messages is not None and max_messages < 1:
         raise InvalidArgument("max_messages must be >= 1 or None")
+    if isolation_runs < 0:
+        raise InvalidArgument("isolation_runs must be >= 0")
     owner = lease.new_owner("consume_batch")
     engine = write_engine(url)
     try:
@@ -346,6 +363,7 @@ def consume_batch(
                 fn,
                 max_messages,
                 lease_timeout,
+                isolation_runs,
                 due_at=now,
             )
         finally:
@@ -366,6 +384,7 @@ def _run(
     fn: Callable[[DataFrame], Any],
     max_messages: int | None,
     lease_timeout: float,
+    isolation_runs: int,
     *,
     due_at: float,
 ) -> BatchResult:
@@ -390,11 +409,11 @@ def _run(
         .option("dueAt", repr(due_at))
         .load()
     )
-    ids = _failed_ids(fn(df))
+    outcome = run_isolated(df, fn, isolation_runs)
     now = time.time()
     with engine.begin() as conn:
         lease.acquire(conn, queue, group, owner, lease_timeout, now)
-        failures = _failures(conn, queue, group, ids, start, end, states, now)
+        failures = _failures(conn, queue, group, outcome, start, end, states, now)
         nacked, dead, moved = _settle(conn, config, group, states, start, end, failures, now)
     committed.update(moved)
     return BatchResult(read, read - len(failures), len(nacked), len(dead), committed)

@@ -13,7 +13,7 @@ booleans as ``true``/``false``, bytes as base64.
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Final
 
 import pyarrow as pa
@@ -113,6 +113,22 @@ def _query(r: ReadRange) -> sa.Select[Any]:
     )
 
 
+def _property_map(values: Sequence[Mapping[str, Any] | None]) -> pa.Array:
+    """The ``properties`` column built as Arrow's flat offsets/keys/items arrays (no
+    per-row list of pairs for pyarrow to walk)."""
+    offsets = [0]
+    names: list[str] = []
+    items: list[str] = []
+    for raw in values:
+        if raw:
+            names.extend(raw)
+            items.extend(v if type(v) is str else render_value(v) for v in raw.values())
+        offsets.append(len(names))
+    return pa.MapArray.from_arrays(
+        pa.array(offsets, pa.int32()), pa.array(names, pa.string()), pa.array(items, pa.string())
+    )
+
+
 def _batch(r: ReadRange, rows: list[sa.Row[Any]]) -> pa.RecordBatch:
     seqs, ids, keys, payloads, properties, topics, times, records = zip(*rows, strict=True)
     seq = pa.array(seqs, pa.int64())
@@ -128,12 +144,9 @@ def _batch(r: ReadRange, rows: list[sa.Row[Any]]) -> pa.RecordBatch:
         pa.array(ids, pa.string()),
         pa.array(keys, pa.string()),
         pa.array(payloads, pa.binary()),
-        pa.array(
-            [render_properties(p) for p in properties]
-            if r.include_properties
-            else [None] * len(rows),
-            pa.map_(pa.string(), pa.string()),
-        ),
+        _property_map(properties)
+        if r.include_properties
+        else pa.nulls(len(rows), pa.map_(pa.string(), pa.string())),
         pa.array(topics, pa.string()),
         pc.cast(micros, pa.int64()).cast(pa.timestamp("us", tz="UTC")),
         pc.cast(counts, pa.int32()),

@@ -5,8 +5,9 @@ engines created lazily and never pickled; ``read`` runs on executors with its ow
 connection (spark.reader). A streaming query holds the group's Spark lease (spark.lease)
 from its first offset request, renewed as it plans and commits. The lease is not taken
 when the reader is built: PySpark also builds stream readers in worker processes that
-only ``read``. PySpark does not reliably call ``stop`` when a query ends, so a stopped
-query's lease lapses after ``leaseTimeout`` (a restart waits for it, spark.lease).
+only ``read``. PySpark never calls ``stop`` when a query ends; the listener that
+``spark.register`` adds releases a stopped query's lease (spark.stopping), and without it
+the lease lapses after ``leaseTimeout`` (a restart waits for it, spark.lease).
 ``commit(end)`` is idempotent and monotonic (spark.db.commit_through).
 """
 
@@ -33,7 +34,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from spark import lease
+from spark import lease, stopping
 from spark.db import (
     PartitionState,
     commit_through,
@@ -84,6 +85,8 @@ class _Planner:
             with self.engine.begin() as conn:
                 ensure_group(conn, o.queue, o.group, now)
             lease.acquire_waiting(self.engine, o.queue, o.group, owner, o.lease_timeout)
+            if self._renewed == -math.inf:
+                stopping.claim(o.url, o.queue, o.group, owner)
             self._renewed = time.time()
         with self.engine.begin() as conn:
             ensure_group(conn, o.queue, o.group, now)
@@ -183,6 +186,8 @@ class KeygateStreamReader(_Planner, DataSourceStreamReader, SupportsTriggerAvail
         o, now = self.options, time.time()
         with self.engine.begin() as conn:
             lease.acquire(conn, o.queue, o.group, self.owner, o.lease_timeout, now)
+            if self._renewed == -math.inf:
+                stopping.claim(o.url, o.queue, o.group, self.owner)
             self._renewed = now
             commit_through(conn, o.queue, o.group, _offsets(end), now)
 

@@ -1,0 +1,176 @@
+"""consume_batch against a real local SparkSession: failures, poison rows, backoff.
+
+Every test runs on SQLite and, when KEYGATE_TEST_POSTGRES_URL answers, on PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+pytest.importorskip("pyspark")
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.functions import udf
+
+import spark
+from core.errors import InvalidArgument
+from core.model import (
+    DEAD_LETTER_REASON,
+    DELIVERY_COUNT,
+    ORIGINAL_GROUP,
+    ORIGINAL_QUEUE,
+    ORIGINAL_SEQ,
+)
+from storage.schema import kg_deliveries, kg_group_offsets
+from tests.support.spark import execute, offsets, read, seed, spark_session  # noqa: F401
+
+pytestmark = pytest.mark.spark
+
+
+def test_consume_batch_redelivers_failures_then_dead_letters_them(
+    session: SparkSession, db_url: str
+) -> None:
+    seed(db_url, "orders", 28, max_deliveries=2, backoff_initial=0.0)
+    poison = "key-3"
+
+    def fail_poison(df: DataFrame) -> list[str]:
+        return [row.message_id for row in df.where(df.key == poison).collect()]
+
+    first = spark.consume_batch(session, db_url, "orders", "billing", fail_poison)
+    assert (first.read, first.acked, first.nacked, first.dead_lettered) == (28, 24, 4, 0)
+
+    seen: list[Any] = []
+
+    def record(df: DataFrame) -> list[str]:
+        seen.extend(df.collect())
+        return fail_poison(df)
+
+    second = spark.consume_batch(session, db_url, "orders", "billing", record)
+    assert (second.read, second.nacked, second.dead_lettered) == (4, 0, 4)
+    assert {row.key for row in seen} == {poison}
+    assert {row.delivery_count for row in seen} == {2}
+
+    dead = read(session, db_url, "orders.dlq", "inspect").collect()
+    assert len(dead) == 4
+    assert sorted(int(row.properties[ORIGINAL_SEQ]) for row in dead) == sorted(
+        row.seq for row in seen
+    )
+    for row in dead:
+        assert row.properties[DEAD_LETTER_REASON] == "max-deliveries"
+        assert row.properties[ORIGINAL_QUEUE] == "orders"
+        assert row.properties[ORIGINAL_GROUP] == "billing"
+        assert row.properties[DELIVERY_COUNT] == "2"
+    third = spark.consume_batch(session, db_url, "orders", "billing", record)
+    assert third.read == 0
+    assert execute(db_url, sa.select(kg_deliveries)) == []
+
+
+def test_a_failed_message_comes_back_only_after_the_queues_backoff(
+    session: SparkSession, db_url: str
+) -> None:
+    seed(db_url, "orders", 12, backoff_initial=30.0)
+    failing = "key-1"
+
+    def fail_key(df: DataFrame) -> list[str]:
+        return [row.message_id for row in df.where(df.key == failing).collect()]
+
+    before = time.time()
+    first = spark.consume_batch(session, db_url, "orders", "billing", fail_key)
+    assert first.nacked > 1
+    due = [row.redeliver_at for row in execute(db_url, sa.select(kg_deliveries))]
+    assert len(due) == first.nacked
+    assert all(before + 30.0 <= at <= time.time() + 30.0 for at in due)  # the backoff
+    seen: list[Any] = []
+
+    def record(df: DataFrame) -> None:
+        seen.extend(df.collect())
+
+    early = spark.consume_batch(session, db_url, "orders", "billing", record)
+    assert (early.read, seen) == (0, [])  # not due: left out, and still pending
+    offsets = execute(db_url, sa.select(kg_group_offsets.c.committed_seq))
+    assert sum(row.committed_seq for row in offsets) < 12
+    execute(db_url, sa.update(kg_deliveries).values(redeliver_at=time.time() - 1))  # now due
+    late = spark.consume_batch(session, db_url, "orders", "billing", record)
+    assert late.read == first.nacked
+    assert {row.key for row in seen} == {failing}
+    assert {row.delivery_count for row in seen} == {2}
+
+
+def test_consume_batch_commits_nothing_when_fn_raises(session: SparkSession, db_url: str) -> None:
+    seed(db_url, "orders", 10)
+
+    def broken(df: DataFrame) -> None:
+        df.count()
+        raise RuntimeError("job failed")
+
+    with pytest.raises(RuntimeError, match="job failed"):  # on every row: a broken job
+        spark.consume_batch(session, db_url, "orders", "billing", broken)
+    assert offsets(db_url, "orders", "billing") == {0: 0, 1: 0, 2: 0}
+    assert execute(db_url, sa.select(kg_deliveries)) == []
+    # The lease is released even so: the next batch runs and sees everything.
+    result = spark.consume_batch(session, db_url, "orders", "billing", lambda df: None)
+    assert result.acked == 10
+
+
+def test_a_poison_row_is_isolated_the_rest_commit_and_it_reaches_the_dlq(
+    session: SparkSession, db_url: str
+) -> None:
+    seed(db_url, "orders", 10, max_deliveries=2, backoff_initial=0.0)
+    poison = "payload-6"
+
+    def size(payload: bytearray) -> int:
+        if bytes(payload).decode() == poison:
+            raise ValueError("cannot parse")
+        return len(payload)
+
+    parse = udf(size, returnType="int", useArrow=False)
+
+    processed: list[str] = []
+
+    def job(df: DataFrame) -> None:
+        rows = df.select("message_id", parse(df.payload).alias("size")).collect()
+        processed.extend(row.message_id for row in rows)
+
+    first = spark.consume_batch(session, db_url, "orders", "billing", job)
+    assert (first.read, first.acked, first.nacked, first.dead_lettered) == (10, 9, 1, 0)
+    assert len(set(processed)) == 9
+    assert [row.delivery_count for row in execute(db_url, sa.select(kg_deliveries))] == [1]
+
+    second = spark.consume_batch(session, db_url, "orders", "billing", job)
+    assert (second.read, second.acked, second.nacked, second.dead_lettered) == (1, 0, 0, 1)
+    assert sum(offsets(db_url, "orders", "billing").values()) == 10
+    (dead,) = read(session, db_url, "orders.dlq", "inspect").collect()
+    assert dead.payload.decode() == poison
+    assert dead.properties[DEAD_LETTER_REASON] == "exception:ValueError"
+    assert dead.properties[DELIVERY_COUNT] == "2"
+
+
+def test_isolation_off_raises_at_once_and_counts_nothing(
+    session: SparkSession, db_url: str
+) -> None:
+    seed(db_url, "orders", 6)
+    runs: list[int] = []
+
+    def broken(df: DataFrame) -> None:
+        runs.append(df.count())
+        raise RuntimeError("job failed")
+
+    with pytest.raises(RuntimeError, match="job failed"):
+        spark.consume_batch(session, db_url, "orders", "billing", broken, isolation_runs=0)
+    assert runs == [6]
+    assert execute(db_url, sa.select(kg_deliveries)) == []
+
+
+def test_consume_batch_respects_max_messages_and_rejects_unknown_ids(
+    session: SparkSession, db_url: str
+) -> None:
+    seed(db_url, "orders", 20)
+    first = spark.consume_batch(session, db_url, "orders", "g", lambda df: None, max_messages=8)
+    assert first.read == 8
+    with pytest.raises(InvalidArgument, match="not in this batch"):
+        spark.consume_batch(session, db_url, "orders", "g", lambda df: ["no-such-id"])
+    assert sum(offsets(db_url, "orders", "g").values()) == 8
