@@ -131,8 +131,22 @@ async def latency(url: str, queue: str, rate: int, seconds: float) -> tuple[floa
             )
         await asyncio.gather(*pending)
         await receiver
-        samples.sort()
-        return statistics.median(samples) * 1000, samples[int(len(samples) * 0.99) - 1] * 1000
+        return percentiles(samples)
+
+
+def percentiles(samples: list[float]) -> tuple[float, float]:
+    """(p50, p99) of latencies in seconds, in milliseconds."""
+    samples.sort()
+    return statistics.median(samples) * 1000, samples[int(len(samples) * 0.99) - 1] * 1000
+
+
+def postgres_target(url: str) -> str:
+    """``url`` with a fresh schema of its own as the search path."""
+    schema = "kg_bench_" + uuid.uuid4().hex[:8]
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+    target = make_url(url).update_query_dict({"search_path": schema})
+    return target.render_as_string(hide_password=False)
 
 
 async def run(url: str, messages: int, rate: int) -> dict[str, float]:
@@ -155,11 +169,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         targets["sqlite"] = f"sqlite:///{tmp}/bench.db"
         if args.postgres:
-            schema = "kg_bench_" + uuid.uuid4().hex[:8]
-            with psycopg.connect(args.postgres, autocommit=True) as conn:
-                conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
-            url = make_url(args.postgres).update_query_dict({"search_path": schema})
-            targets["postgresql"] = url.render_as_string(hide_password=False)
+            targets["postgresql"] = postgres_target(args.postgres)
         for name, db in targets.items():
             with gateway(db) as url:
                 result = asyncio.run(run(url, args.messages, args.rate))

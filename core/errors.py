@@ -22,6 +22,7 @@ code their wire needs.
     │   ├── AuthenticationFailed   401
     │   └── PermissionDenied       403
     ├── StorageError               503  the database failed; the operation did not happen
+    │   └── Fenced                      this gateway lost the gateway lease to another
     ├── Unavailable                503  shutting down / standby gateway
     └── ProtocolError              400  malformed input from a peer (subclassed per protocol)
 """
@@ -123,6 +124,17 @@ class StorageError(KeygateError):
     status = 503
 
 
+class Fenced(StorageError):
+    """A write found that another gateway took the gateway lease over (a newer epoch):
+    nothing of it was stored, and this gateway must stop at once."""
+
+    code = "fenced"
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"gateway {name!r} is active elsewhere now; this one was fenced off")
+        self.name = name
+
+
 class Unavailable(KeygateError):
     code = "unavailable"
     status = 503
@@ -140,6 +152,7 @@ __all__ = [
     "AuthError",
     "AuthenticationFailed",
     "Conflict",
+    "Fenced",
     "GroupLeased",
     "GroupNotFound",
     "InvalidArgument",

@@ -21,7 +21,7 @@ takes exactly those back (a reclaimed flow also takes the old flow's place in bi
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from core.actions import (
     Action,
@@ -166,6 +166,18 @@ class GroupMachine(DeliveryBook):
             self._admit(part, message, now)
         return self._finish(now)
 
+    def heads(self, now: float, heads: Mapping[int, int]) -> list[Action]:
+        """Partition heads read from storage after another writer appended (a Spark job's
+        dead letters, a second gateway): a head past what is known is fetched."""
+        self._begin(now)
+        for partition, head in heads.items():
+            part = self._part(partition)
+            if head > part.known:
+                part.known = head
+                part.more = True
+                self._fetch_check.add(part.index)
+        return self._finish(now)
+
     def loaded(self, now: float, partition: int, messages: Sequence[Message]) -> list[Action]:
         """The answer to a Fetch: the partition's messages after ``after_seq``, in seq order."""
         self._begin(now)
@@ -302,6 +314,7 @@ class GroupMachine(DeliveryBook):
                     len(part.inflight),
                     part.ledger.committed,
                     len(part.buffer),
+                    part.oldest(),
                 )
             )
         flows = sorted(self._flows.values(), key=lambda f: f.order)

@@ -7,9 +7,11 @@ caller (core/ never reads a clock).
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from enum import StrEnum
 from typing import Final, TypeAlias
 
@@ -42,6 +44,19 @@ ORIGINAL_PARTITION: Final = "x-original-partition"
 ORIGINAL_SEQ: Final = "x-original-seq"
 DELIVERY_COUNT: Final = "x-delivery-count"
 FIRST_DELIVERY_TIME: Final = "x-first-delivery-time"
+REDRIVE_COUNT: Final = "x-redrive-count"
+# What dead-lettering adds to a message; a redrive takes it off again.
+DEAD_LETTER_PROPERTIES: Final = frozenset(
+    {
+        DEAD_LETTER_REASON,
+        ORIGINAL_QUEUE,
+        ORIGINAL_GROUP,
+        ORIGINAL_PARTITION,
+        ORIGINAL_SEQ,
+        DELIVERY_COUNT,
+        FIRST_DELIVERY_TIME,
+    }
+)
 
 # Queue and group names: letters, digits and . _ - ; 1 to 200 characters; not starting with
 # a dot so that "<queue>.dlq" is always derived, never ambiguous with a hidden name.
@@ -123,6 +138,9 @@ class QueueConfig:
     # None, "app_id" (AMQP app_id) or "topic:N" (topic level N, 0-based).
     key_from: str | None = None
     dead_letter_expired: bool = False
+    # Keep settled messages this long after publish (replay with a group reset, browse);
+    # 0 = delete a message as soon as every group has settled it.
+    retention: float = 0.0
 
     def __post_init__(self) -> None:
         validate_name("queue", self.name)
@@ -148,6 +166,8 @@ class QueueConfig:
             raise InvalidArgument("window must be >= 1")
         if self.dedup_window < 0:
             raise InvalidArgument("dedup_window must be >= 0")
+        if not 0 <= self.retention < float("inf"):
+            raise InvalidArgument("retention must be a finite number of seconds >= 0")
         if self.dead_letter_queue:
             validate_name("dead-letter queue", self.dead_letter_queue)
             if self.dead_letter_queue == self.name:
@@ -239,6 +259,9 @@ class Publication:
     ttl: float | None = None
     deliver_at: float | None = None
     expire_at: float | None = None
+    # Seconds after the publish time (a delay header, core.schedule); ignored when
+    # ``deliver_at`` is set.
+    delay: float | None = None
     producer: str | None = None
     dedup_id: str | None = None
     content_type: str | None = None
@@ -249,3 +272,50 @@ class Publication:
     def __post_init__(self) -> None:
         if (self.queue is None) == (self.topic is None):
             raise InvalidArgument("a publication names exactly one of queue and topic")
+        if self.delay is not None and not (math.isfinite(self.delay) and self.delay >= 0):
+            raise InvalidArgument("delay must be a finite number of seconds >= 0")
+
+
+class ResetKind(StrEnum):
+    EARLIEST = "earliest"
+    LATEST = "latest"
+    SEQ = "seq"
+    TIME = "time"
+
+
+@dataclass(frozen=True, slots=True)
+class ResetPosition:
+    """Where ``keygate group reset`` moves a group: the earliest retained message, the
+    latest (skip everything stored), given seqs per partition (the first seq to deliver;
+    partitions not named keep their position), or the first message published at or after
+    ``time``."""
+
+    kind: ResetKind
+    seqs: Mapping[int, int] = field(default_factory=dict)
+    time: float | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> ResetPosition:
+        """``earliest``, ``latest``, ``seq:P=N,P=N`` or ``time:ISO8601``."""
+        kind, _, rest = text.partition(":")
+        if text in (ResetKind.EARLIEST, ResetKind.LATEST):
+            return cls(ResetKind(text))
+        if kind == ResetKind.SEQ and rest:
+            seqs = {}
+            for pair in rest.split(","):
+                partition, sep, seq = pair.partition("=")
+                if not (sep and partition.isdigit() and seq.isdigit() and int(seq) >= 1):
+                    raise InvalidArgument(f"bad partition position {pair!r}: use P=N, N >= 1")
+                seqs[int(partition)] = int(seq)
+            return cls(ResetKind.SEQ, seqs=seqs)
+        if kind == ResetKind.TIME and rest:
+            try:
+                moment = datetime.fromisoformat(rest)
+            except ValueError:
+                raise InvalidArgument(f"bad time {rest!r}: use ISO 8601") from None
+            if moment.tzinfo is None:
+                raise InvalidArgument(f"time {rest!r} needs a UTC offset (e.g. Z or +02:00)")
+            return cls(ResetKind.TIME, time=moment.timestamp())
+        raise InvalidArgument(
+            f"bad reset position {text!r}: use earliest, latest, seq:P=N,... or time:ISO8601"
+        )

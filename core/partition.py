@@ -21,6 +21,8 @@ class PartitionStatus:
     in_flight: int
     committed_seq: int
     buffered: int
+    # Publish time of the oldest message loaded and not settled (None: none loaded).
+    oldest: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +150,15 @@ class Partition:
     def holder(self) -> str | None:
         """The flow id shown for this partition: owner, or the flow it is reserved for."""
         return self.owner if self.owner is not None else self.reserved_by
+
+    def oldest(self) -> float | None:
+        """Publish time of the oldest loaded message not settled yet: in flight, waiting for
+        a retry, or the first one buffered (the buffer is in seq order)."""
+        times = [sent.message.publish_time for sent in self.inflight.values()]
+        times.extend(retry.message.publish_time for retry in self.retry.values())
+        if self.buffer:
+            times.append(next(iter(self.buffer.values())).publish_time)
+        return min(times, default=None)
 
 
 def property_text(value: PropertyValue) -> str:

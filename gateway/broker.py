@@ -10,7 +10,8 @@ commit listener feeds committed messages, in commit order, to the loaded group r
 from __future__ import annotations
 
 import asyncio
-import hmac
+import contextlib
+import functools
 import logging
 import random
 import time
@@ -20,7 +21,6 @@ from dataclasses import dataclass
 from typing import Final
 
 from core.errors import (
-    AuthenticationFailed,
     Conflict,
     InvalidArgument,
     KeygateError,
@@ -41,13 +41,16 @@ from core.model import (
     Message,
     Publication,
     QueueConfig,
+    ResetPosition,
     StartPosition,
 )
 from core.topics import SubscriptionIndex, normalize_topic, validate_pattern
 from gateway.config import GatewayConfig
-from gateway.metrics import Metrics, RuntimeMetrics
+from gateway.metrics import GroupGauge, Metrics, QueueGauge, RuntimeMetrics
 from gateway.runtime import FlowOutput, GroupRuntime
+from gateway.security import Authenticator
 from protocols.sink import Principal, Receipt
+from storage.redrive import redrive_batch
 from storage.store import SqlStore
 
 log = logging.getLogger("keygate.broker")
@@ -55,6 +58,8 @@ log = logging.getLogger("keygate.broker")
 # A group with native flows is leased in SQL (kind "native") so a Spark job refuses it;
 # renewed every retention interval, released when the group's last flow leaves.
 GROUP_LEASE_TTL: Final = 30.0
+# Dead letters moved per redrive transaction.
+REDRIVE_BATCH: Final = 500
 
 
 def new_message_id(now: float) -> str:
@@ -65,6 +70,13 @@ def new_message_id(now: float) -> str:
     """
     h = f"{(int(now * 1000) & 0xFFFF_FFFF_FFFF) << 80 | random.getrandbits(80):032x}"
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+def _deliver_at(publication: Publication, now: float) -> float | None:
+    """The scheduled delivery time: explicit, or publish time + a delay header's delay."""
+    if publication.deliver_at is None and publication.delay:
+        return now + publication.delay
+    return publication.deliver_at
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +120,12 @@ class Broker:
         self._leased: set[tuple[str, str]] = set()
         # Permission answers per (user, action, queue); the configuration is fixed.
         self._allowed: dict[tuple[str | None, str, str], bool] = {}
-        metrics.watch_groups(self._group_gauges)
+        self.auth = Authenticator(
+            config.users,
+            certificate_users=config.certificate_users,
+            allow_anonymous=config.allow_anonymous,
+        )
+        metrics.watch(self._queue_gauges, self._group_gauges, clock)
 
     async def start(self) -> None:
         for queue in await self.store.list_queues():
@@ -215,6 +232,95 @@ class Broker:
             await self.store.release_group_lease(queue, name, self.lease_owner)
         await self.store.delete_group(queue, name)
 
+    async def reset_group(
+        self, queue: str, name: str, target: ResetPosition, *, force: bool = False
+    ) -> dict[int, int]:
+        """Move a group to ``target`` (keygate group reset). Refused (Conflict) while
+        consumers are bound, unless ``force``: then the group's state machine is flushed and
+        reloaded at the new position, and its consumers are bound again to the reloaded
+        group with the partitions they held; what they had not acked is delivered anew."""
+        await self.store.get_group(queue, name)
+        # Held while the group is rewritten, so a consumer binding meanwhile loads the group
+        # after the reset, not before it.
+        async with self._loading.setdefault((queue, name), asyncio.Lock()):
+            runtime = self._runtimes.get((queue, name))
+            bound = [] if runtime is None else runtime.status().flows
+            if bound and not force:
+                raise Conflict(
+                    f"group {name!r} of {queue!r} has {len(bound)} bound consumer(s); close "
+                    "them first or force the reset"
+                )
+            outputs = {} if runtime is None else dict(runtime.outputs)
+            if runtime is not None:
+                del self._runtimes[(queue, name)]
+                await runtime.close()
+            positions = await self.store.reset_group(queue, name, target)
+        if bound:
+            assert runtime is not None
+            reloaded = await self._runtime(runtime.group)
+            for flow in bound:
+                principal = self._flows[flow.flow_id].principal
+                reloaded.bind(
+                    flow.flow_id,
+                    flow.client,
+                    flow.window,
+                    flow.ack_mode,
+                    frozenset(flow.partitions),
+                    outputs[flow.flow_id],
+                )
+                self._flows[flow.flow_id] = _Flow(reloaded, principal)
+        log.info("group %s/%s reset to %s: %s", queue, name, target.kind, positions)
+        return positions
+
+    async def redrive(
+        self,
+        principal: Principal,
+        dlq: str,
+        *,
+        to: str | None = None,
+        key: str | None = None,
+        limit: int | None = None,
+    ) -> dict[str, int]:
+        """Move up to ``limit`` dead letters of ``dlq`` (only those of ``key`` when given) back
+        to their original queue, or to ``to`` (storage.redrive), one transaction per batch.
+        Refused (Conflict) while consumers are bound to the dead-letter queue; its groups
+        are unloaded and kept from loading meanwhile, so none delivers a moved letter."""
+        self.check_admin(principal)
+        self.queue(dlq)
+        if to is not None:
+            self.queue(to)
+        keys = sorted((dlq, g.name) for g in await self.store.list_groups(dlq))
+        async with contextlib.AsyncExitStack() as stack:
+            for k in keys:
+                await stack.enter_async_context(self._loading.setdefault(k, asyncio.Lock()))
+            busy = [rt for rt in self.runtimes(dlq) if rt.outputs]
+            if busy:
+                raise Conflict(f"queue {dlq!r} has bound consumers; close them before a redrive")
+            for k in keys:
+                if (runtime := self._runtimes.pop(k, None)) is not None:
+                    await runtime.close()
+            moved = skipped = 0
+            after = (-1, 0)
+            while limit is None or moved < limit:
+                now = self._clock()
+                batch = await redrive_batch(
+                    self.store,
+                    dlq,
+                    to=to,
+                    key=key,
+                    after=after,
+                    limit=REDRIVE_BATCH if limit is None else min(REDRIVE_BATCH, limit - moved),
+                    new_id=functools.partial(new_message_id, now),
+                    now=now,
+                )
+                moved += len(batch.moved)
+                skipped += batch.skipped
+                if batch.cursor is None:
+                    break
+                after = batch.cursor
+        log.info("redrive of %s: %d moved, %d left in place", dlq, moved, skipped)
+        return {"moved": moved, "skipped": skipped}
+
     # --- Sink -----------------------------------------------------------------------
 
     @property
@@ -228,43 +334,64 @@ class Broker:
         return self._appends_in_flight > 50_000
 
     async def authenticate(
-        self, username: str | None, password: str | None, *, protocol: str, client_id: str | None
+        self,
+        username: str | None,
+        password: str | None,
+        *,
+        protocol: str,
+        client_id: str | None,
+        peer: str | None = None,
+        certificate_user: str | None = None,
     ) -> Principal:
-        users = self.config.users
-        if users:
-            expected = users.get(username or "")
-            # Constant-time: the comparison must not tell how much of a password was right.
-            if expected is None or not hmac.compare_digest(
-                expected.encode(), (password or "").encode()
-            ):
-                raise AuthenticationFailed("bad username or password")
-        return Principal(username, protocol, client_id)
+        user = await self.auth.authenticate(
+            username, password, peer=peer, certificate_user=certificate_user
+        )
+        return Principal(user, protocol, client_id)
 
     def check_admin(self, principal: Principal) -> None:
-        """Creating, changing and deleting queues, groups and subscriptions needs the
-        ``admin`` permission (every user has it unless the configuration says otherwise)."""
-        if self.config.users and not self.config.permission(principal.username).admin:
+        """Creating, changing and deleting queues, groups, subscriptions and AMQP exchanges
+        needs the ``admin`` permission (deny by default: only users granted it)."""
+        if not self.may_administer(principal):
             raise PermissionDenied(f"{principal.username!r} may not administer queues")
+
+    def may_administer(self, principal: Principal) -> bool:
+        return self.config.permission(principal.username).admin
+
+    def may_monitor(self, principal: Principal, queue: str) -> bool:
+        return self._allows(principal, "monitor", queue)
+
+    def check_monitor(self, principal: Principal, queue: str) -> None:
+        """Inspecting a queue (depth, groups, owners, passive declare) needs ``monitor``,
+        ``consume`` or ``admin``."""
+        self._check(principal, "monitor", queue)
 
     async def declare(
         self, principal: Principal, config: QueueConfig, *, exist_ok: bool
     ) -> QueueConfig:
         """Create a queue (admin only), or check an existing one with the same settings —
-        which any user may do, as publishers declare their queues on connect."""
+        which a user who may publish to or monitor it may do, as clients declare their
+        queues on connect."""
         if not (exist_ok and config.name in self._queues):
             self.check_admin(principal)
+        elif not self._allows(principal, "publish", config.name):
+            self.check_monitor(principal, config.name)
         return await self.create_queue(config, exist_ok=exist_ok)
 
-    def _check(self, principal: Principal, action: str, queue: str) -> None:
-        if not self.config.users:
-            return  # anonymous access: everyone may do everything
+    def authorize(self, principal: Principal, action: str, queue: str) -> None:
+        """Raise PermissionDenied unless ``principal`` may ``action`` on ``queue``."""
+        self._check(principal, action, queue)
+
+    def _allows(self, principal: Principal, action: str, queue: str) -> bool:
         key = (principal.username, action, queue)
         allowed = self._allowed.get(key)
         if allowed is None:
             allowed = self._allowed[key] = self.config.permission(principal.username).allows(
                 action, queue
             )
-        if not allowed:
+        return allowed
+
+    def _check(self, principal: Principal, action: str, queue: str) -> None:
+        if not self._allows(principal, action, queue):
             raise PermissionDenied(f"{principal.username!r} may not {action} on queue {queue!r}")
 
     def _route(self, publication: Publication, topic: str | None) -> list[QueueConfig]:
@@ -304,7 +431,7 @@ class Broker:
                     properties=publication.properties,
                     topic=topic,
                     publish_time=now,
-                    deliver_at=publication.deliver_at,
+                    deliver_at=_deliver_at(publication, now),
                     expire_at=expire_at,
                     producer=publication.producer,
                     dedup_id=publication.dedup_id,
@@ -366,10 +493,22 @@ class Broker:
             if queue in by_queue:
                 runtime.append(by_queue[queue])
 
+    async def check_heads(self) -> None:
+        """Let running groups see rows other writers appended (a Spark job's dead letters,
+        a fenced-off gateway's last commits): one query for every queue with a group."""
+        advanced = await self.store.foreign_heads(queue for queue, _ in self._runtimes)
+        for (queue, _), runtime in list(self._runtimes.items()):
+            if queue in advanced:
+                runtime.heads(advanced[queue])
+
     async def declare_queue(
         self, principal: Principal, config: QueueConfig, *, passive: bool = False
     ) -> QueueConfig:
         if passive:
+            # Checking that a queue exists is what publishers do at start-up (and what a
+            # non-passive declare of an existing queue allows them): publish suffices.
+            if not self._allows(principal, "publish", config.name):
+                self.check_monitor(principal, config.name)
             return self.queue(config.name)
         return await self.declare(principal, config, exist_ok=True)
 
@@ -383,6 +522,7 @@ class Broker:
         return await self.store.purge_queue(name)
 
     async def queue_depth(self, principal: Principal, name: str) -> int:
+        self.check_monitor(principal, name)
         self.queue(name)
         return (await self.store.depth(name))[0]
 
@@ -516,12 +656,39 @@ class Broker:
     def runtimes(self, queue: str | None = None) -> list[GroupRuntime]:
         return [rt for (q, _), rt in sorted(self._runtimes.items()) if queue in (None, q)]
 
-    def _group_gauges(self) -> Iterable[tuple[str, str, int, int]]:
+    def _group_gauges(self) -> Iterable[GroupGauge]:
+        heads = self.store.heads
         for runtime in self.runtimes():
             status = runtime.status()
-            in_flight = sum(p.in_flight for p in status.partitions)
-            buffered = sum(p.buffered for p in status.partitions)
-            yield runtime.queue.name, runtime.group.name, buffered, in_flight
+            parts = status.partitions
+            name = runtime.queue.name
+            times = [p.oldest for p in parts if p.oldest is not None]
+            yield GroupGauge(
+                name,
+                runtime.group.name,
+                backlog=sum(p.buffered for p in parts),
+                in_flight=sum(p.in_flight for p in parts),
+                lag=sum(max(0, heads.get((name, p.partition), 0) - p.committed_seq) for p in parts),
+                owners=sum(1 for flow in status.flows if flow.partitions),
+                oldest=min(times, default=None),
+            )
+
+    def _queue_gauges(self) -> Iterable[QueueGauge]:
+        in_flight: dict[str, int] = {}
+        for runtime in self.runtimes():
+            flying = sum(p.in_flight for p in runtime.status().partitions)
+            in_flight[runtime.queue.name] = in_flight.get(runtime.queue.name, 0) + flying
+        depths = self.store.depths
+        for queue in self.queues():
+            messages, size = depths.get(queue.name, (0, 0))
+            dlq = queue.dlq_name
+            yield QueueGauge(
+                queue.name,
+                messages,
+                size,
+                in_flight.get(queue.name, 0),
+                depths.get(dlq, (0, 0))[0] if dlq else 0,
+            )
 
     async def renew_group_leases(self) -> None:
         """Renew the native lease of every group with bound flows; release the others."""

@@ -1,11 +1,14 @@
 """The ``keygate`` command.
 
 keygate serve [--config FILE] [--db URL] [--host H] [--native-port N] ...
-keygate queue create|alter|list|show|purge|delete ...  (admin HTTP API, --url)
-keygate group create|list|delete QUEUE ...            (admin HTTP API, --url)
+keygate queue create|alter|list|show|browse|purge|delete ...  (admin HTTP API, --url)
+keygate group create|list|delete|reset QUEUE ...      (admin HTTP API, --url)
+keygate dlq redrive QUEUE.dlq [--to Q] [--limit K] [--where key=K]  (admin HTTP API)
+keygate status [--json]                               (admin HTTP API, --url)
 keygate inspect QUEUE [--json]                        (admin HTTP API, --url)
-keygate publish QUEUE|--topic T PAYLOAD               (admin HTTP API, --url)
+keygate publish QUEUE|--topic T PAYLOAD [--delay S] [--ttl S] [--dedup-id ID]
 keygate consume QUEUE --group G                       (native protocol, --server)
+keygate passwd < password                             (a password hash for [users])
 keygate demo                                          (a self-contained end-to-end run)
 """
 
@@ -24,28 +27,12 @@ from typing import Any
 
 from core.errors import KeygateError
 from core.model import GroupMode, KeyOrder, StartPosition
+from core.settings import QUEUE_SETTINGS
 from gateway import logs
 from gateway.config import LISTENERS, load_config
 from gateway.server import Gateway
 
 DEFAULT_URL = "http://127.0.0.1:8080"
-QUEUE_FLAGS: dict[str, tuple[str, type]] = {
-    "partitions": ("--partitions", int),
-    "max_deliveries": ("--max-deliveries", int),
-    "rebalance_delay": ("--rebalance-delay", float),
-    "max_handoff_time": ("--max-handoff-time", float),
-    "ttl": ("--ttl", float),
-    "window": ("--window", int),
-    "max_message_size": ("--max-message-size", int),
-    "max_depth_messages": ("--max-depth-messages", int),
-    "max_depth_bytes": ("--max-depth-bytes", int),
-    "backoff_initial": ("--backoff-initial", float),
-    "backoff_multiplier": ("--backoff-multiplier", float),
-    "backoff_max": ("--backoff-max", float),
-    "dedup_window": ("--dedup-window", float),
-    "dead_letter_queue": ("--dead-letter-queue", str),
-    "key_from": ("--key-from", str),
-}
 
 
 class CliError(Exception):
@@ -137,9 +124,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _queue(args: argparse.Namespace) -> int:
     settings: dict[str, Any] = {
-        name: value
-        for name in (*QUEUE_FLAGS, "dead_letter_expired")
-        if (value := getattr(args, name)) is not None
+        s.name: value for s in QUEUE_SETTINGS if (value := getattr(args, s.name)) is not None
     }
     if args.action == "create":
         body = {"name": args.name, "subscriptions": args.subscribe or [], **settings}
@@ -159,8 +144,62 @@ def _queue(args: argparse.Namespace) -> int:
         )
     elif args.action == "show":
         print(json.dumps(_http(args, "GET", f"/api/queues/{args.name}"), indent=2))
+    elif args.action == "browse":
+        _browse(args)
     else:
         print(json.dumps(_http(args, "DELETE", f"/api/queues/{args.name}")))
+    return 0
+
+
+def _browse(args: argparse.Namespace) -> None:
+    """Page through the stored messages, partition by partition, ``--limit`` at most."""
+    if args.partition is not None:
+        partitions: Sequence[int] = [args.partition]
+    else:
+        partitions = range(max(1, _http(args, "GET", f"/api/queues/{args.name}")["partitions"]))
+    rows: list[dict[str, Any]] = []
+    for partition in partitions:
+        from_seq = args.from_seq
+        while len(rows) < args.limit:
+            page = _http(
+                args,
+                "GET",
+                f"/api/queues/{args.name}/messages?partition={partition}"
+                f"&from_seq={from_seq}&limit={min(1000, args.limit - len(rows))}",
+            )
+            if not page:
+                break
+            rows.extend(page)
+            from_seq = page[-1]["seq"] + 1
+            if args.limit > 1000:
+                print(f"browsed {len(rows)} messages (partition {partition})", file=sys.stderr)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return
+    for row in rows:
+        payload = row["payload"] if row["payload"] is not None else "<binary>"
+        row["payload"] = payload if len(payload) <= 40 else payload[:37] + "..."
+    _print_table(rows, ["partition", "seq", "key", "size", "message_id", "payload"])
+
+
+def _redrive(args: argparse.Namespace) -> int:
+    """Redrive in calls of at most 1,000 letters, printing progress between them."""
+    key = None
+    if args.where is not None:
+        name, sep, key = args.where.partition("=")
+        if name != "key" or not sep:
+            raise CliError("--where takes key=VALUE")
+    moved = skipped = 0
+    while args.limit is None or moved < args.limit:
+        chunk = 1000 if args.limit is None else min(1000, args.limit - moved)
+        body = {"to": args.to, "key": key, "limit": chunk}
+        result = _http(args, "POST", f"/api/queues/{args.dlq}/redrive", body)
+        moved += result["moved"]
+        skipped = result["skipped"]
+        if result["moved"] < chunk:
+            break
+        print(f"moved {moved} ...", file=sys.stderr)
+    print(json.dumps({"moved": moved, "left_in_place": skipped}))
     return 0
 
 
@@ -187,6 +226,11 @@ def _group(args: argparse.Namespace) -> int:
     elif args.action == "list":
         rows = _http(args, "GET", path)
         _print_table(rows, ["name", "mode", "key_order", "start", "tags", "ack_timeout"])
+    elif args.action == "reset":
+        if not (args.name and args.to):
+            raise CliError("group reset needs QUEUE, NAME and --to")
+        body = {"to": args.to, "force": args.force}
+        print(json.dumps(_http(args, "POST", f"{path}/{args.name}/reset", body)))
     else:
         if not args.name:
             raise CliError("group delete needs QUEUE and NAME")
@@ -196,16 +240,50 @@ def _group(args: argparse.Namespace) -> int:
 
 def _group_flags(parser: argparse.ArgumentParser) -> None:
     """Settings a group gets when it is created (explicitly, or by its first consumer)."""
-    parser.add_argument("--mode", choices=[m.value for m in GroupMode])
-    parser.add_argument("--key-order", dest="key_order", choices=[k.value for k in KeyOrder])
-    parser.add_argument("--start", choices=[p.value for p in StartPosition])
-    parser.add_argument("--ack-timeout", dest="ack_timeout", type=float, metavar="SECONDS")
+    parser.add_argument(
+        "--mode",
+        choices=[m.value for m in GroupMode],
+        help="partitioned (default on a partitioned queue), exclusive or shared",
+    )
+    parser.add_argument(
+        "--key-order",
+        dest="key_order",
+        choices=[k.value for k in KeyOrder],
+        help="partition (default) or strict: at most one unacked message per key",
+    )
+    parser.add_argument(
+        "--start",
+        choices=[p.value for p in StartPosition],
+        help="where a new group starts: earliest retained message (default) or latest",
+    )
+    parser.add_argument(
+        "--ack-timeout",
+        dest="ack_timeout",
+        type=float,
+        metavar="SECONDS",
+        help="redeliver a message left unacked this long (default: never)",
+    )
     parser.add_argument(
         "--tag",
         action="append",
         metavar="NAME=VALUE",
         help="tag filter: only messages with this property value",
     )
+
+
+def _status(args: argparse.Namespace) -> int:
+    data = _http(args, "GET", "/api/status")
+    if args.json:
+        print(json.dumps(data, indent=2))
+        return 0
+    print(f"gateway {data['name']}: {data['role']}")
+    print(f"keygate {data['version']}, Python {data['python']}, database {data['database']}")
+    print(f"{data['queues']} queues, {data['groups_loaded']} consumer groups loaded")
+    _print_table(
+        [{"listener": name, "port": port} for name, port in sorted(data["listeners"].items())],
+        ["listener", "port"],
+    )
+    return 0
 
 
 def _inspect(args: argparse.Namespace) -> int:
@@ -219,7 +297,10 @@ def _inspect(args: argparse.Namespace) -> int:
 
 def _publish(args: argparse.Namespace) -> int:
     props = dict(p.split("=", 1) for p in args.property or [])
-    body = {"payload": args.payload, "key": args.key, "properties": props}
+    body: dict[str, Any] = {"payload": args.payload, "key": args.key, "properties": props}
+    for name in ("delay", "ttl", "dedup_id"):
+        if (value := getattr(args, name)) is not None:
+            body[name] = value
     if not (args.topic or args.queue):
         raise CliError("name a queue or --topic")
     if args.topic:
@@ -277,6 +358,25 @@ def _demo(args: argparse.Namespace) -> int:
     return asyncio.run(run_demo(messages=args.messages))
 
 
+def _passwd(args: argparse.Namespace) -> int:
+    """Read a password (twice, unechoed, on a terminal; one line from a pipe) and print
+    its scrypt hash."""
+    from gateway.security import hash_password
+
+    if sys.stdin.isatty():
+        import getpass
+
+        password = getpass.getpass("password: ")
+        if getpass.getpass("again: ") != password:
+            raise CliError("the passwords differ")
+    else:
+        password = sys.stdin.readline().removesuffix("\n")
+    if not password:
+        raise CliError("empty password")
+    print(hash_password(password))
+    return 0
+
+
 def _credentials(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--user",
@@ -290,6 +390,33 @@ def _credentials(parser: argparse.ArgumentParser) -> None:
     )
 
 
+_METAVARS = {"s": "SECONDS", "bytes": "BYTES", "messages": "N"}
+
+
+def _queue_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per row of the settings table (core.settings), help text included."""
+    parser.add_argument(
+        "--subscribe",
+        action="append",
+        metavar="TOPIC",
+        help="topic subscription, MQTT wildcards + and # (repeat for more; alter replaces all)",
+    )
+    for setting in QUEUE_SETTINGS:
+        text = setting.help
+        if setting.kind is bool:
+            parser.add_argument(
+                setting.flag, dest=setting.name, action="store_true", default=None, help=text
+            )
+        else:
+            parser.add_argument(
+                setting.flag,
+                dest=setting.name,
+                type=setting.kind,
+                metavar=_METAVARS.get(setting.unit, "N" if setting.kind is int else "VALUE"),
+                help=text,
+            )
+
+
 def _admin_api(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", default=DEFAULT_URL, help="admin API URL")
     _credentials(parser)
@@ -300,65 +427,122 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="run a gateway")
-    serve.add_argument("--config", help="TOML configuration file")
+    serve.add_argument("--config", metavar="FILE", help="TOML configuration file")
     serve.add_argument("--db", help="SQLAlchemy URL (default sqlite:///keygate.db)")
     serve.add_argument("--host", help="address to listen on (default 0.0.0.0)")
     for name in LISTENERS:
-        serve.add_argument(f"--{name}-port", help="port, 0 = any free port, off = disabled")
+        serve.add_argument(
+            f"--{name.replace('_', '-')}-port", help="port, 0 = any free port, off = disabled"
+        )
     serve.add_argument("--ports-file", help="write the bound ports as JSON here when ready")
     serve.set_defaults(func=_serve)
 
     queue = sub.add_parser("queue", help="create, list, show or delete queues")
-    queue.add_argument("action", choices=["create", "alter", "list", "show", "purge", "delete"])
-    queue.add_argument("name", nargs="?")
-    _admin_api(queue)
-    queue.add_argument("--subscribe", action="append", metavar="TOPIC")
-    for field_name, (flag, kind) in QUEUE_FLAGS.items():
-        queue.add_argument(flag, dest=field_name, type=kind)
     queue.add_argument(
-        "--dead-letter-expired",
-        action="store_true",
-        default=None,
-        help="dead-letter expired messages instead of dropping them",
+        "action",
+        choices=["create", "alter", "list", "show", "browse", "purge", "delete"],
+        help="what to do (browse shows stored messages without consuming them; purge drops "
+        "every message, keeps settings and groups)",
     )
+    queue.add_argument("name", nargs="?", help="the queue (every action but list)")
+    _admin_api(queue)
+    _queue_flags(queue)
+    browse = queue.add_argument_group("browse")
+    browse.add_argument("--partition", type=int, help="browse only this partition")
+    browse.add_argument(
+        "--from-seq", dest="from_seq", type=int, default=0, help="first seq to show (default 0)"
+    )
+    browse.add_argument("--limit", type=int, default=100, help="most messages (default 100)")
+    browse.add_argument("--json", action="store_true", help="print the messages as JSON")
     queue.set_defaults(func=_queue)
 
     group = sub.add_parser("group", help="create, list or delete consumer groups")
-    group.add_argument("action", choices=["create", "list", "delete"])
-    group.add_argument("queue")
-    group.add_argument("name", nargs="?")
+    group.add_argument(
+        "action",
+        choices=["create", "list", "delete", "reset"],
+        help="what to do (reset moves the group to --to: replay or skip)",
+    )
+    group.add_argument("queue", help="the queue the group consumes")
+    group.add_argument("name", nargs="?", help="the group (create, delete and reset)")
+    group.add_argument(
+        "--to",
+        metavar="POSITION",
+        help="reset position: earliest, latest, seq:P=N,... (first seq to deliver per "
+        "partition) or time:ISO8601 (first message published then or later)",
+    )
+    group.add_argument(
+        "--force",
+        action="store_true",
+        help="reset even with bound consumers: they are rebound at the new position",
+    )
     _admin_api(group)
     _group_flags(group)
     group.set_defaults(func=_group)
 
+    dlq = sub.add_parser("dlq", help="dead-letter queues: move letters back (redrive)")
+    dlq.add_argument("action", choices=["redrive"], help="what to do")
+    dlq.add_argument("dlq", help="the dead-letter queue, e.g. orders.dlq")
+    dlq.add_argument("--to", help="target queue (default: each letter's original queue)")
+    dlq.add_argument("--limit", type=int, help="move at most this many (default: all)")
+    dlq.add_argument("--where", metavar="key=VALUE", help="only the letters of this key")
+    _admin_api(dlq)
+    dlq.set_defaults(func=_redrive)
+
+    status = sub.add_parser("status", help="the gateway's role, version and listeners")
+    _admin_api(status)
+    status.add_argument("--json", action="store_true", help="print the admin API's JSON")
+    status.set_defaults(func=_status)
+
     inspect = sub.add_parser("inspect", help="partitions, owners, backlog and lag of a queue")
-    inspect.add_argument("queue")
+    inspect.add_argument("queue", help="the queue to inspect")
     _admin_api(inspect)
-    inspect.add_argument("--json", action="store_true")
+    inspect.add_argument("--json", action="store_true", help="print the admin API's JSON")
     inspect.set_defaults(func=_inspect)
 
     publish = sub.add_parser("publish", help="publish one message through the admin API")
-    publish.add_argument("queue", nargs="?")
-    publish.add_argument("payload")
-    publish.add_argument("--topic")
-    publish.add_argument("--key")
-    publish.add_argument("--property", action="append", metavar="NAME=VALUE")
+    publish.add_argument("queue", nargs="?", help="the queue (or give --topic instead)")
+    publish.add_argument("payload", help="the message body (UTF-8 text)")
+    publish.add_argument("--topic", help="publish to a topic: every subscribed queue gets it")
+    publish.add_argument("--key", help="partition key (QUEUE_PARTITION_KEY)")
+    publish.add_argument(
+        "--property", action="append", metavar="NAME=VALUE", help="a property (repeat for more)"
+    )
+    publish.add_argument(
+        "--delay", type=float, metavar="SECONDS", help="deliver no earlier than this after now"
+    )
+    publish.add_argument("--ttl", type=float, metavar="SECONDS", help="expire after this long")
+    publish.add_argument(
+        "--dedup-id",
+        dest="dedup_id",
+        help="dedup id (queues with a dedup window store one message per id)",
+    )
     _admin_api(publish)
     publish.set_defaults(func=_publish)
 
     consume = sub.add_parser("consume", help="consume and ack messages (native protocol)")
-    consume.add_argument("queue")
-    consume.add_argument("--group", required=True)
-    consume.add_argument("--server", default="keygate://127.0.0.1:55555")
+    consume.add_argument("queue", help="the queue to consume")
+    consume.add_argument("--group", required=True, help="consumer group (created if new)")
+    consume.add_argument(
+        "--server", default="keygate://127.0.0.1:55555", help="native protocol URL"
+    )
     _credentials(consume)
-    consume.add_argument("--window", type=int, default=100)
+    consume.add_argument(
+        "--window", type=int, default=100, help="most delivered-unacked messages (default 100)"
+    )
     consume.add_argument("--count", type=int, default=0, help="stop after N (0 = until idle)")
     consume.add_argument("--timeout", type=float, default=5.0, help="stop when idle this long")
     _group_flags(consume)
     consume.set_defaults(func=_consume)
 
+    passwd = sub.add_parser(
+        "passwd", help="print the hash of a password (read from stdin) for the [users] table"
+    )
+    passwd.set_defaults(func=_passwd)
+
     demo = sub.add_parser("demo", help="run a gateway with real traffic and verify it")
-    demo.add_argument("--messages", type=int, default=3000)
+    demo.add_argument(
+        "--messages", type=int, default=3000, help="messages to publish (default 3000)"
+    )
     demo.set_defaults(func=_demo)
     return parser
 

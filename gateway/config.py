@@ -16,23 +16,50 @@ from typing import Any, Final
 
 from core.errors import InvalidArgument
 
-LISTENERS: Final = ("native", "mqtt", "amqp", "stomp", "http")
-DEFAULT_PORTS: Final = {"native": 55555, "mqtt": 1883, "amqp": 5672, "stomp": 61613, "http": 8080}
+PLAIN_LISTENERS: Final = ("native", "mqtt", "amqp", "stomp", "http")
+# Each plain listener has a TLS twin, ``<name>_tls``, started only when a certificate is set.
+TLS_LISTENERS: Final = tuple(f"{name}_tls" for name in PLAIN_LISTENERS)
+LISTENERS: Final = PLAIN_LISTENERS + TLS_LISTENERS
+DEFAULT_PORTS: Final = {
+    "native": 55555,
+    "mqtt": 1883,
+    "amqp": 5672,
+    "stomp": 61613,
+    "http": 8080,
+    "native_tls": 55556,
+    "mqtt_tls": 8883,
+    "amqp_tls": 5671,
+    "stomp_tls": 61614,
+    "http_tls": 8443,
+}
 DEFAULT_DB: Final = "sqlite:///keygate.db"
 
 
 @dataclass(frozen=True, slots=True)
 class Permission:
-    """Glob patterns of queue names a user may publish to / consume from, and whether the
-    user may administer (create, change, delete) queues, groups and subscriptions."""
+    """Glob patterns of queue names a user may publish to, consume from (which includes
+    creating a group by binding) and monitor (inspect, depth, passive declare; consume
+    implies it), and whether the user may administer queues, groups, subscriptions and
+    AMQP exchanges. The default is no right at all: a user without an entry has none."""
 
-    publish: tuple[str, ...] = ("*",)
-    consume: tuple[str, ...] = ("*",)
-    admin: bool = True
+    publish: tuple[str, ...] = ()
+    consume: tuple[str, ...] = ()
+    monitor: tuple[str, ...] = ()
+    admin: bool = False
 
     def allows(self, action: str, queue: str) -> bool:
-        patterns = self.publish if action == "publish" else self.consume
+        if action == "monitor":
+            if self.admin:
+                return True
+            patterns = self.monitor + self.consume
+        else:
+            patterns = self.publish if action == "publish" else self.consume
         return any(fnmatch.fnmatchcase(queue, p) for p in patterns)
+
+
+# Every right: what anonymous clients get when the gateway has no users.
+FULL_PERMISSION: Final = Permission(("*",), ("*",), ("*",), admin=True)
+_PERMISSION_KEYS: Final = frozenset(("publish", "consume", "monitor", "admin"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,11 +68,19 @@ class GatewayConfig:
     host: str = "0.0.0.0"
     ports: Mapping[str, int | None] = field(default_factory=lambda: dict(DEFAULT_PORTS))
     ports_file: str | None = None
-    # Authentication: no users = anonymous access allowed.
+    # Security (docs/operations.md "Security"). No users = anonymous, from loopback only
+    # unless allow_anonymous. Passwords are scrypt hashes unless allow_plaintext_passwords.
     users: Mapping[str, str] = field(default_factory=dict)
     permissions: Mapping[str, Permission] = field(default_factory=dict)
+    allow_anonymous: bool = False
+    allow_plaintext_passwords: bool = False
+    # TLS listeners start only with a certificate; tls_ca turns on client certificates,
+    # whose subject CN names a user (certificate_users maps a CN to another user name).
     tls_cert: str | None = None
     tls_key: str | None = None
+    tls_ca: str | None = None
+    tls_require_client_cert: bool = False
+    certificate_users: Mapping[str, str] = field(default_factory=dict)
     ack_flush_interval: float = 0.05
     retention_interval: float = 5.0
     # Active/standby: gateways sharing a database elect one active through a lease in SQL.
@@ -60,7 +95,7 @@ class GatewayConfig:
 
     def permission(self, username: str | None) -> Permission:
         if not self.users:
-            return Permission()
+            return FULL_PERMISSION
         return self.permissions.get(username or "", Permission())
 
 
@@ -76,9 +111,8 @@ def parse_port(listener: str, value: object) -> int | None:
     return port
 
 
-_SCALARS: Final = {
-    f.name: f for f in fields(GatewayConfig) if f.name not in ("ports", "users", "permissions")
-}
+_TABLES: Final = ("ports", "users", "permissions", "certificate_users")
+_SCALARS: Final = {f.name: f for f in fields(GatewayConfig) if f.name not in _TABLES}
 
 
 def _coerce(name: str, value: Any) -> Any:
@@ -100,14 +134,17 @@ def load_config(
     """Build the configuration from a TOML file, ``KEYGATE_*`` variables and overrides.
 
     TOML layout: top-level scalars (``db``, ``host``, ...), a ``[ports]`` table, a
-    ``[users]`` table of name = password, and ``[permissions.NAME]`` tables with
-    ``publish`` / ``consume`` glob lists. Environment: ``KEYGATE_DB``,
-    ``KEYGATE_NATIVE_PORT`` (etc.), ``KEYGATE_USERS=alice:pw,bob:pw``.
+    ``[users]`` table of name = password hash, ``[permissions.NAME]`` tables with
+    ``publish`` / ``consume`` / ``monitor`` glob lists and ``admin``, and a
+    ``[certificate_users]`` table of certificate CN = user. Environment: ``KEYGATE_DB``,
+    ``KEYGATE_NATIVE_PORT``, ``KEYGATE_MQTT_TLS_PORT`` (etc.),
+    ``KEYGATE_USERS=alice:HASH,bob:HASH``.
     """
     values: dict[str, Any] = {}
     ports: dict[str, int | None] = dict(DEFAULT_PORTS)
     users: dict[str, str] = {}
     permissions: dict[str, Permission] = {}
+    certificate_users: dict[str, str] = {}
     if file is not None:
         try:
             data = tomllib.loads(Path(file).read_text())
@@ -121,12 +158,9 @@ def load_config(
             elif key == "users":
                 users.update({str(k): str(v) for k, v in value.items()})
             elif key == "permissions":
-                for user, perm in value.items():
-                    permissions[user] = Permission(
-                        tuple(perm.get("publish", ("*",))),
-                        tuple(perm.get("consume", ("*",))),
-                        bool(perm.get("admin", True)),
-                    )
+                permissions.update({str(u): parse_permission(u, p) for u, p in value.items()})
+            elif key == "certificate_users":
+                certificate_users.update({str(k): str(v) for k, v in value.items()})
             elif key in _SCALARS:
                 values[key] = _coerce(key, value)
             else:
@@ -142,7 +176,7 @@ def load_config(
         for pair in raw_users.split(","):
             user, sep, password = pair.partition(":")
             if not sep:
-                raise InvalidArgument("KEYGATE_USERS is a comma list of user:password")
+                raise InvalidArgument("KEYGATE_USERS is a comma list of user:password-hash")
             users[user] = password
     for key, value in (overrides or {}).items():
         if value is None:
@@ -157,9 +191,38 @@ def load_config(
             users.update(value)
         elif key == "permissions":
             permissions.update(value)
+        elif key == "certificate_users":
+            certificate_users.update(value)
         else:
             raise InvalidArgument(f"unknown setting {key!r}")
-    return replace(GatewayConfig(), ports=ports, users=users, permissions=permissions, **values)
+    return replace(
+        GatewayConfig(),
+        ports=ports,
+        users=users,
+        permissions=permissions,
+        certificate_users=certificate_users,
+        **values,
+    )
+
+
+def parse_permission(user: str, entry: Mapping[str, Any]) -> Permission:
+    """A ``[permissions.USER]`` table; a missing key grants nothing."""
+    unknown = set(entry) - _PERMISSION_KEYS
+    if unknown:
+        raise InvalidArgument(
+            f"unknown permission {', '.join(sorted(unknown))} for {user!r}; "
+            f"permissions are {', '.join(sorted(_PERMISSION_KEYS))}"
+        )
+    lists = {}
+    for action in ("publish", "consume", "monitor"):
+        patterns = entry.get(action, ())
+        if isinstance(patterns, str) or not all(isinstance(p, str) for p in patterns):
+            raise InvalidArgument(f"permissions.{user}.{action} must be a list of queue globs")
+        lists[action] = tuple(patterns)
+    admin = entry.get("admin", False)
+    if not isinstance(admin, bool):
+        raise InvalidArgument(f"permissions.{user}.admin must be true or false")
+    return Permission(lists["publish"], lists["consume"], lists["monitor"], admin)
 
 
 def _check_listener(name: str) -> None:

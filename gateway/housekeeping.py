@@ -5,6 +5,8 @@ Every ``ack_flush_interval`` it asks each group runtime to write its pending ack
 count to ``kg_flows`` and renews the native group leases. In between, about every 0.2 s,
 it runs retention early while a depth-limited queue is at least half full: depth counts
 stored rows, so settled messages waiting for retention must not make it refuse publishes.
+Every HEAD_CHECK_INTERVAL it reads the heads of the queues with running groups (one
+query), so rows that another writer appended reach those groups within about a second.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ log = logging.getLogger("keygate.housekeeping")
 
 # Ticks (ack_flush_interval each) between early retention runs of a filling queue.
 PROMPT_RETENTION_TICKS: Final = 4
+# Seconds between checks for rows appended by other writers (Spark, another gateway).
+HEAD_CHECK_INTERVAL: Final = 0.5
 
 
 class Housekeeping:
@@ -42,6 +46,7 @@ class Housekeeping:
         broker, store = self.broker, self.broker.store
         interval = broker.config.ack_flush_interval
         retention_every = max(1, round(broker.config.retention_interval / interval))
+        heads_every = max(1, round(HEAD_CHECK_INTERVAL / interval))
         ticks = 0
         while True:
             await asyncio.sleep(interval)
@@ -55,6 +60,8 @@ class Housekeeping:
                     await broker.renew_group_leases()
                 elif ticks % PROMPT_RETENTION_TICKS == 0 and await self._filling():
                     await store.retention(now=self._clock())
+                if ticks % heads_every == 0:
+                    await broker.check_heads()
             except KeygateError as e:
                 log.warning("housekeeping failed: %s", e)
 

@@ -1,23 +1,36 @@
 """The admin HTTP API (JSON) and ``/metrics`` (Prometheus text format).
 
+    GET    /                                the web console (gateway/console/)
     GET    /healthz                         liveness
     GET    /metrics                         Prometheus metrics
+    GET    /api/openapi.json                this API as an OpenAPI 3.1 document
+    GET    /api/status                      role, name, version, database, listeners
     GET    /api/queues                      every queue with its settings and stats
     POST   /api/queues                      create: {"name": ..., "partitions": ..., ...}
     GET    /api/queues/{name}               one queue, its settings and stats
     PATCH  /api/queues/{name}               alter settings
     DELETE /api/queues/{name}               delete (messages, groups, offsets)
     POST   /api/queues/{name}/purge         drop every message, keep settings and groups
+    POST   /api/queues/{name}/redrive       move dead letters back: {"to": queue, "limit": K,
+                                            "key": K} (all optional; default: the original
+                                            queue of each letter, every letter)
     GET    /api/queues/{name}/inspect       groups, partitions and flows (PAI-EAS style)
     GET    /api/queues/{name}/groups        the queue's consumer groups and their settings
     POST   /api/queues/{name}/groups        create: {"name": ..., "mode": ..., "key_order": ...,
                                             "start": ..., "tags": {...}, "ack_timeout": ...}
     DELETE /api/queues/{name}/groups/{group}  delete a group and its progress
+    POST   /api/queues/{name}/groups/{group}/reset  replay or skip: {"to": "earliest" |
+                                            "latest" | "seq:P=N,..." | "time:ISO8601",
+                                            "force": bool}
+    GET    /api/queues/{name}/messages      browse stored messages without consuming them:
+                                            ?partition=P&from_seq=N&limit=K (limit <= 1000)
     POST   /api/queues/{name}/messages      publish: {"payload": str | "payload_b64": str,
-                                            "key": ..., "properties": {...}}
+                                            "key": ..., "properties": {...}, "ttl": s,
+                                            "delay": s, "dedup_id": ..., "content_type": ...}
     POST   /api/topics/{topic}/messages     publish to a topic (same body)
 
-Errors are ``{"error": code, "message": text}`` with the KeygateError's HTTP status.
+Errors are ``{"error": code, "message": text}`` with the KeygateError's HTTP status; an
+unknown path or method answers the same way (``not-found``, ``method-not-allowed``).
 """
 
 from __future__ import annotations
@@ -26,9 +39,11 @@ import base64
 import binascii
 import json
 import logging
+import math
+import platform
 import ssl
-from collections.abc import Awaitable, Callable
-from dataclasses import asdict, fields
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import asdict
 from typing import Any, Final
 
 from aiohttp import web
@@ -40,15 +55,18 @@ from core.model import (
     KeyOrder,
     Publication,
     QueueConfig,
+    ResetPosition,
     StartPosition,
 )
+from core.settings import queue_settings
 from gateway.broker import Broker
+from gateway.console import STATIC_DIR
 from gateway.inspect import inspect_queue, queue_summary
-from protocols.sink import Principal
+from gateway.openapi import openapi_document, package_version
+from protocols.sink import Principal, peer_identity
 
 log = logging.getLogger("keygate.http")
 
-_QUEUE_FIELDS = {f.name for f in fields(QueueConfig)}
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -60,17 +78,12 @@ def queue_json(queue: QueueConfig) -> dict[str, Any]:
 
 
 def queue_from_json(body: dict[str, Any]) -> QueueConfig:
-    unknown = set(body) - _QUEUE_FIELDS
-    if unknown:
-        raise InvalidArgument(f"unknown queue settings: {', '.join(sorted(unknown))}")
     if "name" not in body:
         raise InvalidArgument("a queue needs a name")
-    values = dict(body)
-    values["subscriptions"] = tuple(values.get("subscriptions") or ())
-    try:
-        return QueueConfig(**values)
-    except TypeError as e:
-        raise InvalidArgument(str(e)) from e
+    if not isinstance(body["name"], str):
+        raise InvalidArgument("name must be of type str")
+    settings = queue_settings({k: v for k, v in body.items() if k != "name"})
+    return QueueConfig(body["name"], **settings)  # type: ignore[arg-type]
 
 
 def group_json(group: GroupConfig) -> dict[str, Any]:
@@ -114,6 +127,11 @@ def group_from_json(queue: str, body: dict[str, Any], default_mode: GroupMode) -
 async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        code = e.reason.lower().replace(" ", "-")
+        return web.json_response({"error": code, "message": e.reason}, status=e.status)
     except KeygateError as e:
         response = web.json_response({"error": e.code, "message": e.message}, status=e.status)
         if isinstance(e, AuthenticationFailed):
@@ -138,55 +156,121 @@ async def _body(request: web.Request) -> dict[str, Any]:
     return body
 
 
+BROWSE_LIMIT: Final = 1000
+
+
+def _int_param(
+    query: Mapping[str, str], name: str, default: int | None, low: int, high: int | None = None
+) -> int | None:
+    raw = query.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise InvalidArgument(f"{name} must be an integer") from None
+    if value < low or (high is not None and value > high):
+        raise InvalidArgument(f"{name} must be between {low} and {high or 'any'}")
+    return value
+
+
+def browsed_json(row: dict[str, Any]) -> dict[str, Any]:
+    """A browsed kg_messages row as JSON: the payload as text when it is UTF-8, and always
+    as base64; properties in their stored form (bytes as {"$b64": ...})."""
+    payload = bytes(row.pop("payload"))
+    try:
+        text: str | None = payload.decode()
+    except UnicodeDecodeError:
+        text = None
+    return {**row, "payload": text, "payload_b64": base64.b64encode(payload).decode()}
+
+
+def _seconds(body: dict[str, Any], name: str, *, positive: bool) -> float | None:
+    """A publish field in seconds: a finite number, > 0 (``positive``) or >= 0."""
+    value = body.get(name)
+    if value is None:
+        return None
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value < 0
+        or (positive and value == 0)
+    ):
+        bound = "> 0" if positive else ">= 0"
+        raise InvalidArgument(f"{name} must be a number of seconds {bound}")
+    return float(value)
+
+
 class AdminServer:
     """Implements protocols.sink.Listener so the gateway starts it like the others."""
 
     name = "http"
 
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: Broker, *, ports: Mapping[str, int] | None = None) -> None:
         self.broker = broker
+        # The gateway's bound ports by listener, filled in as its listeners start.
+        self._ports = ports if ports is not None else {}
         app = web.Application(
             middlewares=[_errors, self._authenticate], client_max_size=64 * 1024 * 1024
         )
         app.add_routes(
             [
+                web.get("/", self._console),
+                web.static("/console", STATIC_DIR),
                 web.get("/healthz", self._health),
                 web.get("/metrics", self._metrics),
+                web.get("/api/openapi.json", self._openapi),
+                web.get("/api/status", self._status),
                 web.get("/api/queues", self._list),
                 web.post("/api/queues", self._create),
                 web.get("/api/queues/{name}", self._show),
                 web.patch("/api/queues/{name}", self._alter),
                 web.delete("/api/queues/{name}", self._delete),
                 web.post("/api/queues/{name}/purge", self._purge),
+                web.post("/api/queues/{name}/redrive", self._redrive),
                 web.get("/api/queues/{name}/inspect", self._inspect),
                 web.get("/api/queues/{name}/groups", self._groups),
                 web.post("/api/queues/{name}/groups", self._create_group),
                 web.delete("/api/queues/{name}/groups/{group}", self._delete_group),
+                web.post("/api/queues/{name}/groups/{group}/reset", self._reset_group),
+                web.get("/api/queues/{name}/messages", self._browse),
                 web.post("/api/queues/{name}/messages", self._publish_queue),
                 web.post("/api/topics/{topic:.+}/messages", self._publish_topic),
             ]
         )
+        self.app = app
         self._runner = web.AppRunner(app, access_log=None)
         self._site: web.TCPSite | None = None
 
     @web.middleware
     async def _authenticate(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        """HTTP Basic credentials, checked like every protocol's, once users are configured
+        """HTTP Basic credentials or a client certificate, checked like every protocol's
         (``/healthz`` stays open for probes)."""
-        if not self.broker.config.users or request.path == "/healthz":
+        if request.path == "/healthz":
             request[PRINCIPAL] = Principal(None, "http")
             return await handler(request)
-        scheme, _, encoded = request.headers.get("Authorization", "").partition(" ")
-        try:
-            username, sep, password = (
-                base64.b64decode(encoded, validate=True).decode().partition(":")
-            )
-        except (binascii.Error, UnicodeDecodeError):
-            sep = ""
-        if scheme.lower() != "basic" or not sep:
-            raise AuthenticationFailed("HTTP Basic credentials required")
+        username = password = None
+        if "Authorization" in request.headers:
+            scheme, _, encoded = request.headers["Authorization"].partition(" ")
+            try:
+                username, sep, password = (
+                    base64.b64decode(encoded, validate=True).decode().partition(":")
+                )
+            except (binascii.Error, UnicodeDecodeError):
+                sep = ""
+            if scheme.lower() != "basic" or not sep:
+                raise AuthenticationFailed("HTTP Basic credentials required")
+        peer, certificate_user = (
+            (None, None) if request.transport is None else peer_identity(request.transport)
+        )
         request[PRINCIPAL] = await self.broker.authenticate(
-            username, password, protocol="http", client_id=None
+            username,
+            password,
+            protocol="http",
+            client_id=None,
+            peer=peer,
+            certificate_user=certificate_user,
         )
         return await handler(request)
 
@@ -199,14 +283,41 @@ class AdminServer:
     async def close(self) -> None:
         await self._runner.cleanup()
 
+    async def _console(self, request: web.Request) -> web.FileResponse:
+        return web.FileResponse(STATIC_DIR / "index.html")
+
     async def _health(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
 
+    async def _status(self, request: web.Request) -> web.Response:
+        config = self.broker.config
+        return web.json_response(
+            {
+                "name": config.name,
+                "role": "active",
+                "version": package_version(),
+                "python": platform.python_version(),
+                "database": self.broker.store.engine.dialect.name,
+                "listeners": dict(self._ports),
+                "queues": len(self.broker.queues()),
+                "groups_loaded": len(self.broker.runtimes()),
+            }
+        )
+
+    async def _openapi(self, request: web.Request) -> web.Response:
+        return web.json_response(openapi_document(package_version()))
+
     async def _metrics(self, request: web.Request) -> web.Response:
+        self.broker.check_monitor(_principal(request), "*")
         return web.Response(body=self.broker.metrics.render(), content_type="text/plain")
 
     async def _list(self, request: web.Request) -> web.Response:
-        out = [await queue_summary(self.broker, q) for q in self.broker.queues()]
+        principal = _principal(request)
+        out = [
+            await queue_summary(self.broker, q)
+            for q in self.broker.queues()
+            if self.broker.may_monitor(principal, q.name)
+        ]
         return web.json_response(out)
 
     async def _create(self, request: web.Request) -> web.Response:
@@ -218,18 +329,14 @@ class AdminServer:
         return web.json_response(queue_json(queue), status=201)
 
     async def _show(self, request: web.Request) -> web.Response:
+        self.broker.check_monitor(_principal(request), request.match_info["name"])
         queue = self.broker.queue(request.match_info["name"])
         return web.json_response(await queue_summary(self.broker, queue))
 
     async def _alter(self, request: web.Request) -> web.Response:
-        body = await _body(request)
-        unknown = set(body) - _QUEUE_FIELDS
-        if unknown:
-            raise InvalidArgument(f"unknown queue settings: {', '.join(sorted(unknown))}")
-        if "subscriptions" in body:
-            body["subscriptions"] = tuple(body["subscriptions"])
+        changes = queue_settings(await _body(request))
         self.broker.check_admin(_principal(request))
-        queue = await self.broker.alter_queue(request.match_info["name"], **body)
+        queue = await self.broker.alter_queue(request.match_info["name"], **changes)
         return web.json_response(queue_json(queue))
 
     async def _delete(self, request: web.Request) -> web.Response:
@@ -242,10 +349,12 @@ class AdminServer:
         return web.json_response({"purged": name, "messages": count})
 
     async def _inspect(self, request: web.Request) -> web.Response:
+        self.broker.check_monitor(_principal(request), request.match_info["name"])
         return web.json_response(await inspect_queue(self.broker, request.match_info["name"]))
 
     async def _groups(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
+        self.broker.check_monitor(_principal(request), name)
         self.broker.queue(name)
         groups = await self.broker.store.list_groups(name)
         return web.json_response([group_json(g) for g in groups])
@@ -264,6 +373,46 @@ class AdminServer:
         await self.broker.delete_group(name, group)
         return web.json_response({"deleted": group, "queue": name})
 
+    async def _redrive(self, request: web.Request) -> web.Response:
+        body = await _body(request)
+        to, key, limit = body.get("to"), body.get("key"), body.get("limit")
+        if not all(isinstance(v, str | None) for v in (to, key)) or not (
+            limit is None or (type(limit) is int and limit >= 1)
+        ):
+            raise InvalidArgument("redrive takes optional to (str), key (str), limit (int >= 1)")
+        result = await self.broker.redrive(
+            _principal(request), request.match_info["name"], to=to, key=key, limit=limit
+        )
+        return web.json_response(result)
+
+    async def _reset_group(self, request: web.Request) -> web.Response:
+        name, group = request.match_info["name"], request.match_info["group"]
+        body = await _body(request)
+        if not isinstance(body.get("to"), str) or not isinstance(body.get("force", False), bool):
+            raise InvalidArgument('a reset needs "to" (a string) and an optional "force" (bool)')
+        self.broker.check_admin(_principal(request))
+        target = ResetPosition.parse(body["to"])
+        positions = await self.broker.reset_group(
+            name, group, target, force=body.get("force", False)
+        )
+        return web.json_response(
+            {"queue": name, "group": group, "committed": {str(p): s for p, s in positions.items()}}
+        )
+
+    async def _browse(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        self.broker.queue(name)
+        self.broker.authorize(_principal(request), "consume", name)
+        query = request.query
+        partition = _int_param(query, "partition", None, 0)
+        rows = await self.broker.store.browse(
+            name,
+            partition=partition,
+            from_seq=_int_param(query, "from_seq", 0, 0) or 0,
+            limit=_int_param(query, "limit", 100, 1, BROWSE_LIMIT) or 100,
+        )
+        return web.json_response([browsed_json(row) for row in rows])
+
     async def _publish(
         self, request: web.Request, *, queue: str | None = None, topic: str | None = None
     ) -> web.Response:
@@ -271,20 +420,24 @@ class AdminServer:
         if "payload_b64" in body:
             try:
                 payload = base64.b64decode(body["payload_b64"], validate=True)
-            except (binascii.Error, TypeError) as e:
+            except (binascii.Error, TypeError, ValueError) as e:
                 raise InvalidArgument(f"payload_b64 is not base64: {e}") from e
         else:
             payload = str(body.get("payload", "")).encode()
         properties = body.get("properties") or {}
         if not isinstance(properties, dict):
             raise InvalidArgument("properties must be an object")
+        dedup_id = body.get("dedup_id")
+        if dedup_id is not None and not isinstance(dedup_id, str):
+            raise InvalidArgument("dedup_id must be a string")
         publication = Publication(
             payload=payload,
             key=body.get("key"),
             properties=properties,
-            ttl=body.get("ttl"),
+            ttl=_seconds(body, "ttl", positive=True),
+            delay=_seconds(body, "delay", positive=False),
             producer="http",
-            dedup_id=body.get("dedup_id"),
+            dedup_id=dedup_id,
             content_type=body.get("content_type"),
             queue=queue,
             topic=topic,

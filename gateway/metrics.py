@@ -1,35 +1,100 @@
-"""Prometheus metrics. Counters are updated on the hot path; per-group gauges (backlog,
-in-flight) are computed at scrape time from the live state machines."""
+"""Prometheus metrics. Counters are updated on the hot path; per-queue and per-group gauges
+are computed at scrape time from the store's cached depths and the live state machines."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import fields, is_dataclass
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, fields, is_dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-GroupGauges = Callable[[], Iterable[tuple[str, str, int, int]]]
-"""Yields (queue, group, backlog, in_flight) for every loaded group."""
+from core.actions import Deliver
 
 
-class _GroupCollector(Collector):
-    def __init__(self, source: GroupGauges) -> None:
-        self._source = source
+@dataclass(frozen=True, slots=True)
+class GroupGauge:
+    """One loaded group at scrape time."""
+
+    queue: str
+    group: str
+    backlog: int  # loaded, not yet delivered
+    in_flight: int  # delivered, not yet settled
+    lag: int  # stored after the committed seq (not yet settled), per partition summed
+    owners: int  # flows holding at least one partition
+    oldest: float | None  # publish time of the oldest loaded unsettled message
+
+
+@dataclass(frozen=True, slots=True)
+class QueueGauge:
+    queue: str
+    messages: int
+    bytes: int
+    in_flight: int
+    dead_letters: int  # messages in the queue's dead-letter queue
+
+
+class _ScrapeCollector(Collector):
+    """Per-queue and per-group gauges, computed from the live state when scraped."""
+
+    def __init__(
+        self,
+        queues: Callable[[], Iterable[QueueGauge]],
+        groups: Callable[[], Iterable[GroupGauge]],
+        clock: Callable[[], float],
+    ) -> None:
+        self._queues = queues
+        self._groups = groups
+        self._clock = clock
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        backlog = GaugeMetricFamily(
-            "keygate_group_backlog", "Messages not yet delivered", labels=["queue", "group"]
+        q = ["queue"]
+        queue_families = {
+            "messages": GaugeMetricFamily("keygate_queue_messages", "Messages stored", labels=q),
+            "bytes": GaugeMetricFamily(
+                "keygate_queue_bytes", "Bytes stored (payload and properties)", labels=q
+            ),
+            "in_flight": GaugeMetricFamily(
+                "keygate_queue_in_flight_messages", "Delivered, not yet settled", labels=q
+            ),
+            "dead_letters": GaugeMetricFamily(
+                "keygate_queue_dead_letter_messages", "Messages in the dead-letter queue", labels=q
+            ),
+        }
+        for queue in self._queues():
+            for name, family in queue_families.items():
+                family.add_metric([queue.queue], getattr(queue, name))
+        yield from queue_families.values()
+        g = ["queue", "group"]
+        group_families = {
+            "backlog": GaugeMetricFamily(
+                "keygate_group_backlog", "Messages loaded, not yet delivered", labels=g
+            ),
+            "in_flight": GaugeMetricFamily(
+                "keygate_group_in_flight", "Delivered, not yet settled", labels=g
+            ),
+            "lag": GaugeMetricFamily(
+                "keygate_group_lag_messages", "Stored messages the group has not settled", labels=g
+            ),
+            "owners": GaugeMetricFamily(
+                "keygate_group_owners", "Consumers holding at least one partition", labels=g
+            ),
+        }
+        oldest = GaugeMetricFamily(
+            "keygate_group_oldest_unacked_age_seconds",
+            "Age of the oldest loaded message the group has not settled",
+            labels=g,
         )
-        in_flight = GaugeMetricFamily(
-            "keygate_group_in_flight", "Delivered, not yet settled", labels=["queue", "group"]
-        )
-        for queue, group, waiting, flying in self._source():
-            backlog.add_metric([queue, group], waiting)
-            in_flight.add_metric([queue, group], flying)
-        yield backlog
-        yield in_flight
+        now = self._clock()
+        for group in self._groups():
+            for name, family in group_families.items():
+                family.add_metric([group.queue, group.group], getattr(group, name))
+            if group.oldest is not None:
+                oldest.add_metric([group.queue, group.group], max(0.0, now - group.oldest))
+        yield from group_families.values()
+        yield oldest
 
 
 class _ListenerCollector(Collector):
@@ -77,6 +142,15 @@ class Metrics:
             buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024),
             registry=r,
         )
+        self.deliver_latency = Histogram(
+            "keygate_publish_to_deliver_seconds",
+            "From publish to first delivery to a consumer (includes scheduled delays)",
+            buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0, 5.0, 30.0),
+            registry=r,
+        )
+        self.active = Gauge(
+            "keygate_gateway_active", "1 while this gateway holds the lease", registry=r
+        )
         self.publish_latency = Histogram(
             "keygate_publish_commit_seconds",
             "From publish call to commit",
@@ -84,8 +158,14 @@ class Metrics:
             registry=r,
         )
 
-    def watch_groups(self, source: GroupGauges) -> None:
-        self.registry.register(_GroupCollector(source))
+    def watch(
+        self,
+        queues: Callable[[], Iterable[QueueGauge]],
+        groups: Callable[[], Iterable[GroupGauge]],
+        clock: Callable[[], float],
+    ) -> None:
+        """Export per-queue and per-group gauges computed from ``queues`` and ``groups``."""
+        self.registry.register(_ScrapeCollector(queues, groups, clock))
 
     def watch_listener(self, name: str, stats: object) -> None:
         """Export a listener's ``stats`` dataclass of counters."""
@@ -102,8 +182,12 @@ class RuntimeMetrics:
     def __init__(self, metrics: Metrics) -> None:
         self._m = metrics
 
-    def delivered(self, queue: str, group: str, count: int) -> None:
-        self._m.delivered.labels(queue, group).inc(count)
+    def delivered(self, queue: str, group: str, deliveries: Sequence[Deliver]) -> None:
+        self._m.delivered.labels(queue, group).inc(len(deliveries))
+        now = time.time()
+        for delivery in deliveries:
+            if delivery.delivery_count == 1:
+                self._m.deliver_latency.observe(now - delivery.message.publish_time)
 
     def dead_lettered(self, queue: str, group: str, count: int) -> None:
         self._m.dead_lettered.labels(queue, group).inc(count)

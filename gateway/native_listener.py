@@ -53,7 +53,7 @@ from protocols.native.events import (
     SettingValue,
     Unbind,
 )
-from protocols.sink import Principal
+from protocols.sink import Principal, peer_identity
 
 log = logging.getLogger("keygate.native")
 
@@ -262,8 +262,14 @@ class _Session:
             self.send(Ok(request_id=request_id))
 
     async def hello(self, event: Hello) -> None:
+        peer, certificate_user = peer_identity(self.writer)
         self.principal = await self.broker.authenticate(
-            event.username, event.password, protocol="native", client_id=event.client_name
+            event.username,
+            event.password,
+            protocol="native",
+            client_id=event.client_name,
+            peer=peer,
+            certificate_user=certificate_user,
         )
         self.send(self.conn.accept(self.listener.server_name, self.session_id))
 

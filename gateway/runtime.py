@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import Any, Final, Protocol
 
 from core.actions import (
@@ -66,7 +66,7 @@ class FlowOutput(Protocol):
 
 
 class RuntimeHooks(Protocol):
-    def delivered(self, queue: str, group: str, count: int) -> None: ...
+    def delivered(self, queue: str, group: str, deliveries: Sequence[Deliver]) -> None: ...
     def dead_lettered(self, queue: str, group: str, count: int) -> None: ...
     def dropped(self, queue: str, group: str, reason: str) -> None: ...
 
@@ -194,6 +194,10 @@ class GroupRuntime:
     def append(self, messages: Sequence[Message]) -> None:
         self.submit(self.machine.append(self._clock(), messages))
 
+    def heads(self, heads: Mapping[int, int]) -> None:
+        """Partition heads another writer advanced (Broker.check_heads)."""
+        self.submit(self.machine.heads(self._clock(), heads))
+
     def ack(self, flow_id: str, message_ids: Sequence[str]) -> None:
         self.submit(self.machine.ack(self._clock(), flow_id, message_ids))
 
@@ -309,7 +313,7 @@ class GroupRuntime:
     def _flush_run(self, run: list[Deliver]) -> None:
         if run and (output := self.outputs.get(run[0].flow_id)) is not None:
             output.deliver(run)
-            self._hooks.delivered(self.queue.name, self.group.name, len(run))
+            self._hooks.delivered(self.queue.name, self.group.name, run)
 
     async def _persist(self, write: Callable[[], Awaitable[object]]) -> None:
         delay = 0.05

@@ -3,10 +3,14 @@ shuts down gracefully (stop accepting, drain, flush acks, close the store).
 
 Active/standby: gateways sharing one database elect the active one through a lease row in
 ``kg_gateway_lease`` (named after ``config.name``). A standby opens the store and waits,
-accepting no connections, until the lease is free or has lapsed; the active gateway renews
-every ``lease_ttl / 3`` and, if it cannot renew within ``lease_ttl`` (or finds the lease
-taken), stops itself so two gateways never append at once. A clean stop releases the lease,
-so a standby takes over at once rather than after the TTL.
+accepting no connections, until the lease is free or has lapsed (by the database's clock);
+taking it over increments the lease's epoch. The active gateway fences its store with that
+epoch, so every write transaction proves in the database that the lease is still its own.
+It renews every ``lease_ttl / 3`` (each attempt bounded by ``lease_ttl / 3``); if a write
+is fenced off, a renewal finds the lease taken, or it cannot renew within ``lease_ttl``,
+it stops at once (listeners closed together, no drain: nothing more can commit) and the
+CLI exits non-zero. A clean stop lets the lease lapse, so a standby takes over at once
+rather than after the TTL.
 """
 
 from __future__ import annotations
@@ -21,17 +25,20 @@ import socket
 import ssl
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from core.errors import KeygateError
+from core.errors import Fenced, InvalidArgument, KeygateError
 from gateway.broker import Broker
-from gateway.config import GatewayConfig
+from gateway.config import LISTENERS, TLS_LISTENERS, GatewayConfig
 from gateway.housekeeping import Housekeeping
 from gateway.http import AdminServer
 from gateway.metrics import Metrics
 from gateway.native_listener import NativeListener
+from gateway.security import check_security
 from protocols.sink import Listener
+from storage.base import GatewayLease
 from storage.store import SqlStore, open_store
 
 log = logging.getLogger("keygate.server")
@@ -48,25 +55,36 @@ class PortInUse(KeygateError):
         )
 
 
-def _listeners(broker: Broker, config: GatewayConfig) -> dict[str, Listener]:
+def _listener(
+    protocol: str, broker: Broker, config: GatewayConfig, ports: Mapping[str, int]
+) -> Listener:
     # Imported here so that a protocol package is only loaded when its listener is on.
-    out: dict[str, Listener] = {}
-    if config.port("native") is not None:
-        out["native"] = NativeListener(broker, server_name=config.name)
-    if config.port("mqtt") is not None:
+    if protocol == "native":
+        return NativeListener(broker, server_name=config.name)
+    if protocol == "mqtt":
         from protocols.mqtt import MqttListener
 
-        out["mqtt"] = MqttListener(broker)
-    if config.port("amqp") is not None:
+        return MqttListener(broker)
+    if protocol == "amqp":
         from protocols.amqp import AmqpListener
 
-        out["amqp"] = AmqpListener(broker)
-    if config.port("stomp") is not None:
+        return AmqpListener(broker)
+    if protocol == "stomp":
         from protocols.stomp import StompListener
 
-        out["stomp"] = StompListener(broker)
-    if config.port("http") is not None:
-        out["http"] = AdminServer(broker)
+        return StompListener(broker)
+    return AdminServer(broker, ports=ports)
+
+
+def _listeners(
+    broker: Broker, config: GatewayConfig, ports: Mapping[str, int]
+) -> dict[str, Listener]:
+    """Every enabled listener by name; a ``<protocol>_tls`` twin only with a certificate."""
+    out: dict[str, Listener] = {}
+    for name in LISTENERS:
+        if config.port(name) is None or (name in TLS_LISTENERS and not config.tls_cert):
+            continue
+        out[name] = _listener(name.removesuffix("_tls"), broker, config, ports)
     return out
 
 
@@ -87,10 +105,21 @@ def _remove_ports_file(name: str | None) -> None:
 
 
 def ssl_context(config: GatewayConfig) -> ssl.SSLContext | None:
+    """The TLS listeners' context: TLS 1.2 or newer; with ``tls_ca``, client certificates
+    signed by it are verified (and required with ``tls_require_client_cert``)."""
     if not config.tls_cert:
         return None
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(config.tls_cert, config.tls_key)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(config.tls_cert, config.tls_key)
+        if config.tls_ca:
+            context.load_verify_locations(config.tls_ca)
+            context.verify_mode = (
+                ssl.CERT_REQUIRED if config.tls_require_client_cert else ssl.CERT_OPTIONAL
+            )
+    except (OSError, ssl.SSLError) as e:
+        raise InvalidArgument(f"cannot load the TLS certificate, key or CA: {e}") from e
     return context
 
 
@@ -111,12 +140,15 @@ class Gateway:
     _stopping: asyncio.Task[None] | None = None
     _housekeeping: Housekeeping | None = None
     _active: bool = False
+    _epoch: int = 0
 
     async def start(self) -> None:
         """Open storage, wait to be the active gateway, start every enabled listener.
 
         Raises PortInUse naming the port. While another gateway is active this waits.
         """
+        check_security(self.config)
+        context = ssl_context(self.config)
         # A file left by an earlier run must not pass for this one's readiness.
         _remove_ports_file(self.config.ports_file)
         self.store = await open_store(self.config.db)
@@ -129,18 +161,19 @@ class Gateway:
             raise
         self._lease_task = asyncio.create_task(self._keep_lease())
         self.broker = Broker(self.store, self.config, Metrics())
+        self.broker.metrics.active.set(1)
         # Flows of an earlier run (a crash leaves their rows) died with its connections.
         await self.store.forget_consumers(self.broker.lease_owner)
         await self.broker.start()
         self._housekeeping = Housekeeping(self.broker)
         self._housekeeping.start()
-        context = ssl_context(self.config)
         try:
-            for name, listener in _listeners(self.broker, self.config).items():
+            for name, listener in _listeners(self.broker, self.config, self.ports).items():
                 port = self.config.port(name)
                 assert port is not None
+                tls = context if name in TLS_LISTENERS else None
                 try:
-                    self.ports[name] = await listener.start(self.config.host, port, context)
+                    self.ports[name] = await listener.start(self.config.host, port, tls)
                 except OSError as e:
                     if e.errno == errno.EADDRINUSE:
                         raise PortInUse(name, self.config.host, port) from e
@@ -153,15 +186,16 @@ class Gateway:
             raise
         _write_ports_file(self.config.ports_file, self.ports)
 
-    async def _acquire(self) -> bool:
+    async def _acquire(self, epoch: int | None = None) -> int | None:
         assert self.store is not None
         return await self.store.acquire_gateway_lease(
-            self.config.name, self.holder, ttl=self.config.lease_ttl, now=time.time()
+            self.config.name, self.holder, ttl=self.config.lease_ttl, epoch=epoch
         )
 
     async def _become_active(self) -> None:
+        assert self.store is not None
         announced = False
-        while not await self._acquire():
+        while (epoch := await self._acquire()) is None:
             if not announced:
                 log.info(
                     "standby: gateway %r is active elsewhere; taking over when its lease lapses",
@@ -169,28 +203,43 @@ class Gateway:
                 )
                 announced = True
             await asyncio.sleep(self.config.lease_ttl / 3)
+        self._epoch = epoch
+        self.store.fence(GatewayLease(self.config.name, self.holder, epoch), self._fenced_off)
         self._active = True
         if announced:
-            log.info("took over as the active gateway %r", self.config.name)
+            log.info("took over as the active gateway %r (epoch %d)", self.config.name, epoch)
 
     async def _keep_lease(self) -> None:
+        ttl = self.config.lease_ttl
         renewed = time.monotonic()
         while True:
-            await asyncio.sleep(self.config.lease_ttl / 3)
+            await asyncio.sleep(ttl / 3)
             try:
-                held = await self._acquire()
-            except KeygateError as e:
-                log.warning("renewing the gateway lease failed: %s", e)
-                held = time.monotonic() - renewed < self.config.lease_ttl
+                async with asyncio.timeout(ttl / 3):
+                    held = await self._acquire(self._epoch) is not None
+            except (KeygateError, TimeoutError) as e:
+                log.warning("renewing the gateway lease failed: %s", e or "timed out")
+                held = time.monotonic() - renewed < ttl
             else:
                 renewed = time.monotonic() if held else renewed
             if not held:
-                log.error("lost the gateway lease; stopping so that one gateway stays active")
-                self.lost_lease = True
-                self._active = False
-                # stop() cancels the lease task, so it must not run inside it.
-                self._stopping = asyncio.create_task(self.stop())
+                self._lose_lease("lost the gateway lease")
                 return
+
+    def _fenced_off(self, error: Fenced) -> None:
+        self._lose_lease(f"a write was fenced off ({error.message})")
+
+    def _lose_lease(self, why: str) -> None:
+        """Another gateway is (or may be) active: stop at once, without releasing."""
+        if self.lost_lease:
+            return
+        log.error("%s; stopping at once so that one gateway stays active", why)
+        self.lost_lease = True
+        self._active = False
+        if self.broker is not None:
+            self.broker.metrics.active.set(0)
+        # stop() cancels the lease task, so it must not run inside it.
+        self._stopping = asyncio.create_task(self.stop())
 
     async def stop(self) -> None:
         """Stop accepting, close connections, flush acks, release the lease, close the
@@ -208,11 +257,12 @@ class Gateway:
     async def _shut_down(self) -> None:
         if self._lease_task is not None and self._lease_task is not asyncio.current_task():
             self._lease_task.cancel()
-        for name, listener in reversed(list(self._listeners.items())):
-            try:
-                await listener.close()
-            except Exception:
-                log.exception("closing the %s listener failed", name)
+        if self.lost_lease:
+            # No longer the owner: every write now fails, so nothing is left to drain.
+            await asyncio.gather(*(self._close(*item) for item in self._listeners.items()))
+        else:
+            for name, listener in reversed(list(self._listeners.items())):
+                await self._close(name, listener)
         self._listeners.clear()
         if self.ports:
             _remove_ports_file(self.config.ports_file)
@@ -227,6 +277,13 @@ class Gateway:
                 except KeygateError as e:
                     log.warning("releasing the gateway lease failed: %s", e)
             await self.store.close()
+
+    @staticmethod
+    async def _close(name: str, listener: Listener) -> None:
+        try:
+            await listener.close()
+        except Exception:
+            log.exception("closing the %s listener failed", name)
 
     async def wait_closed(self) -> None:
         """Return once a stop (asked for, or after losing the lease) has finished."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from core.model import Publication, QueueConfig
 
@@ -49,9 +49,23 @@ class Sink(Protocol):
         ...
 
     async def authenticate(
-        self, username: str | None, password: str | None, *, protocol: str, client_id: str | None
+        self,
+        username: str | None,
+        password: str | None,
+        *,
+        protocol: str,
+        client_id: str | None,
+        peer: str | None = None,
+        certificate_user: str | None = None,
     ) -> Principal:
-        """Check credentials; raise AuthenticationFailed."""
+        """Check credentials; raise AuthenticationFailed (bad credentials, throttled) or
+        PermissionDenied (anonymous from a non-loopback peer). ``peer`` is the client's IP
+        address as the listener's socket sees it; ``certificate_user`` the subject CN of a
+        client certificate the TLS handshake verified (see ``peer_identity``)."""
+        ...
+
+    def may_administer(self, principal: Principal) -> bool:
+        """Whether the principal may create and delete queues and exchanges."""
         ...
 
     async def publish(self, principal: Principal, publication: Publication) -> Receipt:
@@ -97,6 +111,27 @@ class Sink(Protocol):
     async def unsubscribe(self, principal: Principal, queue: str, pattern: str) -> None: ...
 
 
+class TransportInfo(Protocol):
+    """What ``peer_identity`` reads: an asyncio transport or StreamWriter."""
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any: ...
+
+
+def peer_identity(transport: TransportInfo) -> tuple[str | None, str | None]:
+    """The peer's IP address and, on TLS with a verified client certificate, its subject
+    common name: the ``peer`` and ``certificate_user`` of ``Sink.authenticate``."""
+    address = transport.get_extra_info("peername")
+    peer = str(address[0]) if isinstance(address, tuple) and address else None
+    certificate = transport.get_extra_info("peercert")
+    common_name = None
+    if certificate:  # only a certificate the handshake verified against the CA is here
+        for rdn in certificate.get("subject", ()):
+            for key, value in rdn:
+                if key == "commonName":
+                    common_name = str(value)
+    return peer, common_name
+
+
 class Listener(Protocol):
     """A protocol server the gateway starts and stops."""
 
@@ -111,4 +146,4 @@ class Listener(Protocol):
         ...
 
 
-__all__ = ["Listener", "Principal", "Receipt", "Sink"]
+__all__ = ["Listener", "Principal", "Receipt", "Sink", "TransportInfo", "peer_identity"]

@@ -13,7 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from core import topics
 from core.actions import DeliveryRecord, GroupSnapshot, PartitionSnapshot
 from core.errors import AlreadyExists, GroupNotFound, InvalidArgument, QueueNotFound
-from core.model import GroupConfig, QueueConfig, StartPosition
+from core.model import GroupConfig, QueueConfig, ResetKind, ResetPosition
 from storage.base import StoreBase, read_queues
 from storage.codec import decode_ranges, group_from_row, group_row, queue_row
 from storage.schema import (
@@ -67,6 +67,31 @@ def _with_patterns(config: QueueConfig, patterns: Iterable[str]) -> QueueConfig:
 
 def _group_where(table: sa.Table, queue: str, group: str) -> sa.ColumnElement[bool]:
     return sa.and_(table.c.queue == queue, table.c.group_name == group)
+
+
+async def _positions(
+    conn: AsyncConnection, queue: QueueConfig, target: ResetPosition
+) -> dict[int, int]:
+    """Partition -> committed seq (everything at or below it counts as done) for a group
+    that starts, or is reset, at ``target``."""
+    p, m = kg_partitions, kg_messages
+    heads = {
+        row.partition: row.head_seq
+        for row in await conn.execute(sa.select(p).where(p.c.queue == queue.name))
+    }
+    if target.kind is ResetKind.SEQ:
+        if any(partition >= queue.slots for partition in target.seqs):
+            raise InvalidArgument(f"queue {queue.name!r} has {queue.slots} partition(s)")
+        return {part: min(seq - 1, heads.get(part, 0)) for part, seq in target.seqs.items()}
+    positions = {partition: heads.get(partition, 0) for partition in range(queue.slots)}
+    if target.kind is ResetKind.LATEST:
+        return positions
+    first = sa.select(m.c.partition, sa.func.min(m.c.seq)).where(m.c.queue == queue.name)
+    if target.kind is ResetKind.TIME:
+        first = first.where(m.c.publish_time >= target.time)
+    for partition, seq in await conn.execute(first.group_by(m.c.partition)):
+        positions[partition] = seq - 1
+    return positions
 
 
 class AdminOps(StoreBase):
@@ -245,18 +270,7 @@ class AdminOps(StoreBase):
     ) -> None:
         now = time.time()
         await conn.execute(sa.insert(kg_groups), [{**group_row(config), "created_at": now}])
-        heads = {
-            r.partition: r.head_seq
-            for r in await conn.execute(
-                sa.select(kg_partitions).where(kg_partitions.c.queue == queue.name)
-            )
-        }
-        starts = dict(heads)
-        if config.start is StartPosition.EARLIEST:
-            m = kg_messages
-            oldest = sa.select(m.c.partition, sa.func.min(m.c.seq)).where(m.c.queue == queue.name)
-            for partition, seq in await conn.execute(oldest.group_by(m.c.partition)):
-                starts[partition] = seq - 1
+        starts = await _positions(conn, queue, ResetPosition(ResetKind(config.start.value)))
         await conn.execute(
             sa.insert(kg_group_offsets),
             [
@@ -264,8 +278,8 @@ class AdminOps(StoreBase):
                     "queue": queue.name,
                     "group_name": config.name,
                     "partition": partition,
-                    "committed_seq": starts.get(partition, 0),
-                    "dispatched_seq": starts.get(partition, 0),
+                    "committed_seq": starts[partition],
+                    "dispatched_seq": starts[partition],
                     "acked_above": [],
                     "acked_count": 0,
                     "updated_at": now,
@@ -273,6 +287,35 @@ class AdminOps(StoreBase):
                 for partition in range(queue.slots)
             ],
         )
+
+    async def reset_group(self, queue: str, name: str, target: ResetPosition) -> dict[int, int]:
+        """Move group ``name`` to ``target`` (replay or skip): per partition the committed seq
+        becomes the target's, acks above it and delivery counts are forgotten. Returns
+        partition -> committed seq for the partitions it moved. The caller makes sure no
+        running state machine holds the group (gateway.broker reloads it)."""
+        config = self.queue(queue)
+        o, d = kg_group_offsets, kg_deliveries
+        async with self.seq_lock, self.transaction() as conn:
+            if await self._read_group(conn, queue, name) is None:
+                raise GroupNotFound(queue, name)
+            positions = await _positions(conn, config, target)
+            now = time.time()
+            for partition, committed in positions.items():
+                await conn.execute(
+                    sa.update(o)
+                    .where(_group_where(o, queue, name), o.c.partition == partition)
+                    .values(
+                        committed_seq=committed,
+                        dispatched_seq=committed,
+                        acked_above=[],
+                        acked_count=0,
+                        updated_at=now,
+                    )
+                )
+                await conn.execute(
+                    sa.delete(d).where(_group_where(d, queue, name), d.c.partition == partition)
+                )
+        return positions
 
     async def _read_group(self, conn: AsyncConnection, queue: str, name: str) -> GroupConfig | None:
         row = (

@@ -7,6 +7,11 @@ letters, purge, delete), so seqs are handed out in commit order. Seqs themselves
 assigned from ``kg_partitions.head_seq`` read inside the writing transaction (row-locked
 on PostgreSQL; SQLite's BEGIN IMMEDIATE already excludes other writers): a Spark job
 dead-lettering into the same DLQ cannot make the gateway reuse a seq.
+
+Fencing: the active gateway arms ``fence`` with its lease epoch; from then on every write
+transaction proves, as its first statement, that the lease is still its own. One that
+finds it taken raises Fenced (the transaction rolls back; the publish it carried is not
+confirmed) and tells the gateway, which stops at once.
 """
 
 from __future__ import annotations
@@ -15,16 +20,23 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any, Final
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from core.errors import QueueNotFound, StorageError
+from core.errors import Fenced, QueueNotFound, StorageError
 from core.model import Message, QueueConfig
 from storage.codec import message_values, queue_from_row
-from storage.schema import kg_messages, kg_partitions, kg_queues, kg_subscriptions
+from storage.schema import (
+    kg_gateway_lease,
+    kg_messages,
+    kg_partitions,
+    kg_queues,
+    kg_subscriptions,
+)
 
 MESSAGE_COLUMNS: Final = tuple(column.name for column in kg_messages.columns)
 
@@ -45,6 +57,15 @@ class Allocation:
         return seq
 
 
+@dataclass(frozen=True, slots=True)
+class GatewayLease:
+    """The gateway lease this store's writes are fenced with: ``epoch`` is the token."""
+
+    name: str
+    holder: str
+    epoch: int
+
+
 class StoreBase:
     def __init__(self, url: str, engine: AsyncEngine) -> None:
         self.url = url
@@ -61,6 +82,10 @@ class StoreBase:
         # sleeps in growing steps (tens of ms); queueing on a lock in this process costs
         # nothing. Other processes (Spark, a standby) still wait on busy_timeout.
         self._sqlite_lock = asyncio.Lock() if engine.dialect.name == "sqlite" else None
+        self._fence: GatewayLease | None = None
+        self._on_fenced: Callable[[Fenced], None] | None = None
+        # True once a transaction found the gateway lease taken over.
+        self.fenced = False
 
     def add_commit_listener(self, fn: Callable[[Sequence[Message]], None]) -> None:
         """Call ``fn`` with every committed batch of new messages, in commit order and seq
@@ -119,15 +144,75 @@ class StoreBase:
                     # The data is committed: a faulty listener must not fail the writers.
                     _log.exception("commit listener %r failed", listener)
 
+    def fence(self, lease: GatewayLease, on_fenced: Callable[[Fenced], None]) -> None:
+        """From now on every fenced transaction first checks, in the database, that
+        ``lease`` is still held; the first that finds it taken calls ``on_fenced`` once,
+        and it and every later transaction raise Fenced."""
+        self._fence = lease
+        self._on_fenced = on_fenced
+
+    async def _check_fence(self, conn: AsyncConnection) -> None:
+        """Prove inside the transaction that the lease is still ours. On PostgreSQL the row
+        is read FOR SHARE: a takeover (an UPDATE of it) waits until this transaction ends,
+        so nothing it writes can commit after another gateway became active. SQLite's
+        BEGIN IMMEDIATE excludes every other writer for the whole transaction already."""
+        assert self._fence is not None
+        lease = kg_gateway_lease
+        query = sa.select(lease.c.epoch).where(
+            lease.c.name == self._fence.name, lease.c.holder == self._fence.holder
+        )
+        if conn.dialect.name == "postgresql":
+            query = query.with_for_update(read=True)
+        if (await conn.execute(query)).scalar_one_or_none() != self._fence.epoch:
+            raise self._fenced_off()
+
+    def _fenced_off(self) -> Fenced:
+        assert self._fence is not None
+        error = Fenced(self._fence.name)
+        if not self.fenced:
+            self.fenced = True
+            if self._on_fenced is not None:
+                self._on_fenced(error)
+        return error
+
+    async def foreign_heads(self, queues: Iterable[str]) -> dict[str, dict[int, int]]:
+        """Heads that other writers advanced past this store's cache, per queue and
+        partition, in one query; the cache takes them over, so each is reported once."""
+        names = sorted(set(queues) & self.queues.keys())
+        if not names:
+            return {}
+        p = kg_partitions
+        query = sa.select(p.c.queue, p.c.partition, p.c.head_seq).where(p.c.queue.in_(names))
+        async with self.transaction(fenced=False) as conn:
+            rows = (await conn.execute(query)).all()
+        advanced: dict[str, dict[int, int]] = {}
+        for queue, partition, head in rows:
+            if head > self.heads.get((queue, partition), 0):
+                self.heads[(queue, partition)] = head
+                advanced.setdefault(queue, {})[partition] = head
+        return advanced
+
     @asynccontextmanager
-    async def transaction(self) -> AsyncIterator[AsyncConnection]:
-        """One transaction; driver failures become StorageError, keygate errors pass."""
+    async def transaction(self, *, fenced: bool = True) -> AsyncIterator[AsyncConnection]:
+        """One transaction; driver failures become StorageError, keygate errors pass.
+
+        Once the store is fenced (``fence``), the transaction starts with the lease check
+        unless ``fenced`` is False (the lease's own statements); a fenced-off store runs
+        no such transaction at all.
+        """
+        check = fenced and self._fence is not None
+        if check and self.fenced:
+            raise self._fenced_off()
         try:
             if self._sqlite_lock is None:
                 async with self.engine.begin() as connection:
+                    if check:
+                        await self._check_fence(connection)
                     yield connection
             else:
                 async with self._sqlite_lock, self.engine.begin() as connection:
+                    if check:
+                        await self._check_fence(connection)
                     yield connection
         except (sa.exc.SQLAlchemyError, OSError) as e:
             raise StorageError(f"database error: {e}") from e

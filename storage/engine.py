@@ -13,6 +13,7 @@ instead of failing with "database is locked" when a read lock cannot be upgraded
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Any, Final
 
 import sqlalchemy as sa
@@ -28,6 +29,15 @@ _SQLITE_PRAGMAS: Final = (
     f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}",
 )
 _SEARCH_PATH: Final = "search_path"
+IDLE_IN_TRANSACTION_TIMEOUT_MS: Final = 5000
+
+
+def _require_driver(module: str) -> None:
+    """PostgreSQL drivers are the ``postgres`` extra: SQLite users do not install them."""
+    if importlib.util.find_spec(module) is None:
+        raise InvalidArgument(
+            f"PostgreSQL needs the {module} driver: pip install 'keygate[postgres]'"
+        )
 
 
 def _parse(url: str) -> tuple[URL, str | None]:
@@ -71,9 +81,14 @@ def async_engine(url: str) -> AsyncEngine:
         engine = create_async_engine(parsed.set(drivername="sqlite+aiosqlite"))
         _sqlite_setup(engine.sync_engine)
         return engine
-    connect_args: dict[str, Any] = {}
+    _require_driver("asyncpg")
+    # A transaction left open by a frozen (SIGSTOPped) gateway holds the gateway lease
+    # row FOR SHARE (storage.base): the server ends such a session, so a standby can
+    # take the lease over.
+    settings = {"idle_in_transaction_session_timeout": str(IDLE_IN_TRANSACTION_TIMEOUT_MS)}
     if search_path:
-        connect_args["server_settings"] = {"search_path": search_path}
+        settings["search_path"] = search_path
+    connect_args: dict[str, Any] = {"server_settings": settings}
     # pre_ping: a connection the server dropped (restart, failover, idle timeout) is
     # replaced at checkout instead of failing the transaction (one round-trip per
     # transaction, which group commit amortises).
@@ -92,6 +107,7 @@ def sync_engine(url: str) -> sa.Engine:
         engine = sa.create_engine(parsed.set(drivername="sqlite+pysqlite"))
         _sqlite_setup(engine)
         return engine
+    _require_driver("psycopg")
     connect_args: dict[str, Any] = {}
     if search_path:
         connect_args["options"] = "-csearch_path=" + search_path

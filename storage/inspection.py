@@ -9,6 +9,7 @@ import sqlalchemy as sa
 
 from core.errors import QueueNotFound
 from storage.base import StoreBase
+from storage.schema import kg_messages
 
 _QUEUE_STATS: Final = sa.text(
     "SELECT depth, bytes, in_flight, dead_letters FROM kg_queue_stats WHERE queue = :queue"
@@ -17,6 +18,8 @@ _PARTITION_STATUS: Final = sa.text(
     "SELECT * FROM kg_partition_status WHERE queue = :queue ORDER BY group_name, partition"
 )
 _GROUP_LAG: Final = sa.text("SELECT * FROM kg_group_lag WHERE queue = :queue ORDER BY group_name")
+# What browsing shows of a message: every column but the queue (the caller named it).
+_BROWSE_COLUMNS: Final = [c for c in kg_messages.columns if c.name != "queue"]
 
 
 class InspectionOps(StoreBase):
@@ -39,3 +42,17 @@ class InspectionOps(StoreBase):
         async with self.transaction() as conn:
             result = await conn.execute(_GROUP_LAG, {"queue": queue})
             return [dict(row) for row in result.mappings()]
+
+    async def browse(
+        self, queue: str, *, partition: int | None, from_seq: int, limit: int
+    ) -> list[dict[str, Any]]:
+        """Stored messages of ``queue`` in (partition, seq) order without consuming them:
+        rows as kg_messages holds them (properties in their stored JSON form), so a row
+        that no consumer could decode can still be looked at."""
+        m = kg_messages
+        query = sa.select(*_BROWSE_COLUMNS).where(m.c.queue == queue, m.c.seq >= from_seq)
+        if partition is not None:
+            query = query.where(m.c.partition == partition)
+        query = query.order_by(m.c.partition, m.c.seq).limit(limit)
+        async with self.transaction() as conn:
+            return [dict(row) for row in (await conn.execute(query)).mappings()]

@@ -6,7 +6,9 @@ the other kind is refused (GroupLeased) until the lease expires or is released. 
 renew by acquiring again before expiry.
 
 ``kg_gateway_lease`` elects the active gateway among several sharing one PostgreSQL: the
-holder renews; a standby takes over once ``expires_at`` has passed.
+holder renews; a standby takes over once ``expires_at`` (the database's clock) has
+passed, incrementing ``epoch``, the fencing token every write of the holder checks
+(StoreBase.transaction).
 """
 
 from __future__ import annotations
@@ -14,12 +16,16 @@ from __future__ import annotations
 from typing import Final
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from core.errors import GroupLeased, GroupNotFound, InvalidArgument
-from storage.base import StoreBase, upsert
+from storage.base import StoreBase
 from storage.schema import kg_gateway_lease, kg_groups
 
 LEASE_KINDS: Final = frozenset({"native", "spark"})
+# How long taking or renewing the gateway lease waits for row locks (PostgreSQL).
+LEASE_LOCK_TIMEOUT_MS: Final = 1000
 
 
 class LeaseOps(StoreBase):
@@ -65,21 +71,57 @@ class LeaseOps(StoreBase):
             )
 
     async def acquire_gateway_lease(
-        self, name: str, holder: str, *, ttl: float, now: float
-    ) -> bool:
-        """Become (or stay) the active gateway ``name``; False while another holds it."""
+        self, name: str, holder: str, *, ttl: float, epoch: int | None = None
+    ) -> int | None:
+        """Take the lease ``name`` for ``holder`` if it is free or has lapsed (``epoch``
+        None), or renew the one held with ``epoch``. Returns the epoch now held (a takeover
+        increments it), or None when another gateway holds the lease.
+
+        Expiry is computed from the database's clock, never this host's. On PostgreSQL the
+        statements wait at most LEASE_LOCK_TIMEOUT for the holder's write transactions
+        (which hold the row FOR SHARE), so a frozen holder cannot hang its successor.
+        """
         lease = kg_gateway_lease
-        async with self.transaction() as conn:
-            free = sa.or_(lease.c.holder == holder, lease.c.expires_at <= now)
-            take = upsert(conn, lease, ("name",), ("holder", "expires_at"), where=free)
-            row = {"name": name, "holder": holder, "expires_at": now + ttl}
-            await conn.execute(take, [row])
-            current = await conn.execute(sa.select(lease.c.holder).where(lease.c.name == name))
-            return bool(current.scalar_one() == holder)
+        async with self.transaction(fenced=False) as conn:
+            now = database_now(conn)
+            if conn.dialect.name == "postgresql":
+                await conn.exec_driver_sql(f"SET LOCAL lock_timeout = '{LEASE_LOCK_TIMEOUT_MS}ms'")
+            mine = sa.and_(lease.c.name == name, lease.c.holder == holder)
+            if epoch is not None:
+                renewed = await conn.execute(
+                    sa.update(lease)
+                    .where(mine, lease.c.epoch == epoch)
+                    .values(expires_at=now + ttl)
+                )
+                return epoch if renewed.rowcount == 1 else None
+            dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
+            await conn.execute(
+                dialect.insert(lease)
+                .values(name=name, holder=holder, expires_at=now + ttl, epoch=1)
+                .on_conflict_do_nothing(index_elements=["name"])
+            )
+            await conn.execute(
+                sa.update(lease)
+                .where(lease.c.name == name, lease.c.holder != holder, lease.c.expires_at <= now)
+                .values(holder=holder, epoch=lease.c.epoch + 1, expires_at=now + ttl)
+            )
+            held = await conn.execute(sa.select(lease.c.epoch).where(mine))
+            return held.scalar_one_or_none()
 
     async def release_gateway_lease(self, name: str, holder: str) -> None:
+        """Let the lease lapse now, so a standby takes over at once. The row (and its epoch)
+        stays: epochs only grow, so an old holder's token never becomes valid again."""
         lease = kg_gateway_lease
-        async with self.transaction() as conn:
+        async with self.transaction(fenced=False) as conn:
             await conn.execute(
-                sa.delete(lease).where(lease.c.name == name, lease.c.holder == holder)
+                sa.update(lease)
+                .where(lease.c.name == name, lease.c.holder == holder)
+                .values(expires_at=0.0)
             )
+
+
+def database_now(conn: AsyncConnection) -> sa.ColumnElement[float]:
+    """The database server's clock in Unix seconds, as a SQL expression."""
+    if conn.dialect.name == "postgresql":
+        return sa.cast(sa.func.extract("epoch", sa.func.clock_timestamp()), sa.Double)
+    return (sa.func.julianday("now") - 2440587.5) * 86400.0

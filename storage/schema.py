@@ -55,6 +55,8 @@ kg_queues: Final = sa.Table(
     sa.Column("dedup_window", Time, nullable=False),
     sa.Column("key_from", sa.String(50)),
     sa.Column("dead_letter_expired", sa.Boolean, nullable=False),
+    # Seconds settled messages are kept after publish (0 = deleted once settled).
+    sa.Column("retention", Time, nullable=False, server_default="0"),
     sa.Column("created_at", Time, nullable=False),
 )
 
@@ -187,6 +189,8 @@ kg_gateway_lease: Final = sa.Table(
     sa.Column("name", sa.String(200), primary_key=True),
     sa.Column("holder", sa.String(500), nullable=False),
     sa.Column("expires_at", Time, nullable=False),
+    # The fencing token: +1 at every takeover; the holder's writes check it (storage.base).
+    sa.Column("epoch", sa.BigInteger, nullable=False, server_default=sa.text("0")),
 )
 
 

@@ -243,7 +243,7 @@ class SqlStore(InspectionOps, LeaseOps, ConsumerOps):
             .order_by(m.c.seq)
             .limit(limit)
         )
-        async with self.transaction() as conn:
+        async with self.transaction(fenced=False) as conn:
             return [message_from_row(row) for row in (await conn.execute(query)).mappings()]
 
     async def head_seqs(self, queue: str) -> dict[int, int]:
@@ -258,8 +258,9 @@ class SqlStore(InspectionOps, LeaseOps, ConsumerOps):
         return messages, size
 
     async def retention(self, *, now: float) -> int:
-        """Delete what every group settled, expired messages of queues without groups and
-        expired dedup records. Returns the number of messages deleted.
+        """Delete what every group settled (and, on a queue with a ``retention`` period, was
+        published longer ago than it), expired messages of queues without groups and expired
+        dedup records. Returns the number of messages deleted.
 
         Deletes run in short transactions of at most RETENTION_CHUNK seqs of one partition,
         so publishes are not held up behind a large clean-up (SQLite has one writer)."""
@@ -273,8 +274,9 @@ class SqlStore(InspectionOps, LeaseOps, ConsumerOps):
                 )
             )
         total = 0
-        for queue, partition, low in lows:
+        for queue, partition, settled in lows:
             done = self._retained.get((queue, partition), 0)
+            low = await self._retention_bound(queue, partition, settled, done, now)
             while done < low:
                 upto = min(low, done + RETENTION_CHUNK)
                 where = sa.and_(
@@ -291,6 +293,27 @@ class SqlStore(InspectionOps, LeaseOps, ConsumerOps):
             await self._delete(conn, sa.and_(m.c.expire_at <= now, ungrouped), deleted)
             await conn.execute(sa.delete(kg_dedup).where(kg_dedup.c.expires_at <= now))
         return total + self._forget_depth(deleted)
+
+    async def _retention_bound(
+        self, queue: str, partition: int, settled: int, done: int, now: float
+    ) -> int:
+        """The highest seq retention may delete: ``settled`` (every group is past it), or
+        less on a queue that keeps settled messages for ``retention`` seconds."""
+        config = self.queues.get(queue)
+        if config is None or config.retention <= 0 or settled <= done:
+            return settled
+        m = kg_messages
+        async with self.transaction() as conn:
+            old = await conn.scalar(
+                sa.select(sa.func.max(m.c.seq)).where(
+                    m.c.queue == queue,
+                    m.c.partition == partition,
+                    m.c.seq > done,
+                    m.c.seq <= settled,
+                    m.c.publish_time <= now - config.retention,
+                )
+            )
+        return done if old is None else int(old)
 
     def _forget_depth(self, deleted: dict[str, list[int]]) -> int:
         """Take deleted messages off the cached depths; returns how many there were."""

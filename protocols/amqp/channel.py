@@ -8,7 +8,7 @@ from enum import Enum
 
 from pamqp import base, body, commands, header
 
-from core.errors import KeygateError, MessageTooLarge, NoRoute
+from core.errors import InvalidArgument, KeygateError, MessageTooLarge, NoRoute
 from protocols.amqp.constants import ReplyCode
 from protocols.amqp.errors import AmqpChannelError, AmqpConnectionError
 from protocols.amqp.events import Publish
@@ -102,9 +102,16 @@ class Channel:
         if content.queue is None and content.topic is None:
             rejected = rejected or NoRoute(f"routing key {method.routing_key!r} matches no topic")
         elif rejected is None:
-            publication = to_publication(
-                properties, payload, queue=content.queue, topic=content.topic, producer=producer
-            )
+            try:
+                publication = to_publication(
+                    properties, payload, queue=content.queue, topic=content.topic, producer=producer
+                )
+            except InvalidArgument as e:
+                # In confirm mode the publish is nacked in its turn; a publisher without
+                # confirms would never hear of it, so its channel is closed with the reason.
+                if not self.confirming:
+                    raise AmqpChannelError(ReplyCode.PRECONDITION_FAILED, e.message) from e
+                rejected = e
         tag = None
         if self.confirming:
             tag = self.next_tag

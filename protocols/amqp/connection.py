@@ -25,13 +25,13 @@ from pamqp import base, body, commands, header, heartbeat
 
 from core.errors import KeygateError, MessageTooLarge, NoRoute, NotFound, PermissionDenied
 from protocols.amqp import events as ev
+from protocols.amqp.arguments import declared_queue
 from protocols.amqp.channel import Channel, ChannelState, Content, confirm_frames
 from protocols.amqp.codec import BadProtocolHeader, Frame, FrameReader, content_frames, method_frame
 from protocols.amqp.constants import FRAME_MIN_SIZE, PROTOCOL_HEADER, ReplyCode
 from protocols.amqp.errors import AmqpChannelError, AmqpConnectionError, AmqpError, reply_for
 from protocols.amqp.exchanges import Exchanges, binding_pattern, publish_topic
 from protocols.amqp.negotiation import credentials, server_named_queue, start_method
-from protocols.amqp.properties import queue_config
 
 _MAX_TEXT: Final = 255
 _CONSUME_LATER: Final = "is not supported yet: consume with the native protocol or Spark"
@@ -82,6 +82,7 @@ class AmqpConnection:
         self.max_message_size = max_message_size
         self.state = State.AWAIT_HEADER
         self.username: str | None = None
+        self._admin = False  # set by authenticated(): may create and delete exchanges
         self.client_id: str | None = None
         self._reader = FrameReader(frame_max)
         self._out: list[bytes] = []
@@ -151,9 +152,12 @@ class AmqpConnection:
             and channel.state is ChannelState.OPEN
         )
 
-    def authenticated(self, error: KeygateError | None) -> None:
+    def authenticated(self, error: KeygateError | None, *, admin: bool = False) -> None:
+        """The outcome of ``Authenticate``; ``admin``: the user may create and delete
+        exchanges (declaring an existing one stays open to every user)."""
         if self.state is not State.AUTHENTICATING:
             return
+        self._admin = admin
         if error is not None:
             self._hard_error(AmqpConnectionError(ReplyCode.ACCESS_REFUSED, error.message, 10, 11))
             return
@@ -397,11 +401,21 @@ class AmqpConnection:
         self._reply(channel, commands.Channel.FlowOk(channel.active))
 
     def _exchange_declare(self, channel: Channel, method: commands.Exchange.Declare) -> None:
-        self.exchanges.declare(method.exchange, method.exchange_type, passive=method.passive)
+        self.exchanges.declare(
+            method.exchange,
+            method.exchange_type,
+            passive=method.passive,
+            create=self._admin,
+            arguments=method.arguments,
+        )
         if not method.nowait:
             self._reply(channel, commands.Exchange.DeclareOk())
 
     def _exchange_delete(self, channel: Channel, method: commands.Exchange.Delete) -> None:
+        if not self._admin:
+            raise AmqpChannelError(
+                ReplyCode.ACCESS_REFUSED, f"{self.username!r} may not delete exchanges"
+            )
         self.exchanges.delete(method.exchange)
         if not method.nowait:
             self._reply(channel, commands.Exchange.DeleteOk())
@@ -414,9 +428,17 @@ class AmqpConnection:
             name = server_named_queue()
         elif name.startswith("amq.") and not method.passive:
             raise AmqpChannelError(ReplyCode.ACCESS_REFUSED, f"queue name '{name}' is reserved")
-        config = queue_config(name, method.arguments)
+        # A passive declare only checks existence: RabbitMQ ignores its arguments.
+        declared = declared_queue(name, None if method.passive else method.arguments)
         self._events.append(
-            ev.DeclareQueue(channel.number, channel.serial, method.nowait, config, method.passive)
+            ev.DeclareQueue(
+                channel.number,
+                channel.serial,
+                method.nowait,
+                declared.config,
+                method.passive,
+                declared.given,
+            )
         )
 
     def _queue_delete(self, channel: Channel, method: commands.Queue.Delete) -> None:
@@ -434,9 +456,11 @@ class AmqpConnection:
     def _queue_bind(
         self, channel: Channel, method: commands.Queue.Bind | commands.Queue.Unbind
     ) -> None:
-        exchange = self.exchanges.get(method.exchange)
-        pattern = binding_pattern(exchange, method.routing_key)
         unbind = isinstance(method, commands.Queue.Unbind)
+        pattern = None
+        # Unbinding is idempotent in RabbitMQ (since 3.2): a missing exchange is unbind-ok.
+        if not (unbind and self.exchanges.find(method.exchange) is None):
+            pattern = binding_pattern(self.exchanges.get(method.exchange), method.routing_key)
         nowait = not unbind and bool(getattr(method, "nowait", False))
         self._events.append(
             ev.BindQueue(channel.number, channel.serial, nowait, method.queue, pattern, unbind)

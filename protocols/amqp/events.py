@@ -8,7 +8,8 @@ The adapter runs them in the order they were emitted and reports each result bac
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from pamqp import commands
 
@@ -33,8 +34,12 @@ class ChannelOperation:
 
 @dataclass(frozen=True, slots=True, eq=False)
 class DeclareQueue(ChannelOperation):
+    """``given`` maps each QueueConfig field the declare named to its x-argument: only
+    those must match an existing queue (protocols.amqp.arguments.check_equivalent)."""
+
     config: QueueConfig
     passive: bool
+    given: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -51,10 +56,11 @@ class PurgeQueue(ChannelOperation):
 
 @dataclass(frozen=True, slots=True, eq=False)
 class BindQueue(ChannelOperation):
-    """Queue.Bind (``unbind`` False) or Queue.Unbind as a topic subscription change."""
+    """Queue.Bind (``unbind`` False) or Queue.Unbind as a topic subscription change.
+    ``pattern`` None: an unbind from an exchange that does not exist (nothing to do)."""
 
     queue: str
-    pattern: str
+    pattern: str | None
     unbind: bool
 
 

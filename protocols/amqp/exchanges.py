@@ -14,6 +14,8 @@ do with RabbitMQ). Bindings are persisted: each becomes a topic subscription of 
   match); a fanout exchange publishes to ``$amqp/X`` and every binding is that topic.
 - The default exchange ``""`` is not a topic at all: it addresses the queue named by the
   routing key.
+- RabbitMQ's delayed-message exchange (type ``x-delayed-message``) routes as its
+  ``x-delayed-type``; the ``x-delay`` header delays delivery on every exchange.
 
 Literal ``+``, ``#`` and ``/`` inside direct keys and declared-topic words are
 percent-escaped, so they never act as wildcards. MQTT allows ``#`` only as the last level,
@@ -23,15 +25,17 @@ so an AMQP binding key with ``#`` elsewhere is refused (406).
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Final
+from typing import Any, Final
 
 from protocols.amqp.constants import ReplyCode
 from protocols.amqp.errors import AmqpChannelError, AmqpConnectionError
 
 NAMESPACE: Final = "$amqp"
 TOPIC_EXCHANGE: Final = "amq.topic"
+DELAYED_TYPE: Final = "x-delayed-message"
 _NAME_RE: Final = re.compile(r"^[A-Za-z0-9_.:\-]{0,127}$")
 _ESCAPES: Final = str.maketrans({"%": "%25", "/": "%2F", "+": "%2B", "#": "%23"})
 
@@ -46,6 +50,14 @@ class ExchangeType(StrEnum):
 class Exchange:
     name: str
     type: ExchangeType
+    # Declared as RabbitMQ's delayed-message exchange (type "x-delayed-message" routing as
+    # its x-delayed-type); keygate honours x-delay on every exchange, so only a re-declare
+    # tells the two apart.
+    delayed: bool = False
+
+    @property
+    def type_name(self) -> str:
+        return DELAYED_TYPE if self.delayed else self.type.value
 
 
 _BUILTIN: Final = {
@@ -62,45 +74,83 @@ class Exchanges:
     def __init__(self) -> None:
         self._declared: dict[str, Exchange] = {}
 
-    def get(self, name: str) -> Exchange:
-        """The exchange, or a 404 channel error. ``amq.default`` is the default exchange."""
+    def find(self, name: str) -> Exchange | None:
+        """The exchange, or None. ``amq.default`` is the default exchange."""
         if name == "amq.default":
             name = ""
-        exchange = _BUILTIN.get(name) or self._declared.get(name)
+        return _BUILTIN.get(name) or self._declared.get(name)
+
+    def get(self, name: str) -> Exchange:
+        """The exchange, or a 404 channel error."""
+        exchange = self.find(name)
         if exchange is None:
             raise AmqpChannelError(ReplyCode.NOT_FOUND, f"no exchange '{name}' in vhost '/'")
         return exchange
 
-    def declare(self, name: str, type_name: str, *, passive: bool) -> Exchange:
+    def declare(
+        self,
+        name: str,
+        type_name: str,
+        *,
+        passive: bool,
+        create: bool,
+        arguments: Mapping[str, Any] | None = None,
+    ) -> Exchange:
+        """The exchange, created if absent and ``create`` (the user may administer)."""
         if not _NAME_RE.match(name):
             raise AmqpChannelError(ReplyCode.PRECONDITION_FAILED, f"invalid exchange name {name!r}")
         if passive:
             return self.get(name)
-        try:
-            kind = ExchangeType(type_name)
-        except ValueError as e:
-            raise AmqpConnectionError(
-                ReplyCode.COMMAND_INVALID, f"unknown exchange type '{type_name}'"
-            ) from e
-        existing = _BUILTIN.get(name) or self._declared.get(name)
+        wanted = _exchange(name, type_name, arguments or {})
+        existing = self.find(name)
         if existing is not None:
-            if existing.type is not kind:
+            argument, received, current = "type", wanted.type_name, existing.type_name
+            if received == current and existing.type is not wanted.type:
+                argument, received, current = "x-delayed-type", wanted.type, existing.type
+            if received != current:
                 raise AmqpChannelError(
                     ReplyCode.PRECONDITION_FAILED,
-                    f"exchange '{name}' exists with type '{existing.type}'",
+                    f"inequivalent arg '{argument}' for exchange '{name}' in vhost '/': "
+                    f"received '{received}' but current is '{current}'",
                 )
             return existing
         if name == "" or name.startswith("amq."):
             raise AmqpChannelError(ReplyCode.ACCESS_REFUSED, f"exchange name '{name}' is reserved")
-        exchange = Exchange(name, kind)
-        self._declared[name] = exchange
-        return exchange
+        if not create:
+            raise AmqpChannelError(
+                ReplyCode.ACCESS_REFUSED, f"not allowed to create exchange '{name}'"
+            )
+        self._declared[name] = wanted
+        return wanted
 
     def delete(self, name: str) -> None:
+        """Delete a declared exchange; deleting one that does not exist is OK (RabbitMQ)."""
         if name in _BUILTIN or name.startswith("amq."):
             raise AmqpChannelError(ReplyCode.ACCESS_REFUSED, f"exchange '{name}' is built in")
-        if self._declared.pop(name, None) is None:
-            raise AmqpChannelError(ReplyCode.NOT_FOUND, f"no exchange '{name}' in vhost '/'")
+        self._declared.pop(name, None)
+
+
+def _exchange(name: str, type_name: str, arguments: Mapping[str, Any]) -> Exchange:
+    """The exchange a declare asks for; headers exchanges are refused (540)."""
+    delayed = type_name == DELAYED_TYPE
+    if delayed:
+        routed = arguments.get("x-delayed-type")
+        type_name = routed.decode() if isinstance(routed, bytes) else str(routed)
+        if routed is None:
+            raise AmqpChannelError(
+                ReplyCode.PRECONDITION_FAILED, "Invalid argument, 'x-delayed-type' must be set"
+            )
+    if type_name == "headers":
+        raise AmqpChannelError(
+            ReplyCode.NOT_IMPLEMENTED,
+            "headers exchanges are not supported: route by topic or by queue name",
+        )
+    try:
+        return Exchange(name, ExchangeType(type_name), delayed)
+    except ValueError as e:
+        raise AmqpConnectionError(
+            ReplyCode.COMMAND_INVALID, f"invalid exchange type '{type_name[:40]}'"
+        ) from e
 
 
 def _escape(word: str) -> str:
@@ -160,6 +210,7 @@ def binding_pattern(exchange: Exchange, binding_key: str) -> str:
 
 
 __all__ = [
+    "DELAYED_TYPE",
     "NAMESPACE",
     "TOPIC_EXCHANGE",
     "Exchange",

@@ -24,14 +24,23 @@ import ssl
 from collections import deque
 from typing import Final
 
-from core.errors import InvalidArgument, KeygateError, StorageError, Unavailable
+from core.errors import (
+    InvalidArgument,
+    KeygateError,
+    PermissionDenied,
+    QueueNotFound,
+    StorageError,
+    Unavailable,
+)
+from core.model import QueueConfig
 from protocols.amqp import events as ev
+from protocols.amqp.arguments import check_equivalent
 from protocols.amqp.codec import HEARTBEAT_FRAME
 from protocols.amqp.connection import AmqpConnection, State
 from protocols.amqp.constants import ReplyCode
 from protocols.amqp.errors import AmqpChannelError
 from protocols.amqp.exchanges import Exchanges
-from protocols.sink import Principal, Sink
+from protocols.sink import Principal, Sink, peer_identity
 
 logger = logging.getLogger("keygate.amqp")
 
@@ -186,14 +195,21 @@ class _Session:
     async def _perform(self, op: ev.Authenticate | ev.Operation) -> None:
         if isinstance(op, ev.Authenticate):
             try:
+                peer, certificate_user = peer_identity(self._writer)
                 self._principal = await self.sink.authenticate(
-                    op.username, op.password, protocol="amqp", client_id=op.client_id
+                    op.username,
+                    op.password,
+                    protocol="amqp",
+                    client_id=op.client_id,
+                    peer=peer,
+                    certificate_user=certificate_user,
                 )
             except KeygateError as e:
                 logger.info("amqp login refused for %r from %s: %s", op.username, self.peer, e)
                 self.connection.authenticated(e)
             else:
-                self.connection.authenticated(None)
+                admin = self.sink.may_administer(self._principal)
+                self.connection.authenticated(None, admin=admin)
             return
         assert self._principal is not None and not isinstance(op, ev.Publish)
         if not self.connection.is_current(op):
@@ -211,24 +227,46 @@ class _Session:
     async def _queue_operation(self, principal: Principal, op: ev.Operation) -> int:
         sink = self.sink
         if isinstance(op, ev.DeclareQueue):
-            stored = await sink.declare_queue(principal, op.config, passive=op.passive)
-            return await sink.queue_depth(principal, stored.name)
+            stored = await self._declare(principal, op)
+            try:
+                return await sink.queue_depth(principal, stored.name)
+            except PermissionDenied:
+                return 0  # a publisher may declare its queue, not learn its depth
         if isinstance(op, ev.DeleteQueue):
-            # AMQP consumers do not exist yet, so if-unused always holds here.
-            if op.if_empty and await sink.queue_depth(principal, op.queue) > 0:
-                raise AmqpChannelError(
-                    ReplyCode.PRECONDITION_FAILED, f"queue '{op.queue}' is not empty", 50, 40
-                )
-            return await sink.delete_queue(principal, op.queue)
+            # Deleting a queue that does not exist is delete-ok, as in RabbitMQ. AMQP
+            # consumers do not exist yet, so if-unused always holds here.
+            try:
+                if op.if_empty and await sink.queue_depth(principal, op.queue) > 0:
+                    raise AmqpChannelError(
+                        ReplyCode.PRECONDITION_FAILED, f"queue '{op.queue}' is not empty", 50, 40
+                    )
+                return await sink.delete_queue(principal, op.queue)
+            except QueueNotFound:
+                return 0
         if isinstance(op, ev.PurgeQueue):
             return await sink.purge_queue(principal, op.queue)
         if isinstance(op, ev.BindQueue):
-            if op.unbind:
-                await sink.unsubscribe(principal, op.queue, op.pattern)
-            else:
+            if not op.unbind:
+                assert op.pattern is not None
                 await sink.subscribe(principal, op.queue, op.pattern)
+            elif op.pattern is not None:
+                with contextlib.suppress(QueueNotFound):  # unbind is idempotent (RabbitMQ)
+                    await sink.unsubscribe(principal, op.queue, op.pattern)
             return 0
         raise InvalidArgument(f"unexpected operation {op!r}")
+
+    async def _declare(self, principal: Principal, op: ev.DeclareQueue) -> QueueConfig:
+        """Passive: the queue or 404. Otherwise an existing queue must match every setting
+        the declare names (406 otherwise); a missing one is created."""
+        try:
+            stored = await self.sink.declare_queue(principal, op.config, passive=True)
+        except QueueNotFound:
+            if op.passive:
+                raise
+            return await self.sink.declare_queue(principal, op.config)
+        if not op.passive:
+            check_equivalent(stored, op.config, op.given)
+        return stored
 
     async def _publish(
         self, batch: list[ev.Publish]

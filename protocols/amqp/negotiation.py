@@ -29,8 +29,14 @@ def server_named_queue() -> str:
 
 
 def credentials(mechanism: str, response: str | bytes) -> tuple[str | None, str | None]:
-    """Username and password from a PLAIN or AMQPLAIN Start-Ok response."""
+    """Username and password from a PLAIN, AMQPLAIN or EXTERNAL Start-Ok response.
+
+    EXTERNAL (RabbitMQ's mechanism for TLS client certificates) carries no password: the
+    certificate the TLS handshake verified names the user; a non-empty response is the
+    user name the client asks to act as, which must be the certificate's."""
     raw = response.encode() if isinstance(response, str) else response
+    if mechanism == "EXTERNAL":
+        return (raw.decode("utf-8", "replace") or None), None
     if mechanism == "PLAIN":
         parts = raw.split(b"\x00")
         if len(parts) != 3:
@@ -65,7 +71,7 @@ def server_properties() -> dict[str, Any]:
 
 
 def start_method() -> commands.Connection.Start:
-    return commands.Connection.Start(0, 9, server_properties(), "PLAIN AMQPLAIN", "en_US")
+    return commands.Connection.Start(0, 9, server_properties(), "PLAIN AMQPLAIN EXTERNAL", "en_US")
 
 
 __all__ = [

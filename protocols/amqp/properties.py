@@ -1,7 +1,7 @@
-"""AMQP content properties → Publication, Queue.Declare arguments → QueueConfig.
+"""AMQP content properties → Publication (Queue.Declare arguments: arguments.py).
 
-Both raise ``AmqpChannelError`` (406 PRECONDITION_FAILED) for values keygate cannot
-honour, naming the offending field, as RabbitMQ does for invalid arguments.
+A bad ``expiration`` is ``AmqpChannelError`` (406 PRECONDITION_FAILED), as in RabbitMQ;
+a bad ``x-delay`` header is ``InvalidArgument``, which rejects that one publish.
 """
 
 from __future__ import annotations
@@ -9,13 +9,12 @@ from __future__ import annotations
 import datetime
 import decimal
 import json
-from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from pamqp import commands
 
-from core.errors import InvalidArgument
-from core.model import PropertyValue, Publication, QueueConfig
+from core.model import PropertyValue, Publication
+from core.schedule import DELAY_HEADER, delay_seconds
 from protocols.amqp.constants import ReplyCode
 from protocols.amqp.errors import AmqpChannelError
 
@@ -61,7 +60,11 @@ def to_publication(
     topic: str | None,
     producer: str | None,
 ) -> Publication:
-    """Build the Publication for one published message (mapping in docs/protocols/amqp.md)."""
+    """Build the Publication for one published message (mapping in docs/protocols/amqp.md).
+
+    Raises InvalidArgument for an ``x-delay`` header that is not a delay (the channel
+    nacks that publish) and AmqpChannelError for a bad ``expiration`` (406, as RabbitMQ).
+    """
     props: dict[str, PropertyValue] = {}
     for name, value in (properties.headers or {}).items():
         converted = _header_value(value)
@@ -80,6 +83,8 @@ def to_publication(
             props[name] = value
     if properties.timestamp is not None:
         props[TIMESTAMP] = int(properties.timestamp.timestamp())
+    raw_delay = (properties.headers or {}).get(DELAY_HEADER)
+    delay = None if raw_delay is None else delay_seconds(DELAY_HEADER, raw_delay)
     ttl = None
     expiration = _text(properties.expiration)
     if expiration is not None:
@@ -92,6 +97,7 @@ def to_publication(
         topic=topic,
         properties=props,
         ttl=ttl,
+        delay=delay,
         producer=producer,
         dedup_id=_text(properties.message_id),
         content_type=_text(properties.content_type),
@@ -101,81 +107,13 @@ def to_publication(
     )
 
 
-def _int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise _precondition(f"argument {name} must be an integer, got {value!r}")
-    return value
-
-
-def _millis(name: str, value: Any) -> float:
-    return _int(name, value) / 1000
-
-
-def _str(name: str, value: Any) -> str:
-    value = _text(value)
-    if not isinstance(value, str):
-        raise _precondition(f"argument {name} must be a string, got {value!r}")
-    return value
-
-
-def _bool(name: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise _precondition(f"argument {name} must be a boolean, got {value!r}")
-    return value
-
-
-def _float(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float | decimal.Decimal):
-        raise _precondition(f"argument {name} must be a number, got {value!r}")
-    return float(value)
-
-
-# x-argument → (QueueConfig field, converter). Durations are milliseconds throughout, the
-# RabbitMQ convention set by x-message-ttl.
-QUEUE_ARGUMENTS: Final[Mapping[str, tuple[str, Callable[[str, Any], Any]]]] = {
-    "x-partitions": ("partitions", _int),
-    "x-max-deliveries": ("max_deliveries", _int),
-    "x-delivery-limit": ("max_deliveries", _int),
-    "x-message-ttl": ("ttl", _millis),
-    "x-dead-letter-queue": ("dead_letter_queue", _str),
-    "x-rebalance-delay": ("rebalance_delay", _millis),
-    "x-max-handoff-time": ("max_handoff_time", _millis),
-    "x-max-length": ("max_depth_messages", _int),
-    "x-max-length-bytes": ("max_depth_bytes", _int),
-    "x-max-message-size": ("max_message_size", _int),
-    "x-key-from": ("key_from", _str),
-    "x-backoff-initial": ("backoff_initial", _millis),
-    "x-backoff-multiplier": ("backoff_multiplier", _float),
-    "x-backoff-max": ("backoff_max", _millis),
-    "x-window": ("window", _int),
-    "x-dedup-window": ("dedup_window", _millis),
-    "x-dead-letter-expired": ("dead_letter_expired", _bool),
-}
-
-
-def queue_config(name: str, arguments: Mapping[str, Any] | None) -> QueueConfig:
-    """The QueueConfig a Queue.Declare asks for; unknown arguments are ignored."""
-    fields: dict[str, Any] = {}
-    for key, value in (arguments or {}).items():
-        spec = QUEUE_ARGUMENTS.get(key)
-        if spec is not None:
-            field_name, convert = spec
-            fields[field_name] = convert(key, value)
-    try:
-        return QueueConfig(name=name, **fields)
-    except InvalidArgument as e:
-        raise _precondition(e.message) from e
-
-
 __all__ = [
     "CONTENT_ENCODING",
     "DELIVERY_MODE",
     "MESSAGE_ID",
     "PRIORITY",
-    "QUEUE_ARGUMENTS",
     "TIMESTAMP",
     "TYPE",
     "USER_ID",
-    "queue_config",
     "to_publication",
 ]

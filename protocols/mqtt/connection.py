@@ -20,10 +20,11 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Final, NoReturn
 
+from core.errors import InvalidArgument
 from core.model import Publication
 from protocols.mqtt.codec import MqttCodec
 from protocols.mqtt.errors import MqttProtocolError, UnsupportedProtocolVersion
-from protocols.mqtt.mapping import payload_format_valid, to_publication
+from protocols.mqtt.mapping import delay_of, payload_format_valid, to_publication
 from protocols.mqtt.packets import (
     MQTT_3_1_1,
     MQTT_5,
@@ -225,6 +226,10 @@ class ServerConnection:
                 self._reject(ReasonCode.TOPIC_NAME_INVALID)
             if not payload_format_valid(will.payload, will.properties):
                 self._reject(ReasonCode.PAYLOAD_FORMAT_INVALID)
+            try:
+                delay_of(will.properties)
+            except InvalidArgument:
+                self._reject(ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR)
         return ConnectRequest(packet, client_id)
 
     def _reject(self, reason: ReasonCode) -> NoReturn:
@@ -366,9 +371,20 @@ class ServerConnection:
                     "the payload is not UTF-8 but its Payload Format Indicator says so",
                 )
             return None
-        publication = to_publication(
-            topic, packet.payload, packet.properties, retain=packet.retain, client_id=self.client_id
-        )
+        try:
+            publication = to_publication(
+                topic,
+                packet.payload,
+                packet.properties,
+                retain=packet.retain,
+                client_id=self.client_id,
+            )
+        except InvalidArgument as e:  # an x-delay that is not a delay
+            if packet_id is not None:
+                self.complete(
+                    packet.qos, packet_id, ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR, e.message
+                )
+            return None
         return PublishRequest(publication, packet.qos, packet_id)
 
     def complete(

@@ -48,7 +48,7 @@ from protocols.mqtt.errors import MqttProtocolError
 from protocols.mqtt.packets import ReasonCode
 from protocols.mqtt.session import SessionStore
 from protocols.mqtt.wire import MAX_VBI
-from protocols.sink import Principal, Sink
+from protocols.sink import Principal, Sink, peer_identity
 
 log = logging.getLogger(__name__)
 
@@ -237,8 +237,14 @@ class _Client:
                 self.conn.refuse(ReasonCode.BAD_USER_NAME_OR_PASSWORD)
                 return
         try:
+            peer, certificate_user = peer_identity(self.writer)
             self.principal = await listener.sink.authenticate(
-                connect.username, password, protocol="mqtt", client_id=request.client_id
+                connect.username,
+                password,
+                protocol="mqtt",
+                client_id=request.client_id,
+                peer=peer,
+                certificate_user=certificate_user,
             )
         except PermissionDenied:
             self.conn.refuse(ReasonCode.NOT_AUTHORIZED)
@@ -251,9 +257,14 @@ class _Client:
             log.warning("mqtt %s: cannot authenticate: %s", request.client_id, e.message)
             self.conn.refuse(ReasonCode.SERVER_UNAVAILABLE)
             return
+        owner = self.principal.username
+        if not listener.may_use(request.client_id, owner, self.loop.time()):
+            log.info("mqtt %s: client id belongs to another user; refused", request.client_id)
+            self.conn.refuse(ReasonCode.CLIENT_IDENTIFIER_NOT_VALID)
+            return
         await listener.take_over(request.client_id, self)
         session, present = listener.sessions.open(
-            request.client_id, connect.clean_start, self.loop.time()
+            request.client_id, connect.clean_start, self.loop.time(), owner=owner
         )
         self.conn.accept(session, present, request.client_id)
 
@@ -402,6 +413,17 @@ class MqttListener:
             await client.serve()
         finally:
             self._clients.discard(client)
+
+    def may_use(self, client_id: str, username: str | None, now: float) -> bool:
+        """A client id (its connection, its session) is taken over only by its own user."""
+        active = self._active.get(client_id)
+        if (
+            active is not None
+            and active.principal is not None
+            and active.principal.username != username
+        ):
+            return False
+        return self.sessions.owner(client_id, now) in (None, username)
 
     async def take_over(self, client_id: str, client: _Client) -> None:
         """End any other connection of ``client_id`` (0x8E), then make ``client`` its owner."""

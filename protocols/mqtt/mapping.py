@@ -4,7 +4,8 @@ Correlation Data is binary in MQTT and a string in keygate: it becomes ``correla
 as UTF-8 text when it decodes as UTF-8, else as lowercase hex; the exact bytes are always
 kept in the ``x-mqtt-correlation-data`` property. A user property name repeated in one
 packet keeps its first value (keygate properties are a mapping). The user property
-``dedup-id`` is also the message's dedup id (MQTT has no message id of its own).
+``dedup-id`` is also the message's dedup id (MQTT has no message id of its own), and
+``x-delay`` (milliseconds) also delays delivery (core.schedule).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 from typing import Final
 
 from core.model import PropertyValue, Publication
+from core.schedule import DELAY_HEADER, delay_seconds
 from protocols.mqtt.packets import MqttProperties
 
 CORRELATION_DATA_PROPERTY: Final = "x-mqtt-correlation-data"
@@ -38,6 +40,15 @@ def correlation_id(data: bytes) -> str:
         return data.hex()
 
 
+def delay_of(properties: MqttProperties) -> float | None:
+    """The delay (seconds) the ``x-delay`` user property asks for, first value winning;
+    raises InvalidArgument for a value that is not milliseconds >= 0."""
+    for name, value in properties.user_properties:
+        if name == DELAY_HEADER:
+            return delay_seconds(DELAY_HEADER, value)
+    return None
+
+
 def to_publication(
     topic: str, payload: bytes, properties: MqttProperties, *, retain: bool, client_id: str
 ) -> Publication:
@@ -57,6 +68,7 @@ def to_publication(
         topic=topic,
         properties=props,
         ttl=float(expiry) if expiry is not None else None,
+        delay=delay_of(properties),
         producer=f"mqtt:{client_id}",
         dedup_id=dedup_id if isinstance(dedup_id, str) else None,
         content_type=properties.content_type,

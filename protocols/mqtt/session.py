@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 @dataclass(eq=False, slots=True)
 class Session:
     client_id: str
+    # The user who opened it: only that user may resume or take it over.
+    owner: str | None = None
     # QoS 2 packet ids stored and PUBREC'd, waiting for PUBREL (§4.3.3 method B).
     qos2_received: set[int] = field(default_factory=set)
     # Seconds the session outlives a disconnect; None while connected means "decided then".
@@ -32,14 +34,22 @@ class SessionStore:
     def __len__(self) -> int:
         return len(self._sessions)
 
-    def open(self, client_id: str, clean_start: bool, now: float) -> tuple[Session, bool]:
+    def owner(self, client_id: str, now: float) -> str | None:
+        """The user of a live session of ``client_id`` (None: no session, or anonymous)."""
+        self._expire(now)
+        session = self._sessions.get(client_id)
+        return None if session is None else session.owner
+
+    def open(
+        self, client_id: str, clean_start: bool, now: float, *, owner: str | None = None
+    ) -> tuple[Session, bool]:
         """The session for a new connection and whether an existing one was resumed."""
         self._expire(now)
         existing = self._sessions.get(client_id)
         if existing is not None and not clean_start:
             existing.expires_at = None
             return existing, True
-        session = Session(client_id)
+        session = Session(client_id, owner)
         self._sessions[client_id] = session
         return session, False
 

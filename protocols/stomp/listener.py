@@ -34,7 +34,7 @@ from typing import Final, TypeAlias
 
 from core.errors import KeygateError, StorageError, Unavailable
 from core.model import Publication
-from protocols.sink import Principal, Sink
+from protocols.sink import Principal, Sink, peer_identity
 from protocols.stomp.codec import DEFAULT_MAX_HEADERS
 from protocols.stomp.connection import (
     HEARTBEAT,
@@ -237,8 +237,14 @@ class _Session:
     async def _connect(self, event: Connect) -> bool:
         session = secrets.token_hex(8)
         try:
+            peer, certificate_user = peer_identity(self._writer)
             self._principal = await self._sink.authenticate(
-                event.login, event.passcode, protocol="stomp", client_id=event.client_id or session
+                event.login,
+                event.passcode,
+                protocol="stomp",
+                client_id=event.client_id or session,
+                peer=peer,
+                certificate_user=certificate_user,
             )
         except KeygateError as e:
             log.info("stomp %s: CONNECT refused: %s", self._peer, e.message)

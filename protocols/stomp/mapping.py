@@ -4,7 +4,8 @@ Destinations: ``/queue/NAME`` → ``Publication(queue=NAME)``; ``/topic/a.b.c`` 
 ``Publication(topic="a/b/c")`` ('.' separators map to '/', DESIGN.md §3.1). Headers with a
 meaning of their own map to fields; every other header is kept, as a string, in the
 message properties, which is where the gateway looks for ``JMSXGroupID`` and
-``QUEUE_PARTITION_KEY``.
+``QUEUE_PARTITION_KEY``. ``AMQ_SCHEDULED_DELAY`` (ActiveMQ, milliseconds) also sets the
+delivery delay and stays a property.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Final
 
 from core.errors import InvalidArgument
 from core.model import Publication, validate_name
+from core.schedule import STOMP_DELAY_HEADER, delay_seconds
 from core.topics import normalize_topic
 from protocols.stomp.frames import Frame, InvalidDestination, InvalidFrame
 
@@ -72,6 +74,15 @@ def _expire_at(raw: str | None, receipt: str | None) -> float | None:
     return millis / 1000.0 if millis else None
 
 
+def _delay(raw: str | None, receipt: str | None) -> float | None:
+    if raw is None:
+        return None
+    try:
+        return delay_seconds(STOMP_DELAY_HEADER, raw)
+    except InvalidArgument as e:
+        raise InvalidFrame(e.message, receipt_id=receipt) from e
+
+
 def publication_from_send(frame: Frame, producer: str) -> Publication:
     """Build the Publication for a SEND frame; raise InvalidFrame for a bad header."""
     headers = frame.header_map()
@@ -83,6 +94,7 @@ def publication_from_send(frame: Frame, producer: str) -> Publication:
         topic=topic,
         properties={k: v for k, v in headers.items() if k not in MAPPED_HEADERS},
         expire_at=_expire_at(headers.get("expires"), receipt),
+        delay=_delay(headers.get(STOMP_DELAY_HEADER), receipt),
         producer=producer,
         dedup_id=headers.get("message-id"),
         content_type=headers.get("content-type"),

@@ -33,3 +33,14 @@ async def gateway(db_url: str) -> AsyncIterator[Gateway]:
         yield gw
     finally:
         await gw.stop()
+
+
+@pytest.fixture
+async def sqlite_gateway(sqlite_url: str) -> AsyncIterator[Gateway]:
+    """A running gateway on SQLite only, for tests of what does not depend on the database
+    (the admin API's document, the console)."""
+    gw = await start_gateway(sqlite_url)
+    try:
+        yield gw
+    finally:
+        await gw.stop()

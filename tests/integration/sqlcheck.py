@@ -86,6 +86,13 @@ class Sql:
             value = (await conn.execute(query)).scalar_one_or_none()
         return None if value is None else int(value)
 
+    async def queue(self, queue: str) -> dict[str, Any] | None:
+        """The kg_queues row of ``queue`` as a dict, None when there is no such row."""
+        query = sa.select(kg_queues).where(kg_queues.c.name == queue)
+        async with self.engine.connect() as conn:
+            row = (await conn.execute(query)).one_or_none()
+        return None if row is None else dict(row._mapping)
+
 
 def _row(mapping: dict[str, Any]) -> Row:
     mapping.pop("size", None)

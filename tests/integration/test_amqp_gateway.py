@@ -11,8 +11,7 @@ import asyncio
 import datetime
 import decimal
 from collections import defaultdict
-from collections.abc import AsyncIterator, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aio_pika
@@ -20,16 +19,15 @@ import pika
 import pika.exceptions
 import pytest
 from pamqp import commands
-from pika.adapters.blocking_connection import BlockingChannel
 
 from core.keys import partition_for
 from gateway.client import Client
-from gateway.config import Permission
 from gateway.server import Gateway
 from tests.integration.conftest import native_url, start_gateway
 from tests.integration.sqlcheck import KEY, Sql, declare, open_sql
+from tests.support.amqp import HOST, pika_channel
+from tests.support.security import ADMIN, hashed_users
 
-HOST = "127.0.0.1"
 NOT_IMPLEMENTED = 540
 
 
@@ -37,31 +35,6 @@ NOT_IMPLEMENTED = 540
 async def sql(db_url: str) -> AsyncIterator[Sql]:
     async with open_sql(db_url) as opened:
         yield opened
-
-
-@contextmanager
-def _channel(
-    gateway: Gateway, *, confirm: bool, user: tuple[str, str] = ("guest", "guest")
-) -> Iterator[tuple[pika.BlockingConnection, BlockingChannel]]:
-    """A pika connection named ``pika-it`` and a channel (in confirm mode when asked);
-    the connection is closed however the scenario ends."""
-    connection = pika.BlockingConnection(
-        pika.ConnectionParameters(
-            HOST,
-            gateway.ports["amqp"],
-            connection_attempts=1,
-            client_properties={"connection_name": "pika-it"},
-            credentials=pika.PlainCredentials(*user),
-        )
-    )
-    try:
-        channel = connection.channel()
-        if confirm:
-            channel.confirm_delivery()
-        yield connection, channel
-    finally:
-        if connection.is_open:
-            connection.close()
 
 
 async def test_pika_confirmed_publish_is_partitioned_by_jmsxgroupid_with_every_field_stored(
@@ -95,7 +68,7 @@ async def test_pika_confirmed_publish_is_partitioned_by_jmsxgroupid_with_every_f
     )
 
     def publish() -> None:
-        with _channel(gateway, confirm=True) as (_, channel):
+        with pika_channel(gateway, confirm=True) as (_, channel):
             channel.basic_publish("", "orders", b'{"a": 1}', props)
             channel.basic_publish(
                 "",
@@ -142,7 +115,7 @@ async def test_byte_array_header_is_stored_as_bytes(gateway: Gateway, sql: Sql) 
     await declare(gateway, "orders")
 
     def publish() -> None:
-        with _channel(gateway, confirm=True) as (_, channel):
+        with pika_channel(gateway, confirm=True) as (_, channel):
             headers = {"blob": b"\x00\xff"}
             channel.basic_publish("", "orders", b"x", pika.BasicProperties(headers=headers))
 
@@ -157,7 +130,7 @@ async def test_mandatory_unroutable_publish_raises_unroutable_error_and_stores_n
     await declare(gateway, "orders", partitions=4, subscriptions=["orders/#"])
 
     def publish() -> None:
-        with _channel(gateway, confirm=True) as (_, channel):
+        with pika_channel(gateway, confirm=True) as (_, channel):
             with pytest.raises(pika.exceptions.UnroutableError):
                 channel.basic_publish("amq.topic", "nowhere.eu", b"lost", mandatory=True)
             with pytest.raises(pika.exceptions.UnroutableError):
@@ -174,7 +147,7 @@ async def test_too_large_message_is_nacked_and_the_connection_survives(
     await declare(gateway, "small", max_message_size=1000)
 
     def publish() -> None:
-        with _channel(gateway, confirm=True) as (connection, channel):
+        with pika_channel(gateway, confirm=True) as (connection, channel):
             with pytest.raises(pika.exceptions.NackError):
                 channel.basic_publish("", "small", b"x" * 1001)
             channel.basic_publish("", "small", b"y" * 1000)
@@ -218,7 +191,7 @@ async def test_amq_topic_binding_with_hash_routes_a_dotted_routing_key_into_the_
     await declare(gateway, "orders", partitions=16)
 
     def bind_and_publish() -> None:
-        with _channel(gateway, confirm=True) as (_, channel):
+        with pika_channel(gateway, confirm=True) as (_, channel):
             channel.queue_bind("orders", "amq.topic", "orders.#")
             channel.basic_publish(
                 "amq.topic",
@@ -237,7 +210,7 @@ async def test_queue_declare_with_x_partitions_creates_a_keygate_queue_in_kg_que
     gateway: Gateway, sql: Sql
 ) -> None:
     def declare() -> int:
-        with _channel(gateway, confirm=True) as (_, channel):
+        with pika_channel(gateway, confirm=True) as (_, channel):
             ok = channel.queue_declare("declared", arguments={"x-partitions": 12})
             channel.basic_publish(
                 "",
@@ -263,7 +236,7 @@ async def test_basic_consume_is_refused_with_540_and_the_connection_stays_usable
     await declare(gateway, "jobs")
 
     def consume() -> int:
-        with _channel(gateway, confirm=False) as (connection, channel):
+        with pika_channel(gateway, confirm=False) as (connection, channel):
             with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
                 channel.basic_consume("jobs", lambda *args: None)
             again = connection.channel()
@@ -278,7 +251,7 @@ async def test_basic_consume_is_refused_with_540_and_the_connection_stays_usable
 def _publish_twice(gateway: Gateway, queue: str, message_id: str) -> None:
     """Two confirmed pika publishes with the same ``message_id`` (basic_publish raises if
     one is not confirmed)."""
-    with _channel(gateway, confirm=True) as (_, channel):
+    with pika_channel(gateway, confirm=True) as (_, channel):
         for payload in (b"order created", b"order paid"):
             props = pika.BasicProperties(message_id=message_id, headers={"JMSXGroupID": "o-42"})
             channel.basic_publish("", queue, payload, props)
@@ -306,14 +279,16 @@ async def test_a_dedup_enabled_queue_confirms_both_publishes_and_stores_one(
 
 async def test_the_same_message_id_from_two_users_is_stored_twice(db_url: str) -> None:
     users = {"alice": "a-pw", "bob": "b-pw"}
-    gateway = await start_gateway(db_url, users=users, permissions={u: Permission() for u in users})
+    gateway = await start_gateway(
+        db_url, users=hashed_users(**users), permissions={u: ADMIN for u in users}
+    )
     try:
         async with Client(native_url(gateway), username="alice", password="a-pw") as admin:
             await admin.declare_queue("payments", dedup_window=60)
 
         def publish(user: str) -> None:
             # Same connection name, same message id: only the user differs.
-            with _channel(gateway, confirm=True, user=(user, users[user])) as (_, channel):
+            with pika_channel(gateway, confirm=True, user=(user, users[user])) as (_, channel):
                 channel.basic_publish(
                     "", "payments", user.encode(), pika.BasicProperties(message_id="tx-1")
                 )

@@ -71,6 +71,16 @@ def test_serve_writes_every_bound_port_and_admin_commands_work(served: dict[str,
     assert "group billing" in table and "committed_seq" in table
 
 
+def test_status_shows_the_role_the_version_and_every_listener(served: dict[str, int]) -> None:
+    url = f"--url=http://127.0.0.1:{served['http']}"
+    shown = _run("status", url)
+    assert shown.returncode == 0, shown.stderr
+    assert ": active" in shown.stdout.splitlines()[0]
+    assert "database sqlite" in shown.stdout
+    data = json.loads(_run("status", "--json", url).stdout)
+    assert data["listeners"] == served
+
+
 def test_a_queue_is_altered_and_purged_from_the_command_line(served: dict[str, int]) -> None:
     url = f"--url=http://127.0.0.1:{served['http']}"
     assert _run("queue", "create", "jobs", "--partitions", "2", url).returncode == 0
@@ -93,7 +103,15 @@ def test_a_queue_is_altered_and_purged_from_the_command_line(served: dict[str, i
     refused = _run("queue", "alter", "jobs", "--partitions", "4", url)
     assert refused.returncode == 1 and "invalid-argument" in refused.stderr
     for i in range(3):
-        assert _run("publish", "--topic", "jobs/eu", f"job {i}", url).returncode == 0
+        assert _run("publish", "--topic", "jobs/eu", f"job {i}", "--key", "k", url).returncode == 0
+    browsed = _run("queue", "browse", "jobs", "--json", url)
+    assert [m["payload"] for m in json.loads(browsed.stdout)] == ["job 0", "job 1", "job 2"]
+    (partition,) = {m["partition"] for m in json.loads(browsed.stdout)}
+    table = _run("queue", "browse", "jobs", f"--partition={partition}", "--from-seq=2", url)
+    assert [line.split()[-2:] for line in table.stdout.splitlines()[1:]] == [
+        ["job", "1"],
+        ["job", "2"],
+    ]
     purged = _run("queue", "purge", "jobs", url)
     assert json.loads(purged.stdout) == {"purged": "jobs", "messages": 3}
     shown = json.loads(_run("queue", "show", "jobs", url).stdout)

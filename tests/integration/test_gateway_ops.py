@@ -1,14 +1,12 @@
-"""Operations: active/standby failover, authentication, TLS, metrics and the admin API."""
+"""Operations: active/standby failover, authentication, metrics and the admin API."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
 import json
-import ssl
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import aiohttp
@@ -22,6 +20,7 @@ from gateway.server import Gateway
 from storage.engine import async_engine
 from storage.schema import kg_gateway_lease
 from tests.integration.conftest import native_url, start_gateway
+from tests.support.security import ADMIN, hashed_users
 from tests.support.wait import eventually
 
 
@@ -80,8 +79,8 @@ async def test_a_gateway_that_finds_its_lease_taken_stops_itself(db_url: str) ->
 async def test_wrong_credentials_and_missing_permissions_are_refused(sqlite_url: str) -> None:
     gateway = await start_gateway(
         sqlite_url,
-        users={"alice": "secret", "bob": "pw"},
-        permissions={"bob": Permission(publish=("public-*",), consume=())},
+        users=hashed_users(alice="secret", bob="pw"),
+        permissions={"alice": ADMIN, "bob": Permission(publish=("public-*",))},
     )
     try:
         with pytest.raises(AuthenticationFailed):
@@ -95,93 +94,6 @@ async def test_wrong_credentials_and_missing_permissions_are_refused(sqlite_url:
                 await bob.publish("orders", b"no")
             with pytest.raises(PermissionDenied):
                 await bob.subscribe("public-news", group="g")
-    finally:
-        await gateway.stop()
-
-
-def _self_signed(tmp_path: Path) -> tuple[str, str]:
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(
-        [
-            "openssl",
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "1",
-            "-subj",
-            "/CN=127.0.0.1",
-            "-addext",
-            "subjectAltName=IP:127.0.0.1",
-            "-keyout",
-            str(key),
-            "-out",
-            str(cert),
-        ],
-        check=True,
-        capture_output=True,
-    )
-    return str(cert), str(key)
-
-
-def _publish_over_tls(ports: dict[str, int], cert: str) -> None:
-    """One confirmed message over each of MQTT 5, AMQP and STOMP 1.2, all through TLS."""
-    import paho.mqtt.client as mqtt
-    import pika
-    import stomp
-    from paho.mqtt.enums import CallbackAPIVersion
-
-    device = mqtt.Client(CallbackAPIVersion.VERSION2, "tls-device", protocol=mqtt.MQTTv5)
-    device.tls_set(ca_certs=cert)
-    device.connect("127.0.0.1", ports["mqtt"])
-    device.loop_start()
-    device.publish("orders/eu", b"mqtt", qos=1).wait_for_publish(10)
-    device.loop_stop()
-    device.disconnect()
-
-    tls = pika.SSLOptions(ssl.create_default_context(cafile=cert), "127.0.0.1")
-    amqp = pika.BlockingConnection(
-        pika.ConnectionParameters("127.0.0.1", ports["amqp"], ssl_options=tls)
-    )
-    channel = amqp.channel()
-    channel.confirm_delivery()
-    channel.basic_publish("", "orders", b"amqp")
-    amqp.close()
-
-    receipt = threading.Event()
-
-    class Receipts(stomp.ConnectionListener):  # type: ignore[misc]
-        def on_receipt(self, frame: object) -> None:
-            receipt.set()
-
-    conn = stomp.Connection12([("127.0.0.1", ports["stomp"])], heartbeats=(0, 0))
-    conn.set_ssl(for_hosts=[("127.0.0.1", ports["stomp"])], ca_certs=cert)
-    conn.set_listener("receipts", Receipts())
-    conn.connect(wait=True)
-    conn.send("/queue/orders", b"stomp", headers={"receipt": "r1"})
-    assert receipt.wait(10), "no STOMP receipt over TLS"
-    conn.disconnect()
-
-
-async def test_listeners_speak_tls_when_given_a_certificate(
-    sqlite_url: str, tmp_path: Path
-) -> None:
-    cert, key = _self_signed(tmp_path)
-    gateway = await start_gateway(sqlite_url, tls_cert=cert, tls_key=key)
-    try:
-        context = ssl.create_default_context(cafile=cert)
-        async with Client(native_url(gateway), ssl_context=context) as client:
-            await client.declare_queue("orders", partitions=1, subscriptions=["orders/#"])
-            assert await client.publish("orders", b"over tls")
-            await asyncio.to_thread(_publish_over_tls, gateway.ports, cert)
-            consumer = await client.subscribe("orders", group="g")
-            got = {(await consumer.receive(timeout=5)).payload for _ in range(4)}
-            assert got == {b"over tls", b"mqtt", b"amqp", b"stomp"}
-        with pytest.raises((ConnectionError, OSError)):  # plain TCP is not served
-            plain = Client(native_url(gateway), connect_timeout=2, max_reconnect_attempts=0)
-            await plain.connect()
     finally:
         await gateway.stop()
 
@@ -253,8 +165,8 @@ async def test_administration_needs_credentials_and_the_admin_permission(
 ) -> None:
     gateway = await start_gateway(
         sqlite_url,
-        users={"alice": "secret", "bob": "pw"},
-        permissions={"bob": Permission(publish=("public-*",), consume=(), admin=False)},
+        users=hashed_users(alice="secret", bob="pw"),
+        permissions={"alice": ADMIN, "bob": Permission(publish=("public-*",))},
     )
     base = f"http://127.0.0.1:{gateway.ports['http']}"
     alice, bob = _basic("alice", "secret"), _basic("bob", "pw")
@@ -312,8 +224,8 @@ async def test_an_amqp_publisher_without_admin_cannot_create_queues(sqlite_url: 
 
     gateway = await start_gateway(
         sqlite_url,
-        users={"alice": "secret", "bob": "pw"},
-        permissions={"bob": Permission(admin=False)},
+        users=hashed_users(alice="secret", bob="pw"),
+        permissions={"alice": ADMIN, "bob": Permission(publish=("orders",))},
     )
 
     def declare(queue: str) -> int | None:

@@ -34,7 +34,9 @@ from protocols.mqtt import (
     PubRec,
     PubRel,
 )
+from tests.integration.conftest import native_url
 from tests.integration.sqlcheck import KEY, Sql, declare, open_sql
+from tests.support.delay import DELAY_MS, DELAYED, UNDELAYED, assert_delay_honoured
 from tests.support.mqtt_raw import RawMqtt as Raw
 
 WAIT = 10.0
@@ -320,6 +322,46 @@ async def test_will_message_is_stored_when_the_client_drops_without_disconnect(
     assert (will_row.topic, will_row.key, will_row.partition) == ("orders/wills/mortal", KEY, 3)
     assert will_row.content_type == "text/plain"
     assert will_row.producer == "mqtt:mortal"
+
+
+async def test_v5_x_delay_user_property_holds_a_message_back_while_a_later_one_flows(
+    gateway: Gateway, sql: Sql
+) -> None:
+    await declare(gateway, "later", partitions=4, subscriptions=["later/#"])
+    client = Paho(gateway.ports["mqtt"], "delayer")
+    await client.connect()
+    mids: list[int] = []
+
+    def publish_both() -> None:
+        for (payload, key), delay in ((DELAYED, {"x-delay": str(DELAY_MS)}), (UNDELAYED, {})):
+            mids.append(
+                client.publish("later/1", payload, 1, _properties(JMSXGroupID=key, **delay))
+            )
+
+    try:
+        await assert_delay_honoured(native_url(gateway), "later", publish_both)
+        assert [await client.ack(mid) for mid in mids] == [0, 0]
+    finally:
+        await client.stop()
+    delayed = next(r for r in await sql.messages("later") if r.payload == DELAYED[0])
+    assert delayed.deliver_at is not None
+    assert delayed.deliver_at - delayed.publish_time == pytest.approx(DELAY_MS / 1000)
+    assert delayed.properties["x-delay"] == str(DELAY_MS)
+
+
+async def test_v5_x_delay_that_is_not_a_delay_gets_0x83_and_the_connection_survives(
+    gateway: Gateway, sql: Sql
+) -> None:
+    await declare(gateway, "later", subscriptions=["later/#"])
+    client = Paho(gateway.ports["mqtt"], "bad-delay")
+    await client.connect()
+    try:
+        bad = _properties(**{"x-delay": "tomorrow"})
+        assert await client.ack(client.publish("later/1", b"bad", 1, bad)) == 0x83
+        assert await client.ack(client.publish("later/1", b"good", 1)) == 0
+    finally:
+        await client.stop()
+    assert [r.payload for r in await sql.messages("later")] == [b"good"]
 
 
 async def test_mqtt5_dedup_id_user_property_is_deduped_on_a_dedup_enabled_queue(

@@ -12,6 +12,7 @@ from core.errors import QueueFull
 from gateway.client import Client, Consumer, Message
 from gateway.server import Gateway
 from tests.integration.conftest import native_url
+from tests.support.consume import take
 from tests.support.wait import eventually
 
 
@@ -21,11 +22,7 @@ async def _client(gateway: Gateway) -> Client:
 
 async def _take(consumer: Consumer, count: int) -> list[Message]:
     """Receive exactly ``count`` messages (acking each), then check that no more come."""
-    got = []
-    for _ in range(count):
-        msg = await consumer.receive(timeout=10)
-        got.append(msg)
-        await consumer.acknowledge(msg)
+    got = await take(consumer, count)
     with pytest.raises(TimeoutError):
         await consumer.receive(timeout=0.3)
     return got

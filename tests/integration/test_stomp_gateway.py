@@ -27,6 +27,7 @@ from gateway.client import Client
 from gateway.server import Gateway
 from tests.integration.conftest import native_url
 from tests.integration.sqlcheck import KEY, Sql, declare, open_sql
+from tests.support.delay import DELAY_MS, DELAYED, UNDELAYED, assert_delay_honoured
 
 VERSIONS = [stomp.Connection10, stomp.Connection11, stomp.Connection12]
 WAIT = 10.0
@@ -215,6 +216,52 @@ async def test_unknown_destination_gets_an_error_frame_and_nothing_is_stored(
     assert error.headers["message"] == "unknown destination"
     assert error.headers.get("receipt-id") == "lost"
     assert await sql.messages("orders") == []
+
+
+async def test_amq_scheduled_delay_holds_a_message_back_while_a_later_undelayed_one_flows(
+    gateway: Gateway, sql: Sql
+) -> None:
+    await declare(gateway, "later", partitions=4)
+
+    def publish_both() -> None:
+        conn, recorder = _connect(stomp.Connection12, gateway)
+        try:
+            for (payload, key), delay in (
+                (DELAYED, {"AMQ_SCHEDULED_DELAY": str(DELAY_MS)}),
+                (UNDELAYED, {}),
+            ):
+                headers = {"JMSXGroupID": key, "receipt": key, **delay}
+                conn.send("/queue/later", payload, headers=headers)
+                recorder.wait_receipt(key)
+        finally:
+            _close(conn)
+
+    await assert_delay_honoured(native_url(gateway), "later", publish_both)
+    delayed = next(r for r in await sql.messages("later") if r.payload == DELAYED[0])
+    assert delayed.deliver_at is not None
+    assert delayed.deliver_at - delayed.publish_time == pytest.approx(DELAY_MS / 1000)
+    assert delayed.properties["AMQ_SCHEDULED_DELAY"] == str(DELAY_MS)
+
+
+async def test_an_amq_scheduled_delay_that_is_not_a_delay_gets_an_error_frame(
+    gateway: Gateway, sql: Sql
+) -> None:
+    await declare(gateway, "later")
+
+    def send() -> Any:
+        conn, recorder = _connect(stomp.Connection12, gateway)
+        try:
+            conn.send(
+                "/queue/later", "bad", headers={"AMQ_SCHEDULED_DELAY": "-5", "receipt": "bad"}
+            )
+            return recorder.wait_error()
+        finally:
+            _close(conn)
+
+    error = await asyncio.to_thread(send)
+    assert (error.headers["message"], error.headers.get("receipt-id")) == ("invalid frame", "bad")
+    assert "invalid AMQ_SCHEDULED_DELAY '-5'" in error.body
+    assert await sql.messages("later") == []
 
 
 def _publish_mqtt(gateway: Gateway) -> None:

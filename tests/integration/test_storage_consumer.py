@@ -165,6 +165,21 @@ async def test_retention_of_a_large_backlog_runs_in_chunks_and_deletes_it_all(
     assert await store.depth("orders") == (0, 0)
 
 
+async def test_a_queue_with_retention_keeps_settled_messages_for_the_period(
+    store: SqlStore, make_message: MessageFactory
+) -> None:
+    await store.create_queue(QueueConfig("orders", partitions=4, retention=60))
+    await store.create_group(GroupConfig("orders", "billing"))
+    early = [make_message("orders", 3, publish_time=NOW) for _ in range(3)]
+    late = [make_message("orders", 3, publish_time=NOW + 10) for _ in range(3)]
+    await store.append(early + late, now=NOW)
+    await store.write_offsets("orders", "billing", [OffsetUpdate(3, 5)])
+    assert await store.retention(now=NOW + 30) == 0  # settled, but younger than 60 s
+    assert await store.retention(now=NOW + 65) == 3  # seqs 1-3: settled and old enough
+    assert await store.retention(now=NOW + 75) == 2  # seqs 4-5; 6 is not settled
+    assert [m.seq for m in await store.read("orders", 3, 0, 10)] == [6]
+
+
 async def test_a_queue_without_groups_keeps_messages_until_they_expire(
     store: SqlStore, make_message: MessageFactory
 ) -> None:
@@ -278,16 +293,6 @@ async def test_a_spark_lease_refuses_native_consumers_until_it_expires(store: Sq
     assert row == {"lease_owner": "job-2", "lease_kind": "spark"}
     with pytest.raises(GroupNotFound):
         await store.acquire_group_lease("orders", "nope", "spark", "job-1", ttl=30, now=NOW)
-
-
-async def test_one_gateway_holds_the_lease_until_it_stops_renewing(store: SqlStore) -> None:
-    assert await store.acquire_gateway_lease("main", "gw-a", ttl=10, now=NOW)
-    assert not await store.acquire_gateway_lease("main", "gw-b", ttl=10, now=NOW + 5)
-    assert await store.acquire_gateway_lease("main", "gw-a", ttl=10, now=NOW + 9)
-    assert not await store.acquire_gateway_lease("main", "gw-b", ttl=10, now=NOW + 18)
-    assert await store.acquire_gateway_lease("main", "gw-b", ttl=10, now=NOW + 19)
-    await store.release_gateway_lease("main", "gw-b")
-    assert await store.acquire_gateway_lease("main", "gw-a", ttl=10, now=NOW + 20)
 
 
 async def test_concurrent_dispatch_records_share_one_transaction(

@@ -34,9 +34,12 @@ class Stored:
 
 @dataclass
 class MemorySink:
-    """Set ``users`` to require credentials; ``gate`` (cleared) to stall commits."""
+    """Set ``users`` to require credentials (``admins`` to limit who may administer);
+    ``gate`` (cleared) to stall commits. ``peers``: the peer address of every login."""
 
     users: dict[str, str] | None = None
+    admins: set[str] | None = None
+    peers: list[str | None] = field(default_factory=list)
     queues: dict[str, QueueConfig] = field(default_factory=dict)
     stored: list[Stored] = field(default_factory=list)
     fail_writes: bool = False
@@ -51,11 +54,22 @@ class MemorySink:
         self.gate.set()
 
     async def authenticate(
-        self, username: str | None, password: str | None, *, protocol: str, client_id: str | None
+        self,
+        username: str | None,
+        password: str | None,
+        *,
+        protocol: str,
+        client_id: str | None,
+        peer: str | None = None,
+        certificate_user: str | None = None,
     ) -> Principal:
+        self.peers.append(peer)
         if self.users is not None and self.users.get(username or "") != password:
             raise AuthenticationFailed("bad username or password")
         return Principal(username, protocol, client_id)
+
+    def may_administer(self, principal: Principal) -> bool:
+        return self.admins is None or principal.username in self.admins
 
     def _route(self, publication: Publication) -> list[QueueConfig]:
         if publication.queue is not None:

@@ -74,7 +74,7 @@ class Output:
 
 
 class Hooks:
-    def delivered(self, queue: str, group: str, count: int) -> None:
+    def delivered(self, queue: str, group: str, deliveries: Sequence[actions.Deliver]) -> None:
         pass
 
     def dead_lettered(self, queue: str, group: str, count: int) -> None:

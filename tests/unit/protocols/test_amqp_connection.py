@@ -59,7 +59,7 @@ class Client:
         self.method(0, commands.Connection.StartOk({"capabilities": capabilities}, "PLAIN", PLAIN))
         [auth] = self.take()
         assert isinstance(auth, ev.Authenticate) and auth.username == "guest"
-        self.conn.authenticated(None)
+        self.conn.authenticated(None, admin=True)
         [tune] = self.replies()
         assert isinstance(tune.payload, commands.Connection.Tune)
         self.method(0, commands.Connection.TuneOk(16, 8192, 30))
@@ -127,7 +127,7 @@ def test_tune_ok_above_the_offer_is_not_allowed() -> None:
     c = Client()
     c.send(PROTOCOL_HEADER)
     c.method(0, commands.Connection.StartOk({}, "PLAIN", PLAIN))
-    c.conn.authenticated(None)
+    c.conn.authenticated(None, admin=True)
     c.replies()
     [close] = c.method(0, commands.Connection.TuneOk(16, 1 << 20, 30))
     assert close.payload.reply_code == ReplyCode.NOT_ALLOWED
@@ -247,6 +247,49 @@ def test_invalid_queue_argument_is_a_precondition_failure(client: Client) -> Non
     assert close.payload.reply_code == ReplyCode.PRECONDITION_FAILED
 
 
+def test_passive_declare_ignores_arguments_as_rabbitmq_does(client: Client) -> None:
+    args: Any = {"x-queue-type": "stream"}
+    client.method(1, commands.Queue.Declare(queue="q", passive=True, arguments=args))
+    [declare] = client.take()
+    assert isinstance(declare, ev.DeclareQueue) and declare.passive and declare.given == {}
+
+
+def test_unbind_from_a_missing_exchange_is_an_operation_with_nothing_to_remove(
+    client: Client,
+) -> None:
+    client.method(1, commands.Queue.Unbind(queue="q", exchange="gone", routing_key="k"))
+    [unbind] = client.take()
+    assert isinstance(unbind, ev.BindQueue) and unbind.unbind and unbind.pattern is None
+    client.conn.operation_done(unbind, 0, None)
+    [ok] = client.replies()
+    assert isinstance(ok.payload, commands.Queue.UnbindOk)
+
+
+def test_an_invalid_x_delay_is_rejected_in_confirm_mode_and_closes_a_plain_channel(
+    client: Client,
+) -> None:
+    client.channel(2)  # channel 1 is in confirm mode, channel 2 is not
+    client.publish(b"x", headers={"x-delay": -1})
+    [publish] = client.take()
+    assert isinstance(publish, ev.Publish) and publish.publication is None
+    assert publish.rejected is not None and "invalid x-delay" in publish.rejected.message
+    client.conn.published([(publish, publish.rejected)])
+    [nack] = client.replies()
+    assert isinstance(nack.payload, commands.Basic.Nack)
+    [close] = client.publish(b"x", channel=2, headers={"x-delay": "soon"})
+    assert isinstance(close.payload, commands.Channel.Close)
+    assert close.payload.reply_code == ReplyCode.PRECONDITION_FAILED
+    assert "invalid x-delay" in close.payload.reply_text
+
+
+def test_x_delay_header_becomes_the_publication_delay(client: Client) -> None:
+    client.publish(b"x", headers={"x-delay": 2500})
+    [publish] = client.take()
+    assert isinstance(publish, ev.Publish) and publish.publication is not None
+    assert publish.publication.delay == 2.5
+    assert publish.publication.properties["x-delay"] == 2500
+
+
 def test_result_for_a_reopened_channel_is_dropped(client: Client) -> None:
     client.method(1, commands.Queue.Declare(queue="q"))
     [declare] = client.take()
@@ -270,9 +313,15 @@ def test_exchange_redeclared_with_another_type_fails_the_channel(client: Client)
 
 
 def test_unknown_exchange_type_is_a_connection_error(client: Client) -> None:
-    [close] = client.method(1, commands.Exchange.Declare(exchange="h", exchange_type="headers"))
+    [close] = client.method(1, commands.Exchange.Declare(exchange="h", exchange_type="bogus"))
     assert isinstance(close.payload, commands.Connection.Close)
     assert close.payload.reply_code == ReplyCode.COMMAND_INVALID
+
+
+def test_headers_exchange_is_refused_with_540_on_its_channel(client: Client) -> None:
+    [close] = client.method(1, commands.Exchange.Declare(exchange="h", exchange_type="headers"))
+    assert isinstance(close.payload, commands.Channel.Close)
+    assert close.payload.reply_code == ReplyCode.NOT_IMPLEMENTED
 
 
 _INDEXES = sorted(commands.INDEX_MAPPING)

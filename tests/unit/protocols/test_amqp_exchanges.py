@@ -49,9 +49,9 @@ def test_wildcard_characters_in_an_amq_topic_routing_key_are_unroutable(
 
 
 def test_declared_exchanges_have_their_own_namespace(exchanges: Exchanges) -> None:
-    topic = exchanges.declare("events", "topic", passive=False)
-    direct = exchanges.declare("rpc", "direct", passive=False)
-    fanout = exchanges.declare("all", "fanout", passive=False)
+    topic = exchanges.declare("events", "topic", passive=False, create=True)
+    direct = exchanges.declare("rpc", "direct", passive=False, create=True)
+    fanout = exchanges.declare("all", "fanout", passive=False, create=True)
     assert publish_topic(topic, "order.created") == "$amqp/events/order/created"
     assert binding_pattern(topic, "order.*") == "$amqp/events/order/+"
     assert publish_topic(direct, "a.b/c+d") == "$amqp/rpc/a.b%2Fc%2Bd"
@@ -62,7 +62,7 @@ def test_declared_exchanges_have_their_own_namespace(exchanges: Exchanges) -> No
 def test_private_namespaces_are_not_matched_by_a_catch_all_subscription(
     exchanges: Exchanges,
 ) -> None:
-    topic = publish_topic(exchanges.declare("events", "topic", passive=False), "x")
+    topic = publish_topic(exchanges.declare("events", "topic", passive=False, create=True), "x")
     assert topic is not None and not matches("#", topic)
 
 
@@ -84,24 +84,63 @@ def test_builtin_exchanges_cannot_be_deleted_or_reserved_names_declared(
     with pytest.raises(AmqpChannelError) as deleted:
         exchanges.delete("amq.topic")
     with pytest.raises(AmqpChannelError) as declared:
-        exchanges.declare("amq.custom", "topic", passive=False)
+        exchanges.declare("amq.custom", "topic", passive=False, create=True)
     assert deleted.value.reply_code is declared.value.reply_code is ReplyCode.ACCESS_REFUSED
 
 
 def test_passive_declare_of_a_missing_exchange_is_not_found(exchanges: Exchanges) -> None:
     with pytest.raises(AmqpChannelError) as info:
-        exchanges.declare("missing", "topic", passive=True)
+        exchanges.declare("missing", "topic", passive=True, create=True)
     assert info.value.reply_code is ReplyCode.NOT_FOUND
 
 
 def test_unknown_exchange_type_is_command_invalid(exchanges: Exchanges) -> None:
     with pytest.raises(AmqpConnectionError) as info:
-        exchanges.declare("h", "headers", passive=False)
+        exchanges.declare("h", "bogus", passive=False, create=True)
     assert info.value.reply_code is ReplyCode.COMMAND_INVALID
 
 
+def test_delayed_message_exchange_routes_as_its_x_delayed_type(exchanges: Exchanges) -> None:
+    delayed = exchanges.declare(
+        "later",
+        "x-delayed-message",
+        passive=False,
+        create=True,
+        arguments={"x-delayed-type": "topic"},
+    )
+    assert publish_topic(delayed, "a.b") == "$amqp/later/a/b"
+    assert (
+        exchanges.declare(
+            "later",
+            "x-delayed-message",
+            passive=False,
+            create=True,
+            arguments={"x-delayed-type": "topic"},
+        )
+        is delayed
+    )
+    with pytest.raises(AmqpChannelError) as plain:
+        exchanges.declare("later", "topic", passive=False, create=True)
+    with pytest.raises(AmqpChannelError, match="inequivalent arg 'x-delayed-type'"):
+        exchanges.declare(
+            "later",
+            "x-delayed-message",
+            passive=False,
+            create=True,
+            arguments={"x-delayed-type": "direct"},
+        )
+    with pytest.raises(AmqpChannelError) as untyped:
+        exchanges.declare("other", "x-delayed-message", passive=False, create=True)
+    assert plain.value.reply_code is untyped.value.reply_code is ReplyCode.PRECONDITION_FAILED
+
+
+def test_deleting_a_missing_exchange_is_ok(exchanges: Exchanges) -> None:
+    exchanges.delete("never-declared")
+    assert exchanges.find("never-declared") is None
+
+
 def test_deleted_exchange_is_gone(exchanges: Exchanges) -> None:
-    exchanges.declare("tmp", "fanout", passive=False)
+    exchanges.declare("tmp", "fanout", passive=False, create=True)
     exchanges.delete("tmp")
     with pytest.raises(AmqpChannelError):
         exchanges.get("tmp")

@@ -1,0 +1,109 @@
+"""End-to-end latency, keygate beside RabbitMQ in the same run: a confirmed publisher at a
+fixed offered rate and a client-ack consumer; latency = publish call to receipt by the
+consumer, 1 KiB messages, 1,000 keys.
+
+    .venv/bin/python -m benchmarks.latency --rates 1000,5000 --seconds 5
+    .venv/bin/python -m benchmarks.latency --postgres postgresql://postgres@127.0.0.1:5432/test
+
+keygate runs in its own process (``keygate serve``, native protocol, SQLite with fsync and,
+with ``--postgres``, PostgreSQL); RabbitMQ is the one on amqp://guest:guest@127.0.0.1:5672
+(durable quorum and classic queues, persistent messages, publisher confirms, aio-pika).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+
+import aio_pika
+
+from benchmarks.native import KEYS, PAYLOAD, gateway, latency, percentiles, postgres_target
+from gateway.client import Client
+
+Measure = Callable[[int, float], Awaitable[tuple[float, float]]]
+
+
+async def keygate_latency(url: str, rate: int, seconds: float) -> tuple[float, float]:
+    queue = "lat-" + uuid.uuid4().hex[:8]
+    async with Client(url) as admin:
+        await admin.declare_queue(queue, partitions=16)
+    return await latency(url, queue, rate, seconds)
+
+
+async def rabbitmq_latency(
+    url: str, queue_type: str, rate: int, seconds: float
+) -> tuple[float, float]:
+    total = int(rate * seconds)
+    samples: list[float] = []
+    connection = await aio_pika.connect(url)
+    async with connection:
+        consuming = await connection.channel()
+        await consuming.set_qos(prefetch_count=2000)
+        name = f"lat-{queue_type}-{uuid.uuid4().hex[:8]}"
+        queue = await consuming.declare_queue(
+            name, durable=True, arguments={"x-queue-type": queue_type}
+        )
+        done = asyncio.get_running_loop().create_future()
+
+        async def on_message(message: aio_pika.abc.AbstractIncomingMessage) -> None:
+            samples.append(time.time() - float(message.headers["sent"]))  # type: ignore[arg-type]
+            await message.ack()
+            if len(samples) == total and not done.done():
+                done.set_result(None)
+
+        tag = await queue.consume(on_message)
+        publishing = await connection.channel(publisher_confirms=True)
+        start = time.perf_counter()
+        pending = set()
+        for i in range(total):
+            delay = start + i / rate - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            message = aio_pika.Message(
+                PAYLOAD,
+                headers={"sent": repr(time.time()), "JMSXGroupID": f"key-{i % KEYS}"},
+                delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+            )
+            pending.add(
+                asyncio.create_task(publishing.default_exchange.publish(message, routing_key=name))
+            )
+        await asyncio.gather(*pending)
+        await asyncio.wait_for(done, 60)
+        await queue.cancel(tag)
+        await queue.delete(if_unused=False, if_empty=False)
+    return percentiles(samples)
+
+
+def report(name: str, rate: int, result: tuple[float, float]) -> None:
+    p50, p99 = result
+    print(f"{name:>22} at {rate:>5} msg/s: p50 {p50:6.2f} ms  p99 {p99:7.2f} ms", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rates", default="1000,5000", help="offered rates, comma-separated")
+    parser.add_argument("--seconds", type=float, default=5.0, help="length of each run")
+    parser.add_argument("--postgres", help="also measure keygate on this PostgreSQL")
+    parser.add_argument("--rabbitmq", default="amqp://guest:guest@127.0.0.1:5672/")
+    args = parser.parse_args()
+    rates = [int(r) for r in args.rates.split(",")]
+    with tempfile.TemporaryDirectory() as tmp:
+        targets = {"keygate sqlite": f"sqlite:///{tmp}/latency.db"}
+        if args.postgres:
+            targets["keygate postgresql"] = postgres_target(args.postgres)
+        for name, db in targets.items():
+            with gateway(db) as url:
+                for rate in rates:
+                    report(name, rate, asyncio.run(keygate_latency(url, rate, args.seconds)))
+    for queue_type in ("quorum", "classic"):
+        for rate in rates:
+            result = asyncio.run(rabbitmq_latency(args.rabbitmq, queue_type, rate, args.seconds))
+            report(f"rabbitmq {queue_type}", rate, result)
+
+
+if __name__ == "__main__":
+    main()

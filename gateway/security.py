@@ -1,0 +1,252 @@
+"""Who may connect: password hashes, the anonymous-from-loopback rule, client certificates
+and the failed-login throttle.
+
+How it works. ``Authenticator.authenticate`` is what ``Broker.authenticate`` runs for every
+listener; it is given the peer address the listener saw and, on a TLS listener with a
+verified client certificate, the certificate's subject CN. In order:
+
+1. A peer address that failed too often recently is refused at once (``LoginThrottle``).
+2. A verified client certificate names a user (``[certificate_users]`` maps a CN to a
+   user; without an entry the CN is the user name); if that user is configured and the
+   client gave no other user name, it is that user, without a password.
+3. No users configured: anonymous access, from a loopback peer only unless
+   ``allow_anonymous = true``.
+4. Otherwise the user name and password are checked against the stored scrypt hash, in a
+   worker thread (scrypt is deliberately slow) and in constant time; an unknown user costs
+   the same hash as a known one so timing does not tell which names exist.
+
+A stored password is ``scrypt$N$r$p$<salt b64>$<hash b64>``: the format carries its own
+cost parameters, so stronger ones can be rolled out user by user.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import hashlib
+import hmac
+import ipaddress
+import logging
+import secrets
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Final
+
+from core.errors import AuthenticationFailed, InvalidArgument, PermissionDenied
+from gateway.config import GatewayConfig
+
+log = logging.getLogger("keygate.security")
+
+SCHEME: Final = "scrypt"
+# OWASP's scrypt minimum (N=2^17, r=8, p=1) costs ~128 MiB per check; 2^15 keeps a burst of
+# logins inside a few hundred MiB while still costing an attacker ~32 MiB per guess.
+DEFAULT_N: Final = 2**15
+DEFAULT_R: Final = 8
+DEFAULT_P: Final = 1
+_SALT_BYTES: Final = 16
+_HASH_BYTES: Final = 32
+
+
+@dataclass(frozen=True, slots=True)
+class PasswordHash:
+    n: int
+    r: int
+    p: int
+    salt: bytes
+    digest: bytes
+
+    @classmethod
+    def parse(cls, text: str) -> PasswordHash:
+        """Parse ``scrypt$N$r$p$salt$hash``; raise InvalidArgument when it is not one."""
+        parts = text.split("$")
+        if len(parts) != 6 or parts[0] != SCHEME:
+            raise InvalidArgument("not a scrypt password hash (make one with `keygate passwd`)")
+        try:
+            n, r, p = int(parts[1]), int(parts[2]), int(parts[3])
+            salt = base64.b64decode(parts[4], validate=True)
+            digest = base64.b64decode(parts[5], validate=True)
+        except (ValueError, binascii.Error) as e:
+            raise InvalidArgument(f"malformed scrypt password hash: {e}") from e
+        if n < 2 or n & (n - 1) or r < 1 or p < 1 or not salt or not digest:
+            raise InvalidArgument("scrypt password hash has invalid parameters")
+        return cls(n, r, p, salt, digest)
+
+    def matches(self, password: str) -> bool:
+        """Blocks for the length of one scrypt (tens of milliseconds at the defaults)."""
+        candidate = _scrypt(password, self.salt, self.n, self.r, self.p, len(self.digest))
+        return hmac.compare_digest(candidate, self.digest)
+
+
+def _scrypt(password: str, salt: bytes, n: int, r: int, p: int, length: int) -> bytes:
+    return hashlib.scrypt(
+        password.encode(), salt=salt, n=n, r=r, p=p, dklen=length, maxmem=256 * n * r * p + 2**20
+    )
+
+
+def hash_password(
+    password: str, *, n: int = DEFAULT_N, r: int = DEFAULT_R, p: int = DEFAULT_P
+) -> str:
+    """A new salted hash of ``password`` in the stored format."""
+    salt = secrets.token_bytes(_SALT_BYTES)
+    digest = _scrypt(password, salt, n, r, p, _HASH_BYTES)
+    b64 = base64.b64encode
+    return f"{SCHEME}${n}${r}${p}${b64(salt).decode()}${b64(digest).decode()}"
+
+
+def is_password_hash(text: str) -> bool:
+    return text.startswith(SCHEME + "$")
+
+
+def is_loopback(peer: str | None) -> bool:
+    """True for 127.0.0.0/8, ::1 and IPv4-mapped loopback; False for None or a non-IP."""
+    if peer is None:
+        return False
+    try:
+        address = ipaddress.ip_address(peer.split("%", 1)[0])
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address.is_loopback
+
+
+@dataclass
+class LoginThrottle:
+    """Failed logins per peer address: after ``limit`` failures within ``window`` seconds
+    each further failure blocks the address for twice as long as the last (1 s, 2 s, 4 s
+    ... up to ``max_delay``); a login attempt while blocked is refused unchecked."""
+
+    limit: int = 5
+    window: float = 60.0
+    max_delay: float = 60.0
+    max_peers: int = 10_000
+    _failures: dict[str, deque[float]] = field(default_factory=dict)
+    _blocked_until: dict[str, float] = field(default_factory=dict)
+
+    def check(self, peer: str | None, now: float) -> None:
+        until = self._blocked_until.get(peer or "")
+        if until is not None and now < until:
+            raise AuthenticationFailed(
+                f"too many failed logins from {peer}; retry in {until - now:.0f}s"
+            )
+
+    def failed(self, peer: str | None, now: float) -> None:
+        key = peer or ""
+        if key not in self._failures and len(self._failures) >= self.max_peers:
+            self._forget_old(now)
+        failures = self._failures.setdefault(key, deque())
+        failures.append(now)
+        while failures and failures[0] <= now - self.window:
+            failures.popleft()
+        excess = len(failures) - self.limit
+        if excess >= 0:
+            self._blocked_until[key] = now + min(self.max_delay, 2.0**excess)
+
+    def _forget_old(self, now: float) -> None:
+        for key in [k for k, q in self._failures.items() if not q or q[-1] <= now - self.window]:
+            del self._failures[key]
+            self._blocked_until.pop(key, None)
+
+
+# Compared against when the user does not exist, so an unknown name costs a full hash.
+_DUMMY: Final = PasswordHash(DEFAULT_N, DEFAULT_R, DEFAULT_P, b"\0" * _SALT_BYTES, b"\0" * 32)
+
+
+class Authenticator:
+    """Checks credentials against the configured users (see the module docstring)."""
+
+    def __init__(
+        self,
+        users: Mapping[str, str],
+        *,
+        certificate_users: Mapping[str, str],
+        allow_anonymous: bool,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._plain: dict[str, str] = {}
+        self._hashes: dict[str, PasswordHash] = {}
+        for name, stored in users.items():
+            if is_password_hash(stored):
+                self._hashes[name] = PasswordHash.parse(stored)
+            else:
+                self._plain[name] = stored
+        self._certificate_users = dict(certificate_users)
+        self._allow_anonymous = allow_anonymous
+        self._clock = clock
+        self.throttle = LoginThrottle()
+
+    async def authenticate(
+        self,
+        username: str | None,
+        password: str | None,
+        *,
+        peer: str | None,
+        certificate_user: str | None,
+    ) -> str | None:
+        """The authenticated user name (None = anonymous); raise AuthenticationFailed or
+        PermissionDenied."""
+        self.throttle.check(peer, self._clock())
+        configured = self._plain.keys() | self._hashes.keys()
+        if certificate_user is not None:
+            user = self._certificate_users.get(certificate_user, certificate_user)
+            if user in configured and username in (None, "", user):
+                return user
+        if not configured:
+            if self._allow_anonymous or is_loopback(peer):
+                return username
+            raise PermissionDenied(
+                f"anonymous access is allowed from loopback only, not from {peer} "
+                "(configure users, or set allow_anonymous = true)"
+            )
+        if await self._check(username or "", password or ""):
+            return username
+        self.throttle.failed(peer, self._clock())
+        raise AuthenticationFailed("bad username or password")
+
+    async def _check(self, username: str, password: str) -> bool:
+        plain = self._plain.get(username)
+        if plain is not None:
+            return hmac.compare_digest(plain.encode(), password.encode())
+        stored = self._hashes.get(username)
+        expected = stored if stored is not None else _DUMMY
+        # Off the event loop: one scrypt takes tens of milliseconds.
+        matched = await asyncio.to_thread(expected.matches, password)
+        return matched and stored is not None
+
+
+def check_security(config: GatewayConfig) -> None:
+    """Refuse a configuration that would start insecure without saying so; warn about the
+    insecure choices it makes explicitly. Raises InvalidArgument."""
+    plain = sorted(name for name, stored in config.users.items() if not is_password_hash(stored))
+    if plain and not config.allow_plaintext_passwords:
+        raise InvalidArgument(
+            f"users {', '.join(plain)} have plaintext passwords; store hashes made with "
+            "`keygate passwd`, or set allow_plaintext_passwords = true"
+        )
+    for name, stored in config.users.items():
+        if is_password_hash(stored):
+            try:
+                PasswordHash.parse(stored)
+            except InvalidArgument as e:
+                raise InvalidArgument(f"user {name!r}: {e.message}") from e
+    if plain:
+        log.warning("users %s have plaintext passwords (allow_plaintext_passwords)", plain)
+    if config.allow_anonymous and not config.users:
+        log.warning("allow_anonymous: any client from any address may do anything")
+    unknown = sorted(set(config.certificate_users.values()) - set(config.users))
+    if unknown:
+        raise InvalidArgument(f"certificate_users maps to unknown users: {', '.join(unknown)}")
+
+
+__all__ = [
+    "Authenticator",
+    "LoginThrottle",
+    "PasswordHash",
+    "check_security",
+    "hash_password",
+    "is_loopback",
+    "is_password_hash",
+]

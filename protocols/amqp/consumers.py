@@ -1,0 +1,182 @@
+"""The consuming half of an AMQP channel, sans-IO: basic.consume, qos, ack, nack, reject,
+recover and cancel in; deliveries in, basic.deliver frames out (docs/protocols/amqp.md).
+
+How it works. Each ``basic.consume`` is one keygate flow (DESIGN.md §5b): the group is the
+``x-group`` consume argument, the window the channel's ``basic.qos`` prefetch. Delivery
+tags are numbered per channel, as AMQP says; ``ChannelConsumers`` remembers, for every
+delivery not yet settled, the consumer (flow) and the message it carried, so an ack by tag
+— ``multiple`` included, across the channel's consumers as RabbitMQ does — becomes settles
+by message id for the right flows. An unknown delivery tag is a channel error (406), as
+in RabbitMQ. ``basic.recover`` and ``basic.nack(requeue=true)`` retry with the queue's
+backoff; ``requeue=false`` and ``basic.reject(requeue=false)`` dead-letter.
+"""
+
+from __future__ import annotations
+
+import datetime
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Final
+
+from pamqp import commands
+
+from core.model import GROUP_ID_PROPERTY, Message
+from protocols.amqp.constants import ReplyCode
+from protocols.amqp.errors import AmqpChannelError
+
+GROUP_ARGUMENT: Final = "x-group"
+DEFAULT_GROUP: Final = "default"
+# Consume arguments with a group or flow setting of their own (the native BIND's).
+FLOW_ARGUMENTS: Final = ("x-mode", "x-key-order", "x-start", "x-ack-timeout")
+
+
+class Outcome(Enum):
+    ACK = "ack"
+    RETRY = "retry"  # nack/reject with requeue, recover
+    REJECT = "reject"  # nack/reject without requeue: dead-letter now
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumeRequest:
+    """What a basic.consume asks for (the adapter binds a flow with it)."""
+
+    consumer_tag: str
+    queue: str
+    group: str
+    no_ack: bool
+    prefetch: int | None
+    settings: Mapping[str, Any]  # x-mode, x-key-order, x-start, x-ack-timeout (ms), x-tag-*
+
+
+@dataclass(frozen=True, slots=True)
+class Settled:
+    """Deliveries of one consumer settled with one outcome, in delivery order."""
+
+    consumer_tag: str
+    outcome: Outcome
+    message_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _Unacked:
+    consumer_tag: str
+    message_id: str
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def consume_request(method: commands.Basic.Consume, prefetch: int | None) -> ConsumeRequest:
+    arguments = dict(method.arguments or {})
+    group = _text(arguments.get(GROUP_ARGUMENT) or DEFAULT_GROUP)
+    settings = {k: v for k, v in arguments.items() if k in FLOW_ARGUMENTS or k.startswith("x-tag-")}
+    tag = method.consumer_tag or f"amq.ctag-{uuid.uuid4().hex}"
+    return ConsumeRequest(tag, method.queue, group, bool(method.no_ack), prefetch, settings)
+
+
+def message_properties(message: Message, delivery_count: int) -> commands.Basic.Properties:
+    """AMQP properties of a delivery: the message's own fields and, in ``headers``, its
+    properties plus ``x-partition``, ``x-seq``, ``x-delivery-count`` and the key."""
+    headers: dict[str, Any] = dict(message.properties)
+    headers.update(
+        {"x-partition": message.partition, "x-seq": message.seq, "x-delivery-count": delivery_count}
+    )
+    if message.key is not None:
+        headers.setdefault(GROUP_ID_PROPERTY, message.key)
+    expiration = None
+    if message.expire_at is not None:
+        expiration = str(max(0, int((message.expire_at - message.publish_time) * 1000)))
+    return commands.Basic.Properties(
+        content_type=message.content_type,
+        headers=headers,
+        delivery_mode=2,
+        correlation_id=message.correlation_id,
+        reply_to=message.reply_to,
+        expiration=expiration,
+        message_id=message.message_id,
+        timestamp=datetime.datetime.fromtimestamp(int(message.publish_time), datetime.UTC),
+    )
+
+
+class ChannelConsumers:
+    """The consumers of one channel and its deliveries waiting for a settle."""
+
+    def __init__(self) -> None:
+        self.prefetch: int | None = None  # basic.qos prefetch_count; None = unlimited
+        self.consumers: dict[str, ConsumeRequest] = {}
+        self._next_tag = 1
+        self._unacked: dict[int, _Unacked] = {}
+
+    def qos(self, method: commands.Basic.Qos) -> None:
+        """The prefetch applies to consumers started after it, per consumer (RabbitMQ's
+        default; ``global`` is taken as the same per-consumer limit, documented)."""
+        self.prefetch = method.prefetch_count or None
+
+    def consume(self, method: commands.Basic.Consume) -> ConsumeRequest:
+        if method.consumer_tag and method.consumer_tag in self.consumers:
+            raise AmqpChannelError(
+                ReplyCode.NOT_ALLOWED, f"attempt to reuse consumer tag '{method.consumer_tag}'"
+            )
+        request = consume_request(method, self.prefetch)
+        self.consumers[request.consumer_tag] = request
+        return request
+
+    def cancel(self, consumer_tag: str) -> ConsumeRequest | None:
+        """Forget the consumer. Its deliveries stay known, so a late ack of one is no
+        error (as in RabbitMQ); the gateway has returned them with the flow's unbind."""
+        return self.consumers.pop(consumer_tag, None)
+
+    def delivery_tag(self, consumer_tag: str, message: Message) -> int:
+        """Number the next delivery of ``consumer_tag``; remembered unless no_ack."""
+        tag = self._next_tag
+        self._next_tag += 1
+        if not self.consumers[consumer_tag].no_ack:
+            self._unacked[tag] = _Unacked(consumer_tag, message.message_id)
+        return tag
+
+    def settle(
+        self, method: commands.Basic.Ack | commands.Basic.Nack | commands.Basic.Reject
+    ) -> list[Settled]:
+        """The settles an ack, nack or reject means, grouped by consumer (406 for a tag
+        that was never delivered or is settled already)."""
+        tag = method.delivery_tag or 0
+        multiple = getattr(method, "multiple", False)
+        if isinstance(method, commands.Basic.Ack):
+            outcome = Outcome.ACK
+        else:
+            outcome = Outcome.RETRY if method.requeue else Outcome.REJECT
+        if multiple:
+            tags = [t for t in self._unacked if tag == 0 or t <= tag]
+            if tag != 0 and tag not in self._unacked:
+                raise AmqpChannelError(ReplyCode.PRECONDITION_FAILED, f"unknown delivery tag {tag}")
+        elif tag in self._unacked:
+            tags = [tag]
+        else:
+            raise AmqpChannelError(ReplyCode.PRECONDITION_FAILED, f"unknown delivery tag {tag}")
+        return self._take(tags, outcome)
+
+    def recover(self) -> list[Settled]:
+        """basic.recover: every unsettled delivery of the channel is retried."""
+        return self._take(list(self._unacked), Outcome.RETRY)
+
+    def _take(self, tags: list[int], outcome: Outcome) -> list[Settled]:
+        by_consumer: dict[str, list[str]] = {}
+        for tag in sorted(tags):
+            unacked = self._unacked.pop(tag)
+            by_consumer.setdefault(unacked.consumer_tag, []).append(unacked.message_id)
+        return [Settled(c, outcome, tuple(ids)) for c, ids in by_consumer.items()]
+
+
+__all__ = [
+    "DEFAULT_GROUP",
+    "GROUP_ARGUMENT",
+    "ChannelConsumers",
+    "ConsumeRequest",
+    "Outcome",
+    "Settled",
+    "consume_request",
+    "message_properties",
+]

@@ -1,0 +1,220 @@
+"""The consuming half of a STOMP connection, sans-IO: SUBSCRIBE, UNSUBSCRIBE, ACK and NACK
+frames in, events out; deliveries in, MESSAGE frames out (docs/protocols/stomp.md).
+
+How it works. ``Subscriptions`` remembers each subscription (its id, queue and ack mode)
+and every message it sent that still waits for an ACK, under the ack id the client will
+send back: the ``ack`` header in 1.2, the ``message-id`` (with ``subscription``) in 1.0
+and 1.1 — keygate uses the message id for both. An ACK or NACK is resolved to the
+subscription and message it names and handed on as a ``Settle``; an ack id it does not
+know is a protocol error, as ActiveMQ and RabbitMQ treat it.
+
+Ack modes: ``auto`` settles a message when it is written (nothing to ACK);
+``client-individual`` settles exactly the message named; ``client`` is cumulative, as the
+spec says, but per partition — keygate's order is per partition, so "everything up to this
+message" means the messages of this subscription in the same partition up to its seq.
+A NACK always names one message (retry with the queue's backoff).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Final
+
+from core.model import GROUP_ID_PROPERTY, Message
+from protocols.stomp.frames import Frame, InvalidFrame, Version
+from protocols.stomp.mapping import QUEUE_PREFIX, destination_of
+
+ACK_MODES: Final = frozenset({"auto", "client", "client-individual"})
+DEFAULT_GROUP: Final = "default"
+# Prefetch headers, first found wins: ActiveMQ's, then RabbitMQ's.
+PREFETCH_HEADERS: Final = ("activemq.prefetchSize", "prefetch-count")
+GROUP_HEADER: Final = "x-group"
+
+
+@dataclass(frozen=True, slots=True)
+class Subscribe:
+    """SUBSCRIBE to ``/queue/NAME``: bind a flow of ``group`` (DESIGN.md §5b)."""
+
+    subscription: str
+    queue: str
+    group: str
+    ack: str  # one of ACK_MODES
+    prefetch: int | None
+    receipt: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Unsubscribe:
+    subscription: str
+    receipt: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Settle:
+    """An ACK or NACK resolved to what it settles. ``cumulative``: every message of the
+    subscription in ``partition`` up to ``seq`` (ack mode ``client``)."""
+
+    subscription: str
+    message_id: str
+    partition: int
+    seq: int
+    ack: bool
+    cumulative: bool
+    receipt: str | None
+
+
+@dataclass(slots=True)
+class _Subscription:
+    queue: str
+    ack: str
+    # ack id -> (partition, seq) of messages sent and not settled yet.
+    unacked: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+
+def _prefetch(frame: Frame, receipt: str | None) -> int | None:
+    for name in PREFETCH_HEADERS:
+        raw = frame.header(name)
+        if raw is None:
+            continue
+        if not (raw.isascii() and raw.isdigit() and 0 < len(raw) <= 9 and int(raw) > 0):
+            raise InvalidFrame(f"{name} must be a positive integer", receipt_id=receipt)
+        return int(raw)
+    return None
+
+
+class Subscriptions:
+    """The subscriptions of one connection and the messages they wait to have acked."""
+
+    def __init__(self) -> None:
+        self._subs: dict[str, _Subscription] = {}
+
+    def __len__(self) -> int:
+        return len(self._subs)
+
+    def ack_mode(self, subscription: str) -> str | None:
+        sub = self._subs.get(subscription)
+        return None if sub is None else sub.ack
+
+    def subscribe(self, frame: Frame) -> Subscribe:
+        receipt = frame.header("receipt")
+        subscription = frame.header("id")
+        if subscription is None:
+            raise InvalidFrame("SUBSCRIBE frame without an id header", receipt_id=receipt)
+        if subscription in self._subs:
+            raise InvalidFrame(f"subscription {subscription!r} already exists", receipt_id=receipt)
+        destination = frame.header("destination")
+        queue, _ = destination_of(destination, receipt)
+        if queue is None:
+            raise InvalidFrame(
+                f"keygate consumes queues: subscribe to {QUEUE_PREFIX}NAME, not {destination!r}",
+                receipt_id=receipt,
+            )
+        ack = frame.header("ack") or "auto"
+        if ack not in ACK_MODES:
+            raise InvalidFrame(
+                f"ack mode {ack[:40]!r}: use auto, client or client-individual",
+                receipt_id=receipt,
+            )
+        group = frame.header(GROUP_HEADER) or DEFAULT_GROUP
+        self._subs[subscription] = _Subscription(queue, ack)
+        return Subscribe(subscription, queue, group, ack, _prefetch(frame, receipt), receipt)
+
+    def unsubscribe(self, frame: Frame) -> Unsubscribe:
+        receipt = frame.header("receipt")
+        subscription = frame.header("id")
+        if subscription is None or self._subs.pop(subscription, None) is None:
+            raise InvalidFrame(f"no subscription {subscription!r}", receipt_id=receipt)
+        return Unsubscribe(subscription, receipt)
+
+    def forget(self, subscription: str) -> None:
+        """The gateway ended the subscription (its queue was deleted)."""
+        self._subs.pop(subscription, None)
+
+    def settle(self, frame: Frame, version: Version) -> Settle:
+        """Resolve an ACK or NACK frame (protocol error for an unknown ack id)."""
+        receipt = frame.header("receipt")
+        if version is Version.V1_2:
+            ack_id = frame.header("id")
+            candidates = list(self._subs.items())
+        else:
+            ack_id = frame.header("message-id")
+            named = frame.header("subscription")
+            candidates = [(s, self._subs[s]) for s in (named,) if s in self._subs]
+            if named is None:  # STOMP 1.0 has no subscription header
+                candidates = list(self._subs.items())
+        for name, sub in candidates:
+            if ack_id is not None and ack_id in sub.unacked:
+                partition, seq = sub.unacked[ack_id]
+                cumulative = frame.command == "ACK" and sub.ack == "client"
+                if cumulative:
+                    for other, (p, s) in list(sub.unacked.items()):
+                        if p == partition and s <= seq:
+                            del sub.unacked[other]
+                else:
+                    del sub.unacked[ack_id]
+                return Settle(
+                    name, ack_id, partition, seq, frame.command == "ACK", cumulative, receipt
+                )
+        raise InvalidFrame(
+            f"{frame.command} of unknown message {ack_id!r}: it was never delivered, is "
+            "already settled, or belongs to another subscription",
+            receipt_id=receipt,
+        )
+
+    def message(
+        self, subscription: str, message: Message, delivery_count: int, redelivered: bool
+    ) -> Frame:
+        """The MESSAGE frame for a delivery; remembered for its ACK unless ``auto``."""
+        sub = self._subs[subscription]
+        if sub.ack != "auto":
+            sub.unacked[message.message_id] = (message.partition, message.seq)
+        headers: list[tuple[str, str]] = [
+            ("subscription", subscription),
+            ("message-id", message.message_id),
+            ("destination", QUEUE_PREFIX + message.queue),
+        ]
+        if sub.ack != "auto":
+            headers.append(("ack", message.message_id))
+        headers += [
+            ("redelivered", "true" if redelivered else "false"),
+            ("x-delivery-count", str(delivery_count)),
+            ("x-partition", str(message.partition)),
+            ("x-seq", str(message.seq)),
+        ]
+        if message.key is not None:
+            headers.append((GROUP_ID_PROPERTY, message.key))
+        for name, value in (
+            ("content-type", message.content_type),
+            ("correlation-id", message.correlation_id),
+            ("reply-to", message.reply_to),
+        ):
+            if value is not None:
+                headers.append((name, value))
+        if message.expire_at is not None:
+            headers.append(("expires", str(int(message.expire_at * 1000))))
+        taken = {name for name, _ in headers}
+        headers += [
+            (name, _text(value))
+            for name, value in message.properties.items()
+            if name not in taken and name != "content-length"
+        ]
+        headers.append(("content-length", str(len(message.payload))))
+        return Frame("MESSAGE", tuple(headers), message.payload)
+
+
+def _text(value: object) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+__all__ = [
+    "ACK_MODES",
+    "DEFAULT_GROUP",
+    "Settle",
+    "Subscribe",
+    "Subscriptions",
+    "Unsubscribe",
+]

@@ -1,0 +1,63 @@
+"""The gauges an SRE alerts on, scraped from /metrics while a consumer works, on SQLite and
+PostgreSQL: depth, bytes, in-flight and dead letters per queue; lag, owners and the age of
+the oldest unsettled message per group; publish-to-delivery latency; the lease role."""
+
+from __future__ import annotations
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+from gateway.client import Client
+from gateway.server import Gateway
+from tests.integration.conftest import native_url
+from tests.support.wait import eventually
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+async def _scrape(gateway: Gateway) -> Samples:
+    url = f"http://127.0.0.1:{gateway.ports['http']}/metrics"
+    async with aiohttp.ClientSession() as session, session.get(url) as response:
+        text = await response.text()
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def _value(
+    samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str
+) -> float | None:
+    return samples.get((name, tuple(sorted(labels.items()))))
+
+
+async def test_queue_and_group_gauges_follow_a_consumer(gateway: Gateway) -> None:
+    async with Client(native_url(gateway)) as client:
+        await client.declare_queue("orders", partitions=2, max_deliveries=1)
+        for n in range(5):
+            await client.publish("orders", b"x" * 100, key=f"k{n}")
+        consumer = await client.subscribe("orders", group="billing", window=2)
+        held = [await consumer.receive(timeout=10) for _ in range(2)]
+        samples = await _scrape(gateway)
+        group = {"queue": "orders", "group": "billing"}
+        assert _value(samples, "keygate_queue_messages", queue="orders") == 5
+        assert (_value(samples, "keygate_queue_bytes", queue="orders") or 0) >= 500
+        assert _value(samples, "keygate_queue_in_flight_messages", queue="orders") == 2
+        assert _value(samples, "keygate_group_lag_messages", **group) == 5
+        assert _value(samples, "keygate_group_owners", **group) == 1
+        assert (_value(samples, "keygate_group_oldest_unacked_age_seconds", **group) or -1) >= 0
+        assert (_value(samples, "keygate_publish_to_deliver_seconds_count") or 0) >= 2
+        assert _value(samples, "keygate_gateway_active") == 1
+
+        await consumer.reject(held[0])
+        await consumer.acknowledge(held[1])
+
+        async def settled() -> bool:
+            now = await _scrape(gateway)
+            return (
+                _value(now, "keygate_queue_dead_letter_messages", queue="orders") == 1
+                and _value(now, "keygate_group_lag_messages", **group) == 3
+            )
+
+        await eventually(settled)

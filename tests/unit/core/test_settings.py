@@ -1,0 +1,64 @@
+"""The queue settings table covers the model, and checks settings from untyped sources."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+import pytest
+
+from core.errors import InvalidArgument
+from core.model import QueueConfig
+from core.settings import QUEUE_SETTINGS, queue_settings
+
+
+def test_the_table_has_one_row_for_every_queue_setting() -> None:
+    model = {f.name for f in fields(QueueConfig)} - {"name", "subscriptions"}
+    assert [s.name for s in QUEUE_SETTINGS] == sorted(
+        model, key=[s.name for s in QUEUE_SETTINGS].index
+    )
+    assert {s.name for s in QUEUE_SETTINGS} == model
+    assert all(s.help for s in QUEUE_SETTINGS)
+
+
+def test_queue_settings_accept_each_type_and_turn_lists_into_tuples() -> None:
+    settings = queue_settings(
+        {"partitions": 4, "ttl": 30, "subscriptions": ["a/#"], "dead_letter_expired": True}
+    )
+    assert settings == {
+        "partitions": 4,
+        "ttl": 30.0,
+        "subscriptions": ("a/#",),
+        "dead_letter_expired": True,
+    }
+    assert QueueConfig("q", **settings).subscriptions == ("a/#",)  # type: ignore[arg-type]
+
+
+def test_queue_settings_take_none_only_where_a_setting_is_optional() -> None:
+    assert queue_settings({"ttl": None, "dead_letter_queue": None}) == {
+        "ttl": None,
+        "dead_letter_queue": None,
+    }
+    with pytest.raises(InvalidArgument, match="partitions"):
+        queue_settings({"partitions": None})
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"partitions": "4"},
+        {"partitions": True},
+        {"partitions": 1.5},
+        {"ttl": "soon"},
+        {"ttl": [1]},
+        {"subscriptions": None},
+        {"subscriptions": [1]},
+        {"window": None},
+        {"dead_letter_expired": 1},
+        {"key_from": 3},
+        {"no_such_setting": 1},
+    ],
+)
+def test_queue_settings_refuse_a_wrong_type_naming_the_setting(values: dict[str, object]) -> None:
+    (name,) = values
+    with pytest.raises(InvalidArgument, match=name):
+        queue_settings(values)

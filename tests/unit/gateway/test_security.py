@@ -1,0 +1,165 @@
+"""Password hashes, the loopback rule, the login throttle and the start-up checks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from core.errors import AuthenticationFailed, InvalidArgument, PermissionDenied
+from gateway.config import GatewayConfig, Permission, load_config
+from gateway.security import (
+    Authenticator,
+    LoginThrottle,
+    PasswordHash,
+    check_security,
+    hash_password,
+    is_loopback,
+)
+from tests.support.security import password_hash
+
+
+def test_a_hash_carries_its_parameters_and_matches_only_its_password() -> None:
+    stored = hash_password("s3cret", n=16, r=1, p=1)
+    assert stored.startswith("scrypt$16$1$1$")
+    parsed = PasswordHash.parse(stored)
+    assert parsed.matches("s3cret")
+    assert not parsed.matches("s3cret ")
+    assert hash_password("s3cret", n=16, r=1, p=1) != stored  # salted
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "s3cret",
+        "scrypt$16$1$1$AAAA",
+        "scrypt$15$1$1$AAAA$AAAA",
+        "scrypt$16$1$1$!!$AAAA",
+        "bcrypt$x",
+    ],
+)
+def test_anything_but_a_well_formed_scrypt_hash_is_not_a_hash(text: str) -> None:
+    with pytest.raises(InvalidArgument):
+        PasswordHash.parse(text)
+
+
+@pytest.mark.parametrize(
+    ("peer", "loopback"),
+    [
+        ("127.0.0.1", True),
+        ("127.0.0.2", True),
+        ("::1", True),
+        ("::ffff:127.0.0.1", True),
+        ("192.0.2.2", False),
+        ("10.0.0.1", False),
+        ("::ffff:192.0.2.2", False),
+        ("fd00::2", False),
+        ("not-an-address", False),
+        (None, False),
+    ],
+)
+def test_loopback_is_decided_by_the_peer_address(peer: str | None, loopback: bool) -> None:
+    assert is_loopback(peer) is loopback
+
+
+def test_the_throttle_blocks_an_address_for_growing_times_after_five_failures() -> None:
+    throttle = LoginThrottle()
+    for t in range(5):
+        throttle.check("192.0.2.9", float(t))
+        throttle.failed("192.0.2.9", float(t))
+    with pytest.raises(AuthenticationFailed, match="too many failed logins"):
+        throttle.check("192.0.2.9", 4.5)
+    throttle.check("192.0.2.10", 4.5)  # other addresses are not affected
+    throttle.check("192.0.2.9", 5.0)  # blocked for 1 s after the fifth failure
+    throttle.failed("192.0.2.9", 5.0)
+    with pytest.raises(AuthenticationFailed):
+        throttle.check("192.0.2.9", 6.5)  # the sixth blocks for 2 s
+    throttle.check("192.0.2.9", 7.0)
+
+
+def test_failures_older_than_the_window_are_forgotten() -> None:
+    throttle = LoginThrottle()
+    for t in range(4):
+        throttle.failed("192.0.2.9", float(t))
+    throttle.failed("192.0.2.9", 100.0)
+    throttle.check("192.0.2.9", 100.0)
+
+
+def _authenticator(
+    users: dict[str, str],
+    *,
+    certificate_users: dict[str, str] | None = None,
+    allow_anonymous: bool = False,
+) -> Authenticator:
+    return Authenticator(
+        users, certificate_users=certificate_users or {}, allow_anonymous=allow_anonymous
+    )
+
+
+async def test_without_users_anonymous_clients_are_admitted_from_loopback_only() -> None:
+    auth = _authenticator({})
+    assert await auth.authenticate(None, None, peer="127.0.0.1", certificate_user=None) is None
+    with pytest.raises(PermissionDenied, match="loopback"):
+        await auth.authenticate(None, None, peer="192.0.2.2", certificate_user=None)
+    allowed = _authenticator({}, allow_anonymous=True)
+    assert await allowed.authenticate(None, None, peer="192.0.2.2", certificate_user=None) is None
+
+
+async def test_a_hashed_password_logs_in_and_anything_else_does_not() -> None:
+    auth = _authenticator({"alice": password_hash("s3cret")})
+    assert await auth.authenticate("alice", "s3cret", peer="::1", certificate_user=None) == "alice"
+    for username, password in [("alice", "wrong"), ("bob", "s3cret"), (None, None)]:
+        with pytest.raises(AuthenticationFailed):
+            await auth.authenticate(username, password, peer="::1", certificate_user=None)
+
+
+async def test_a_certificate_names_its_user_directly_or_through_the_mapping() -> None:
+    auth = _authenticator(
+        {"alice": password_hash("s3cret")}, certificate_users={"device-17": "alice"}
+    )
+    for cn in ("alice", "device-17"):
+        assert await auth.authenticate(None, None, peer="::1", certificate_user=cn) == "alice"
+    with pytest.raises(AuthenticationFailed):
+        await auth.authenticate(None, None, peer="::1", certificate_user="mallory")
+    with pytest.raises(AuthenticationFailed):  # the certificate is alice's, not bob's
+        await auth.authenticate("bob", None, peer="::1", certificate_user="alice")
+
+
+def test_plaintext_passwords_are_refused_at_start_unless_allowed() -> None:
+    with pytest.raises(InvalidArgument, match="keygate passwd"):
+        check_security(GatewayConfig(users={"alice": "s3cret"}))
+    check_security(GatewayConfig(users={"alice": "s3cret"}, allow_plaintext_passwords=True))
+    check_security(GatewayConfig(users={"alice": password_hash("s3cret")}))
+    with pytest.raises(InvalidArgument, match="alice"):
+        check_security(GatewayConfig(users={"alice": "scrypt$1$1$1$AA$AA"}))
+
+
+def test_allow_anonymous_is_logged_as_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    check_security(GatewayConfig(allow_anonymous=True))
+    assert "allow_anonymous" in caplog.text
+
+
+def test_a_user_without_a_permissions_entry_has_no_right() -> None:
+    config = GatewayConfig(users={"alice": password_hash("x")})
+    nothing = config.permission("alice")
+    assert not any(nothing.allows(a, "orders") for a in ("publish", "consume", "monitor"))
+    assert not nothing.admin
+
+
+def test_monitor_is_implied_by_consume_and_admin_but_grants_neither() -> None:
+    assert Permission(consume=("orders",)).allows("monitor", "orders")
+    assert Permission(admin=True).allows("monitor", "orders")
+    watcher = Permission(monitor=("orders*",))
+    assert watcher.allows("monitor", "orders.eu")
+    assert not watcher.allows("consume", "orders.eu")
+    assert not watcher.allows("publish", "orders.eu")
+
+
+def test_a_permissions_table_grants_only_what_it_lists(tmp_path: Path) -> None:
+    path = tmp_path / "keygate.toml"
+    path.write_text('[permissions.bob]\npublish = ["public-*"]\n')
+    bob = load_config(path, env={}).permissions["bob"]
+    assert bob == Permission(publish=("public-*",))
+    path.write_text('[permissions.bob]\nwrite = ["x"]\n')
+    with pytest.raises(InvalidArgument, match="unknown permission write"):
+        load_config(path, env={})

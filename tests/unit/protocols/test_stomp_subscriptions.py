@@ -1,0 +1,147 @@
+"""The consuming half of a STOMP connection: SUBSCRIBE/ACK/NACK resolved, MESSAGE built."""
+
+from __future__ import annotations
+
+import pytest
+
+from core.model import Message
+from protocols.stomp.frames import Frame, InvalidFrame, Version
+from protocols.stomp.subscriptions import Subscriptions
+
+
+def _frame(command: str, **headers: str) -> Frame:
+    return Frame(command, tuple((k.replace("_", "-"), v) for k, v in headers.items()))
+
+
+def _message(seq: int, partition: int = 0, key: str | None = "k") -> Message:
+    return Message(
+        message_id=f"m{partition}-{seq}",
+        queue="orders",
+        partition=partition,
+        seq=seq,
+        key=key,
+        payload=b"hello",
+        properties={"color": "red", "JMSXGroupID": "k", "big": 7, "raw": b"\xff"},
+        content_type="text/plain",
+    )
+
+
+def _subscribed(ack: str, **headers: str) -> Subscriptions:
+    subs = Subscriptions()
+    subs.subscribe(_frame("SUBSCRIBE", id="s1", destination="/queue/orders", ack=ack, **headers))
+    return subs
+
+
+def test_subscribe_reads_queue_group_ack_mode_and_prefetch() -> None:
+    subs = Subscriptions()
+    event = subs.subscribe(
+        Frame(
+            "SUBSCRIBE",
+            (
+                ("id", "s1"),
+                ("destination", "/queue/orders"),
+                ("ack", "client-individual"),
+                ("x-group", "billing"),
+                ("activemq.prefetchSize", "25"),
+                ("receipt", "r1"),
+            ),
+        )
+    )
+    assert (event.queue, event.group, event.ack, event.prefetch, event.receipt) == (
+        "orders",
+        "billing",
+        "client-individual",
+        25,
+        "r1",
+    )
+    plain = subs.subscribe(_frame("SUBSCRIBE", id="s2", destination="/queue/orders"))
+    assert (plain.group, plain.ack, plain.prefetch) == ("default", "auto", None)
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"destination": "/queue/orders"},  # no id
+        {"id": "s1", "destination": "/topic/a.b"},
+        {"id": "s1", "destination": "/queue/orders", "ack": "sometimes"},
+        {"id": "s1", "destination": "/queue/orders", "prefetch_count": "0"},
+        {"id": "s1", "destination": "/queue/orders", "prefetch_count": "9" * 400},
+    ],
+)
+def test_a_bad_subscribe_is_a_protocol_error(headers: dict[str, str]) -> None:
+    with pytest.raises(InvalidFrame):
+        Subscriptions().subscribe(_frame("SUBSCRIBE", **headers))
+
+
+def test_a_message_frame_carries_position_count_key_and_published_headers() -> None:
+    subs = _subscribed("client-individual")
+    frame = subs.message("s1", _message(7, partition=3), delivery_count=2, redelivered=True)
+    headers = frame.header_map()
+    assert frame.command == "MESSAGE" and frame.body == b"hello"
+    assert headers["subscription"] == "s1" and headers["ack"] == "m3-7"
+    assert (headers["x-partition"], headers["x-seq"], headers["x-delivery-count"]) == (
+        "3",
+        "7",
+        "2",
+    )
+    assert headers["redelivered"] == "true" and headers["JMSXGroupID"] == "k"
+    assert (headers["color"], headers["big"], headers["content-length"]) == ("red", "7", "5")
+    assert [name for name, _ in frame.headers].count("JMSXGroupID") == 1
+
+
+def test_auto_ack_messages_need_no_ack() -> None:
+    subs = _subscribed("auto")
+    frame = subs.message("s1", _message(1), 1, False)
+    assert frame.header("ack") is None
+    with pytest.raises(InvalidFrame):
+        subs.settle(_frame("ACK", id="m0-1"), Version.V1_2)
+
+
+def test_client_individual_ack_settles_exactly_the_message_once() -> None:
+    subs = _subscribed("client-individual")
+    for seq in (1, 2):
+        subs.message("s1", _message(seq), 1, False)
+    settle = subs.settle(_frame("ACK", id="m0-2", receipt="r"), Version.V1_2)
+    assert (settle.message_id, settle.ack, settle.cumulative, settle.receipt) == (
+        "m0-2",
+        True,
+        False,
+        "r",
+    )
+    with pytest.raises(InvalidFrame):
+        subs.settle(_frame("ACK", id="m0-2"), Version.V1_2)
+    assert subs.settle(_frame("NACK", id="m0-1"), Version.V1_2).ack is False
+
+
+def test_client_ack_is_cumulative_within_the_partition_only() -> None:
+    subs = _subscribed("client")
+    for seq in (1, 2, 3):
+        subs.message("s1", _message(seq, partition=0), 1, False)
+    subs.message("s1", _message(1, partition=1), 1, False)
+    settle = subs.settle(_frame("ACK", id="m0-2"), Version.V1_2)
+    assert (settle.partition, settle.seq, settle.cumulative) == (0, 2, True)
+    with pytest.raises(InvalidFrame):
+        subs.settle(_frame("ACK", id="m0-1"), Version.V1_2)  # covered by the cumulative ack
+    assert subs.settle(_frame("ACK", id="m1-1"), Version.V1_2).partition == 1
+    assert subs.settle(_frame("ACK", id="m0-3"), Version.V1_2).seq == 3
+
+
+def test_stomp_1_1_and_1_0_acks_name_the_message_id() -> None:
+    subs = _subscribed("client-individual")
+    subs.message("s1", _message(1), 1, False)
+    subs.message("s1", _message(2), 1, False)
+    assert subs.settle(_frame("ACK", message_id="m0-1", subscription="s1"), Version.V1_1).seq == 1
+    assert subs.settle(_frame("ACK", message_id="m0-2"), Version.V1_0).seq == 2
+    with pytest.raises(InvalidFrame):
+        subs.settle(_frame("ACK", message_id="m0-1", subscription="other"), Version.V1_1)
+
+
+def test_unsubscribe_forgets_the_subscription_and_its_unacked_messages() -> None:
+    subs = _subscribed("client")
+    subs.message("s1", _message(1), 1, False)
+    assert subs.unsubscribe(_frame("UNSUBSCRIBE", id="s1")).subscription == "s1"
+    assert len(subs) == 0
+    with pytest.raises(InvalidFrame):
+        subs.settle(_frame("ACK", id="m0-1"), Version.V1_2)
+    with pytest.raises(InvalidFrame):
+        subs.unsubscribe(_frame("UNSUBSCRIBE", id="s1"))
