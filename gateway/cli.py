@@ -9,6 +9,7 @@ keygate inspect QUEUE [--json]                        (admin HTTP API, --url)
 keygate publish QUEUE|--topic T PAYLOAD [--delay S] [--ttl S] [--dedup-id ID]
 keygate consume QUEUE --group G                       (native protocol, --server)
 keygate passwd < password                             (a password hash for [users])
+keygate healthcheck [--config FILE]                   (probe this host's /healthz)
 keygate demo                                          (a self-contained end-to-end run)
 """
 
@@ -377,6 +378,32 @@ def _passwd(args: argparse.Namespace) -> int:
     return 0
 
 
+def _healthcheck(args: argparse.Namespace) -> int:
+    """Probe this host's own admin API (``/healthz``) on the port the configuration gives:
+    plain HTTP if on, else HTTPS — what a container healthcheck needs with TLS on."""
+    import ssl
+
+    config = load_config(args.config)
+    for name, scheme in (("http", "http"), ("http_tls", "https")):
+        port = config.port(name)
+        if not port or (name == "http_tls" and not config.tls_cert):
+            continue
+        context = None
+        if scheme == "https":
+            # Our own listener on loopback; liveness, not identity, is being checked.
+            context = ssl.create_default_context()
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        try:
+            with urllib.request.urlopen(
+                f"{scheme}://127.0.0.1:{port}/healthz", timeout=args.timeout, context=context
+            ):
+                return 0
+        except (urllib.error.URLError, OSError) as e:
+            raise CliError(f"{scheme} port {port}: {e}") from e
+    raise CliError("no HTTP or HTTPS listener on a fixed port to probe")
+
+
 def _credentials(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--user",
@@ -538,6 +565,13 @@ def build_parser() -> argparse.ArgumentParser:
         "passwd", help="print the hash of a password (read from stdin) for the [users] table"
     )
     passwd.set_defaults(func=_passwd)
+
+    health = sub.add_parser(
+        "healthcheck", help="probe this host's /healthz (HTTP, else HTTPS), for containers"
+    )
+    health.add_argument("--config", help="TOML configuration file (as given to serve)")
+    health.add_argument("--timeout", type=float, default=2.0)
+    health.set_defaults(func=_healthcheck)
 
     demo = sub.add_parser("demo", help="run a gateway with real traffic and verify it")
     demo.add_argument(

@@ -13,7 +13,11 @@ verified client certificate, the certificate's subject CN. In order:
    ``allow_anonymous = true``.
 4. Otherwise the user name and password are checked against the stored scrypt hash, in a
    worker thread (scrypt is deliberately slow) and in constant time; an unknown user costs
-   the same hash as a known one so timing does not tell which names exist.
+   the same hash as a known one so timing does not tell which names exist. A successful
+   check is remembered for ``VERIFIED_TTL`` seconds as an HMAC of (user, password) under a
+   key that lives only in this process, so an HTTP client sending Basic credentials with
+   every request, or a reconnect storm, does not cost one scrypt per request. The memo
+   holds no password and nothing that outlives the process.
 
 A stored password is ``scrypt$N$r$p$<salt b64>$<hash b64>``: the format carries its own
 cost parameters, so stronger ones can be rolled out user by user.
@@ -30,7 +34,7 @@ import ipaddress
 import logging
 import secrets
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Final
@@ -48,6 +52,8 @@ DEFAULT_R: Final = 8
 DEFAULT_P: Final = 1
 _SALT_BYTES: Final = 16
 _HASH_BYTES: Final = 32
+VERIFIED_TTL: Final = 300.0
+_VERIFIED_MAX: Final = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +183,8 @@ class Authenticator:
         self._allow_anonymous = allow_anonymous
         self._clock = clock
         self.throttle = LoginThrottle()
+        self._memo_key = secrets.token_bytes(32)
+        self._verified: OrderedDict[bytes, float] = OrderedDict()
 
     async def authenticate(
         self,
@@ -211,10 +219,21 @@ class Authenticator:
         if plain is not None:
             return hmac.compare_digest(plain.encode(), password.encode())
         stored = self._hashes.get(username)
+        memo = hmac.digest(self._memo_key, f"{username}\0{password}".encode(), "sha256")
+        now = self._clock()
+        if stored is not None and self._verified.get(memo, 0.0) > now:
+            self._verified.move_to_end(memo)
+            return True
         expected = stored if stored is not None else _DUMMY
         # Off the event loop: one scrypt takes tens of milliseconds.
         matched = await asyncio.to_thread(expected.matches, password)
-        return matched and stored is not None
+        if matched and stored is not None:
+            self._verified[memo] = now + VERIFIED_TTL
+            self._verified.move_to_end(memo)
+            if len(self._verified) > _VERIFIED_MAX:
+                self._verified.popitem(last=False)
+            return True
+        return False
 
 
 def check_security(config: GatewayConfig) -> None:
@@ -236,6 +255,10 @@ def check_security(config: GatewayConfig) -> None:
         log.warning("users %s have plaintext passwords (allow_plaintext_passwords)", plain)
     if config.allow_anonymous and not config.users:
         log.warning("allow_anonymous: any client from any address may do anything")
+    if config.tls_ca and not config.tls_cert:
+        raise InvalidArgument("tls_ca (client certificates) needs tls_cert and tls_key")
+    if config.tls_require_client_cert and not config.tls_ca:
+        raise InvalidArgument("tls_require_client_cert needs tls_ca, the CA clients are signed by")
     unknown = sorted(set(config.certificate_users.values()) - set(config.users))
     if unknown:
         raise InvalidArgument(f"certificate_users maps to unknown users: {', '.join(unknown)}")

@@ -152,12 +152,16 @@ class AmqpConnection:
             and channel.state is ChannelState.OPEN
         )
 
-    def authenticated(self, error: KeygateError | None, *, admin: bool = False) -> None:
+    def authenticated(
+        self, error: KeygateError | None, *, admin: bool = False, username: str | None = None
+    ) -> None:
         """The outcome of ``Authenticate``; ``admin``: the user may create and delete
-        exchanges (declaring an existing one stays open to every user)."""
+        exchanges (declaring an existing one stays open to every user); ``username``: who
+        the gateway found the client to be (EXTERNAL: the certificate's user)."""
         if self.state is not State.AUTHENTICATING:
             return
         self._admin = admin
+        self.username = username or self.username
         if error is not None:
             self._hard_error(AmqpConnectionError(ReplyCode.ACCESS_REFUSED, error.message, 10, 11))
             return

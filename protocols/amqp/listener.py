@@ -209,7 +209,8 @@ class _Session:
                 self.connection.authenticated(e)
             else:
                 admin = self.sink.may_administer(self._principal)
-                self.connection.authenticated(None, admin=admin)
+                username = self._principal.username
+                self.connection.authenticated(None, admin=admin, username=username)
             return
         assert self._principal is not None and not isinstance(op, ev.Publish)
         if not self.connection.is_current(op):

@@ -4,8 +4,8 @@ Correlation Data is binary in MQTT and a string in keygate: it becomes ``correla
 as UTF-8 text when it decodes as UTF-8, else as lowercase hex; the exact bytes are always
 kept in the ``x-mqtt-correlation-data`` property. A user property name repeated in one
 packet keeps its first value (keygate properties are a mapping). The user property
-``dedup-id`` is also the message's dedup id (MQTT has no message id of its own), and
 ``x-delay`` (milliseconds) also delays delivery (core.schedule).
+``dedup-id`` is also the message's dedup id (MQTT has no message id of its own).
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ from pamqp import commands
 
 from core.keys import partition_for
 from gateway.client import Client
+from gateway.config import Permission
 from gateway.server import Gateway
 from tests.integration.conftest import native_url, start_gateway
 from tests.integration.sqlcheck import KEY, Sql, declare, open_sql
@@ -280,7 +281,9 @@ async def test_a_dedup_enabled_queue_confirms_both_publishes_and_stores_one(
 async def test_the_same_message_id_from_two_users_is_stored_twice(db_url: str) -> None:
     users = {"alice": "a-pw", "bob": "b-pw"}
     gateway = await start_gateway(
-        db_url, users=hashed_users(**users), permissions={u: ADMIN for u in users}
+        db_url,
+        users=hashed_users(**users),
+        permissions={"alice": ADMIN, "bob": Permission(publish=("payments",))},
     )
     try:
         async with Client(native_url(gateway), username="alice", password="a-pw") as admin:

@@ -4,13 +4,17 @@ the TLS version floor, with paho-mqtt, pika, stomp.py, aiohttp and the SDK."""
 from __future__ import annotations
 
 import asyncio
+import os
 import ssl
+import subprocess
+import sys
 import threading
 import warnings
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pika.exceptions
 import pytest
 
 from core.errors import AuthenticationFailed
@@ -58,8 +62,16 @@ def _mqtt(port: int, payload: bytes, *, pki: Pki | None = None, cert: str | None
         device.loop_stop()
 
 
-def _amqp(port: int, payload: bytes, *, pki: Pki | None = None, cert: str | None = None) -> None:
-    """Publish one confirmed message with pika; EXTERNAL login when a certificate is given."""
+def _amqp(
+    port: int,
+    payload: bytes,
+    *,
+    pki: Pki | None = None,
+    cert: str | None = None,
+    user_id: str | None = None,
+) -> None:
+    """Publish one confirmed message with pika; with a certificate, log in with EXTERNAL.
+    ``user_id`` (default: the certificate's user) must be the connection's user."""
     import pika
     import pika.credentials
 
@@ -72,7 +84,8 @@ def _amqp(port: int, payload: bytes, *, pki: Pki | None = None, cert: str | None
     try:
         channel = amqp.channel()
         channel.confirm_delivery()
-        channel.basic_publish("", "orders", payload)
+        properties = pika.BasicProperties(user_id=user_id or cert)
+        channel.basic_publish("", "orders", payload, properties=properties)
     finally:
         amqp.close()
 
@@ -200,6 +213,10 @@ async def test_a_client_certificate_logs_in_as_its_user_on_every_protocol(
             code = await asyncio.to_thread(_mqtt, ports["mqtt_tls"], b"mqtt", pki=pki, cert="alice")
             assert code == 0
             await asyncio.to_thread(_amqp, ports["amqp_tls"], b"amqp", pki=pki, cert="alice")
+            with pytest.raises(pika.exceptions.ChannelClosedByBroker, match="user_id"):
+                await asyncio.to_thread(
+                    _amqp, ports["amqp_tls"], b"spoof", pki=pki, cert="alice", user_id="bob"
+                )
             await asyncio.to_thread(_stomp, ports["stomp_tls"], b"stomp", pki=pki, cert="alice")
             async with aiohttp.ClientSession() as http:
                 listed = await http.get(
@@ -264,3 +281,35 @@ async def test_a_required_client_certificate_turns_away_clients_without_one(
             await client.declare_queue("orders", partitions=1)
     finally:
         await gateway.stop()
+
+
+def _healthcheck(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "healthcheck"],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+async def test_the_container_healthcheck_works_with_only_the_tls_admin_port_on(
+    sqlite_url: str, pki: Pki
+) -> None:
+    cert, key = pki.server
+    gateway = await start_gateway(
+        sqlite_url, tls_cert=cert, tls_key=key, http_port="off", **TLS_PORTS
+    )
+    env = {
+        "KEYGATE_HTTP_PORT": "off",
+        "KEYGATE_HTTP_TLS_PORT": str(gateway.ports["http_tls"]),
+        "KEYGATE_TLS_CERT": cert,
+        "KEYGATE_TLS_KEY": key,
+    }
+    try:
+        healthy = await asyncio.to_thread(_healthcheck, env)
+        assert healthy.returncode == 0, healthy.stderr
+    finally:
+        await gateway.stop()
+    down = await asyncio.to_thread(_healthcheck, env)
+    assert down.returncode == 1 and "https port" in down.stderr

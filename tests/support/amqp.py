@@ -17,9 +17,8 @@ HOST = "127.0.0.1"
 def pika_channel(
     gateway: Gateway, *, confirm: bool, user: tuple[str, str] = ("guest", "guest")
 ) -> Iterator[tuple[pika.BlockingConnection, BlockingChannel]]:
-    """A pika connection named ``pika-it`` as ``user`` (pika's default guest/guest) and a
-    channel (in confirm mode when asked); the connection is closed however the scenario
-    ends."""
+    """A pika connection named ``pika-it`` and a channel (in confirm mode when asked);
+    the connection is closed however the scenario ends."""
     connection = pika.BlockingConnection(
         pika.ConnectionParameters(
             HOST,

@@ -35,11 +35,10 @@ class Stored:
 @dataclass
 class MemorySink:
     """Set ``users`` to require credentials (``admins`` to limit who may administer);
-    ``gate`` (cleared) to stall commits. ``peers``: the peer address of every login."""
+    ``gate`` (cleared) to stall commits."""
 
     users: dict[str, str] | None = None
     admins: set[str] | None = None
-    peers: list[str | None] = field(default_factory=list)
     queues: dict[str, QueueConfig] = field(default_factory=dict)
     stored: list[Stored] = field(default_factory=list)
     fail_writes: bool = False
@@ -63,7 +62,6 @@ class MemorySink:
         peer: str | None = None,
         certificate_user: str | None = None,
     ) -> Principal:
-        self.peers.append(peer)
         if self.users is not None and self.users.get(username or "") != password:
             raise AuthenticationFailed("bad username or password")
         return Principal(username, protocol, client_id)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -134,6 +135,21 @@ def test_plaintext_passwords_are_refused_at_start_unless_allowed() -> None:
         check_security(GatewayConfig(users={"alice": "scrypt$1$1$1$AA$AA"}))
 
 
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"tls_ca": "ca.pem"}, "needs tls_cert"),
+        ({"tls_cert": "c.pem", "tls_require_client_cert": True}, "needs tls_ca"),
+        ({"certificate_users": {"meter-1": "nobody"}}, "unknown users: nobody"),
+    ],
+)
+def test_an_incomplete_certificate_setup_is_refused_at_start(
+    settings: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(InvalidArgument, match=message):
+        check_security(GatewayConfig(**settings))
+
+
 def test_allow_anonymous_is_logged_as_a_warning(caplog: pytest.LogCaptureFixture) -> None:
     check_security(GatewayConfig(allow_anonymous=True))
     assert "allow_anonymous" in caplog.text
@@ -163,3 +179,30 @@ def test_a_permissions_table_grants_only_what_it_lists(tmp_path: Path) -> None:
     path.write_text('[permissions.bob]\nwrite = ["x"]\n')
     with pytest.raises(InvalidArgument, match="unknown permission write"):
         load_config(path, env={})
+
+
+async def test_a_successful_check_is_remembered_and_a_wrong_password_is_not() -> None:
+    now = [0.0]
+    auth = Authenticator(
+        {"alice": password_hash("s3cret")},
+        certificate_users={},
+        allow_anonymous=False,
+        clock=lambda: now[0],
+    )
+    calls: list[str] = []
+    real = PasswordHash.matches
+
+    def counting(self: PasswordHash, password: str) -> bool:
+        calls.append(password)
+        return real(self, password)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(PasswordHash, "matches", counting)
+        for _ in range(3):
+            await auth.authenticate("alice", "s3cret", peer="::1", certificate_user=None)
+        assert calls == ["s3cret"]  # one scrypt, then the memo
+        with pytest.raises(AuthenticationFailed):
+            await auth.authenticate("alice", "s3cret!", peer="::1", certificate_user=None)
+        now[0] += 301.0  # the memo expires
+        await auth.authenticate("alice", "s3cret", peer="::1", certificate_user=None)
+        assert calls == ["s3cret", "s3cret!", "s3cret"]
