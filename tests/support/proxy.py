@@ -97,3 +97,6 @@ class TcpProxy:
             if dst in self._writers:
                 self._writers.discard(dst)
                 _reset(dst)
+
+
+__all__ = ["TcpProxy"]
