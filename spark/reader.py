@@ -59,14 +59,6 @@ def render_value(value: Any) -> str:
     return repr(value) if isinstance(value, float) else str(value)
 
 
-def render_properties(raw: Mapping[str, Any] | None) -> list[tuple[str, str]]:
-    # Strings are the common case: no call for them.
-    return [
-        (name, value if type(value) is str else render_value(value))
-        for name, value in (raw or {}).items()
-    ]
-
-
 def _skipped(skip: SeqRanges, seq: int) -> bool:
     index = bisect_right(skip, (seq, float("inf"))) - 1
     return index >= 0 and skip[index][1] >= seq
@@ -113,7 +105,7 @@ def _query(r: ReadRange) -> sa.Select[Any]:
     )
 
 
-def _property_map(values: Sequence[Mapping[str, Any] | None]) -> pa.Array:
+def property_map(values: Sequence[Mapping[str, Any] | None]) -> pa.Array:
     """The ``properties`` column built as Arrow's flat offsets/keys/items arrays (no
     per-row list of pairs for pyarrow to walk)."""
     offsets = [0]
@@ -144,7 +136,7 @@ def _batch(r: ReadRange, rows: list[sa.Row[Any]]) -> pa.RecordBatch:
         pa.array(ids, pa.string()),
         pa.array(keys, pa.string()),
         pa.array(payloads, pa.binary()),
-        _property_map(properties)
+        property_map(properties)
         if r.include_properties
         else pa.nulls(len(rows), pa.map_(pa.string(), pa.string())),
         pa.array(topics, pa.string()),
@@ -171,4 +163,4 @@ def read_range(r: ReadRange) -> Iterator[pa.RecordBatch]:
         engine.dispose()
 
 
-__all__ = ["ARROW_SCHEMA", "SCHEMA_DDL", "read_range", "render_properties", "render_value"]
+__all__ = ["ARROW_SCHEMA", "SCHEMA_DDL", "property_map", "read_range", "render_value"]

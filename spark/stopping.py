@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import tempfile
 import time
@@ -22,12 +23,14 @@ import uuid
 from pathlib import Path
 from typing import Any, Final
 
+import sqlalchemy as sa
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming.listener import StreamingQueryListener
 
 from spark import lease
 from spark.db import write_engine
 
+log = logging.getLogger(__name__)
 CLAIMS: Final = Path(tempfile.gettempdir()) / "keygate-spark-claims"
 _EXIT_WAIT: Final = 5.0
 _POLL: Final = 0.1
@@ -76,14 +79,18 @@ def _release(path: Path) -> int:
     except (OSError, ValueError):
         return 0
     engine = write_engine(body["url"])
+    released = 1
     try:
         with engine.begin() as conn:
             lease.release(conn, body["queue"], body["group"], body["owner"])
+    except sa.exc.SQLAlchemyError as e:  # database gone or unreachable: the lease lapses
+        log.warning("could not release %s's lease on %s: %s", body["owner"], body["group"], e)
+        released = 0
     finally:
         engine.dispose()
     with contextlib.suppress(OSError):
         path.unlink()
-    return 1
+    return released
 
 
 class ReleaseOnTermination(StreamingQueryListener):

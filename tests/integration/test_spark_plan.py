@@ -14,7 +14,7 @@ from core.errors import InvalidArgument
 from spark.db import PartitionState
 from spark.options import Start, parse_options
 from spark.plan import limit_offsets, read_ranges, start_offsets
-from spark.reader import render_properties
+from spark.reader import property_map
 
 BASE = {"url": "sqlite:///x.db", "queue": "orders", "group": "g"}
 
@@ -56,7 +56,9 @@ def test_missing_required_options_are_named() -> None:
 
 def test_properties_render_every_value_type_as_a_string() -> None:
     raw = {"s": "x", "i": 42, "f": 1.5, "t": True, "b": {"$b64": "AQI="}}
-    assert dict(render_properties(raw)) == {
+    column = property_map([raw, None])
+    assert column[1].as_py() == []
+    assert dict(column[0].as_py()) == {
         "s": "x",
         "i": "42",
         "f": "1.5",
