@@ -59,10 +59,14 @@ class StompOutcome(stomp.ConnectionListener):  # type: ignore[misc]
         self.error: str | None = None
 
     def on_receipt(self, frame: Any) -> None:
+        if self.done.is_set():
+            return  # the DISCONNECT's own receipt, after the answer was recorded
         self.receipt = frame.headers["receipt-id"]
         self.done.set()
 
     def on_error(self, frame: Any) -> None:
+        if self.done.is_set():
+            return
         self.error = f"{frame.headers.get('message', '')} {frame.body}"
         self.done.set()
 
