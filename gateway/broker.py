@@ -277,7 +277,14 @@ class Broker(ProtocolState):
                     outputs[flow.flow_id],
                 )
                 self._flows[flow.flow_id] = _Flow(reloaded, principal)
-        log.info("group %s/%s reset to %s: %s", queue, name, target.kind, positions)
+        log.info(
+            "group %s/%s reset to %s: %s",
+            queue,
+            name,
+            target.kind,
+            positions,
+            extra={"queue": queue, "group": name},
+        )
         return positions
 
     async def release_key(
@@ -291,7 +298,14 @@ class Broker(ProtocolState):
         partitions = [p.partition for p in runtime.machine.parked_keys() if p.key == key]
         runtime.release_key(key, skip=skip)
         await runtime.flush()  # the release (and any skipped letters) is in SQL on return
-        log.info("group %s/%s: key %r released (skip=%s)", queue, name, key, skip)
+        log.info(
+            "group %s/%s: key %r released (skip=%s)",
+            queue,
+            name,
+            key,
+            skip,
+            extra={"queue": queue, "group": name, "key": key},
+        )
         return partitions
 
     async def redrive(
@@ -340,7 +354,9 @@ class Broker(ProtocolState):
                 if batch.cursor is None:
                     break
                 after = batch.cursor
-        log.info("redrive of %s: %d moved, %d left in place", dlq, moved, skipped)
+        log.info(
+            "redrive of %s: %d moved, %d left in place", dlq, moved, skipped, extra={"queue": dlq}
+        )
         return {"moved": moved, "skipped": skipped}
 
     # --- Sink -----------------------------------------------------------------------

@@ -4,7 +4,7 @@ are computed at scrape time from the store's cached depths and the live state ma
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields, is_dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -103,6 +103,21 @@ class _ScrapeCollector(Collector):
         yield oldest
 
 
+class _ConnectionCollector(Collector):
+    def __init__(self, per_protocol: Mapping[str, int]) -> None:
+        self._per_protocol = per_protocol
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "keygate_open_connections",
+            "Open client connections (logging in or logged in), by protocol",
+            labels=["protocol"],
+        )
+        for protocol, count in sorted(self._per_protocol.items()):
+            family.add_metric([protocol], count)
+        yield family
+
+
 class _ListenerCollector(Collector):
     """A listener's own counters (a dataclass of ints), e.g. MQTT protocol errors, wills."""
 
@@ -172,6 +187,10 @@ class Metrics:
     ) -> None:
         """Export per-queue and per-group gauges computed from ``queues`` and ``groups``."""
         self.registry.register(_ScrapeCollector(queues, groups, clock))
+
+    def watch_connections(self, per_protocol: Mapping[str, int]) -> None:
+        """Export the open connections by protocol (shared by every listener)."""
+        self.registry.register(_ConnectionCollector(per_protocol))
 
     def watch_listener(self, name: str, stats: object) -> None:
         """Export a listener's ``stats`` dataclass of counters."""

@@ -99,6 +99,8 @@ class GroupRuntime:
         self.machine = machine
         self.queue = queue
         self.group = group
+        # Every line this group logs carries its queue and group as fields (JSON keys).
+        self._log = logging.LoggerAdapter(log, {"queue": queue.name, "group": group.name})
         self.outputs: dict[str, FlowOutput] = {}
         self._hooks = hooks
         self._clock = clock
@@ -126,7 +128,9 @@ class GroupRuntime:
     def _task_done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
         if not task.cancelled() and (exc := task.exception()) is not None:
-            log.error("group %s/%s task failed", self.queue.name, self.group.name, exc_info=exc)
+            self._log.error(
+                "group %s/%s task failed", self.queue.name, self.group.name, exc_info=exc
+            )
 
     async def close(self, error: KeygateError | None = None) -> None:
         """Flush offsets and stop. With ``error``, every flow is terminated with it."""
@@ -139,7 +143,7 @@ class GroupRuntime:
         except TimeoutError:
             # The database is not answering: give up on the final flush rather than hang
             # the shutdown. At most the acks since the last flush are lost (redelivered).
-            log.error(
+            self._log.error(
                 "group %s/%s: final flush timed out after %.0fs",
                 self.queue.name,
                 self.group.name,
@@ -259,7 +263,7 @@ class GroupRuntime:
             held = sorted(
                 (a.message.partition, a.message.seq) for a in actions if isinstance(a, Deliver)
             )
-            log.exception(
+            self._log.exception(
                 "group %s/%s: a step failed (deliveries at (partition, seq) %s)",
                 self.queue.name,
                 self.group.name,
@@ -353,7 +357,7 @@ class GroupRuntime:
             self._hooks.delivered(self.queue.name, self.group.name, sent)
             if failed:
                 for d in failed:
-                    log.error(
+                    self._log.error(
                         "group %s/%s: message at partition %d seq %d cannot be encoded for "
                         "flow %s; dead-lettering it as undeliverable",
                         self.queue.name,
@@ -374,7 +378,7 @@ class GroupRuntime:
             except Fenced:
                 return  # another gateway is active: this one writes nothing more, and stops
             except KeygateError as e:
-                log.warning(
+                self._log.warning(
                     "group %s/%s: write failed (%s); retrying in %.2fs",
                     self.queue.name,
                     self.group.name,
@@ -395,7 +399,7 @@ class GroupRuntime:
             except Exception as e:
                 # A storage failure, or a bug: either way the partition must not be left
                 # waiting for an answer that never comes. Retry with backoff.
-                log.warning(
+                self._log.warning(
                     "group %s/%s: read of partition %d after seq %d failed (%s)",
                     self.queue.name,
                     self.group.name,
@@ -406,7 +410,7 @@ class GroupRuntime:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, _RETRY_MAX)
         for seq in sorted(unreadable):
-            log.error(
+            self._log.error(
                 "group %s/%s: message at partition %d seq %d cannot be read; "
                 "dead-lettering it as undeliverable",
                 self.queue.name,

@@ -95,6 +95,7 @@ def _listeners(
     """Every enabled listener by name; a ``<protocol>_tls`` twin only with a certificate.
     They share one set of limits, so connections are counted across all of them."""
     limits = config.connection_limits()
+    broker.metrics.watch_connections(limits.connections.per_protocol)
     out: dict[str, Listener] = {}
     for name in LISTENERS:
         if config.port(name) is None or (name in TLS_LISTENERS and not config.tls_cert):

@@ -82,21 +82,25 @@ class ConnectionCounter:
         self.max_connections_per_user = max_connections_per_user
         self.total = 0
         self.per_user: dict[str | None, int] = {}
+        # Open connections by protocol, for the keygate_open_connections gauge.
+        self.per_protocol: dict[str, int] = {}
 
-    def open(self) -> Admission:
+    def open(self, protocol: str) -> Admission:
         """Count an accepted socket; release the returned admission when it closes."""
         self.total += 1
-        return Admission(self)
+        self.per_protocol[protocol] = self.per_protocol.get(protocol, 0) + 1
+        return Admission(self, protocol)
 
 
 class Admission:
     """One accepted connection's place in the shared ``ConnectionCounter``."""
 
-    __slots__ = ("_counter", "_open", "_user")
+    __slots__ = ("_counter", "_open", "_protocol", "_user")
     _user: tuple[str | None] | None
 
-    def __init__(self, counter: ConnectionCounter) -> None:
+    def __init__(self, counter: ConnectionCounter, protocol: str) -> None:
         self._counter = counter
+        self._protocol = protocol
         self._user = None
         self._open = True
 
@@ -123,6 +127,7 @@ class Admission:
         self._open = False
         counter = self._counter
         counter.total -= 1
+        counter.per_protocol[self._protocol] -= 1
         if self._user is not None:
             (user,) = self._user
             counter.per_user[user] -= 1

@@ -394,7 +394,7 @@ class AmqpListener:
             max_login_frame=self.limits.max_login_frame,
             max_unconfirmed_bytes=self.limits.max_unconfirmed_bytes,
         )
-        admission = self.limits.connections.open()
+        admission = self.limits.connections.open("amqp")
         session = _Session(
             self.sink, connection, reader, writer, self.limits.login_timeout, admission
         )

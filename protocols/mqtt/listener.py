@@ -105,7 +105,7 @@ class _Client:
         self.reader = reader
         self.writer = writer
         self.conn = ServerConnection(listener.limits)
-        self.admission = listener.connections.open()
+        self.admission = listener.connections.open("mqtt")
         self.principal: Principal | None = None
         self.loop = asyncio.get_running_loop()
         self.done = asyncio.Event()

@@ -138,7 +138,7 @@ class _Session:
         self.tasks: set[asyncio.Task[None]] = set()
         self.outgoing: list[bytes] = []
         self.session_id = uuid.uuid4().hex
-        self.admission = listener.limits.connections.open()
+        self.admission = listener.limits.connections.open("native")
         self.unconfirmed = ByteBudget(listener.limits.max_unconfirmed_bytes)
         # Back-pressure towards the consumer: above ``high`` bytes not yet in the kernel,
         # frames wait here, encoded (so a delivery the wire cannot carry is found at once

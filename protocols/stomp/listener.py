@@ -159,7 +159,7 @@ class _Session:
         self._tasks: list[asyncio.Task[None]] = []
         self._reader_task: asyncio.Task[None] | None = None
         self._broken = False  # the socket failed: frames for the client are dropped
-        self._admission = listener.connections.open()
+        self._admission = listener.connections.open("stomp")
         peer = writer.get_extra_info("peername")
         self._peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
 

@@ -49,6 +49,7 @@ async def test_queue_and_group_gauges_follow_a_consumer(gateway: Gateway) -> Non
         assert (_value(samples, "keygate_group_oldest_unacked_age_seconds", **group) or -1) >= 0
         assert (_value(samples, "keygate_publish_to_deliver_seconds_count") or 0) >= 2
         assert _value(samples, "keygate_gateway_active") == 1
+        assert (_value(samples, "keygate_open_connections", protocol="native") or 0) >= 1
 
         await consumer.reject(held[0])
         await consumer.acknowledge(held[1])

@@ -30,15 +30,15 @@ def test_a_value_over_the_maximum_is_refused() -> None:
 
 def test_the_counter_refuses_over_the_total_and_per_user_and_forgets_on_release() -> None:
     counter = ConnectionCounter(max_connections=3, max_connections_per_user=1)
-    alice = counter.open()
+    alice = counter.open("native")
     alice.login("alice")
     with pytest.raises(ConnectionLimitReached, match="1 per user"):
-        counter.open().login("alice")
+        counter.open("native").login("alice")
     # The refused one is still an open socket until it is released.
     assert counter.total == 2
-    extra = counter.open()
+    extra = counter.open("native")
     with pytest.raises(ConnectionLimitReached, match="3 connections"):
-        counter.open().login("bob")
+        counter.open("native").login("bob")
     alice.release()
     alice.release()
     assert counter.total == 3
@@ -56,3 +56,16 @@ async def test_the_budget_waits_for_room_but_lets_one_oversized_item_through() -
     budget.release(25)
     await asyncio.wait_for(waiting, 1)
     assert (budget.held, budget.peak) == (5, 25)
+
+
+def test_open_connections_are_counted_by_protocol_until_released() -> None:
+    counter = ConnectionCounter()
+    first, second = counter.open("mqtt"), counter.open("mqtt")
+    third = counter.open("amqp")
+    assert counter.per_protocol == {"mqtt": 2, "amqp": 1}
+    first.release()
+    first.release()  # a second release changes nothing
+    third.release()
+    assert counter.per_protocol == {"mqtt": 1, "amqp": 0}
+    second.release()
+    assert counter.total == 0
