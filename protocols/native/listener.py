@@ -68,6 +68,8 @@ log = logging.getLogger("keygate.native")
 _READ_SIZE: Final = 256 * 1024
 # How long a closing listener waits for publishes it already received to be confirmed.
 DRAIN_TIMEOUT: Final = 10.0
+# How long closing a connection waits for its unsent bytes to leave before dropping them.
+_CLOSE_WAIT: Final = 2.0
 # How often a connection with bytes still in its write buffer checks what the kernel took.
 _WRITE_POLL: Final = 0.01
 # Bytes a connection may hold in its write buffer before deliveries wait (high-water mark).
@@ -293,7 +295,12 @@ class _Session:
             task.cancel()
         with contextlib.suppress(ConnectionError, OSError):
             self.writer.close()
-            await self.writer.wait_closed()
+            try:
+                await asyncio.wait_for(self.writer.wait_closed(), _CLOSE_WAIT)
+            except TimeoutError:
+                # A peer that stopped reading keeps unsent bytes in the transport, and a
+                # close would wait for them forever: drop them (and the connection).
+                self.writer.transport.abort()
 
     def spawn(self, coro: Any) -> None:
         task = asyncio.create_task(coro)
