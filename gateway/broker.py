@@ -11,10 +11,7 @@ commit listener feeds committed messages, in commit order, to the loaded group r
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import functools
 import logging
-import random
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
@@ -42,11 +39,11 @@ from core.model import (
     Message,
     Publication,
     QueueConfig,
-    ResetPosition,
     StartPosition,
 )
 from core.topics import SubscriptionIndex, normalize_topic, validate_pattern
 from gateway.config import GatewayConfig
+from gateway.ids import new_message_id
 from gateway.metrics import GroupGauge, Metrics, QueueGauge, RuntimeMetrics
 from gateway.protocol_state import ProtocolState
 from gateway.runtime import GroupRuntime
@@ -65,7 +62,6 @@ from protocols.sink import (
     Settle,
     Unbind,
 )
-from storage.redrive import redrive_batch
 from storage.store import SqlStore
 
 log = logging.getLogger("keygate.broker")
@@ -73,18 +69,6 @@ log = logging.getLogger("keygate.broker")
 # A group with native flows is leased in SQL (kind "native") so a Spark job refuses it;
 # renewed every retention interval, released when the group's last flow leaves.
 GROUP_LEASE_TTL: Final = 30.0
-# Dead letters moved per redrive transaction.
-REDRIVE_BATCH: Final = 500
-
-
-def new_message_id(now: float) -> str:
-    """A time-ordered 128-bit id (48-bit milliseconds + 80 random bits), UUID-formatted.
-
-    The random part needs uniqueness, not secrecy: ``random`` (seeded from the OS) costs a
-    fraction of an ``os.urandom`` system call, which showed up on the publish hot path.
-    """
-    h = f"{(int(now * 1000) & 0xFFFF_FFFF_FFFF) << 80 | random.getrandbits(80):032x}"
-    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 def _deliver_at(publication: Publication, now: float) -> float | None:
@@ -239,125 +223,6 @@ class Broker(ProtocolState):
             self._leased.discard((queue, name))
             await self.store.release_group_lease(queue, name, self.lease_owner)
         await self.store.delete_group(queue, name)
-
-    async def reset_group(
-        self, queue: str, name: str, target: ResetPosition, *, force: bool = False
-    ) -> dict[int, int]:
-        """Move a group to ``target`` (keygate group reset). Refused (Conflict) while
-        consumers are bound, unless ``force``: then the group's state machine is flushed and
-        reloaded at the new position, and its consumers are bound again to the reloaded
-        group with the partitions they held; what they had not acked is delivered anew."""
-        await self.store.get_group(queue, name)
-        # Held while the group is rewritten, so a consumer binding meanwhile loads the group
-        # after the reset, not before it.
-        async with self._loading.setdefault((queue, name), asyncio.Lock()):
-            runtime = self._runtimes.get((queue, name))
-            bound = [] if runtime is None else runtime.status().flows
-            if bound and not force:
-                raise Conflict(
-                    f"group {name!r} of {queue!r} has {len(bound)} bound consumer(s); close "
-                    "them first or force the reset"
-                )
-            outputs = {} if runtime is None else dict(runtime.outputs)
-            if runtime is not None:
-                del self._runtimes[(queue, name)]
-                await runtime.close()
-            positions = await self.store.reset_group(queue, name, target)
-        if bound:
-            assert runtime is not None
-            reloaded = await self._runtime(runtime.group)
-            for flow in bound:
-                principal = self._flows[flow.flow_id].principal
-                reloaded.bind(
-                    flow.flow_id,
-                    flow.client,
-                    flow.window,
-                    flow.ack_mode,
-                    frozenset(flow.partitions),
-                    outputs[flow.flow_id],
-                )
-                self._flows[flow.flow_id] = _Flow(reloaded, principal)
-        log.info(
-            "group %s/%s reset to %s: %s",
-            queue,
-            name,
-            target.kind,
-            positions,
-            extra={"queue": queue, "group": name},
-        )
-        return positions
-
-    async def release_key(
-        self, queue: str, name: str, key: str, *, skip: bool = False
-    ) -> list[int]:
-        """Let a parked key of the group flow again (on_dead_letter = park_key); with
-        ``skip`` its messages published until now are dead-lettered first. Loads the group
-        if it is not running here. Returns the partitions the key was parked in; raises
-        GroupNotFound, KeyNotParked."""
-        runtime = await self._runtime(await self.store.get_group(queue, name))
-        partitions = [p.partition for p in runtime.machine.parked_keys() if p.key == key]
-        runtime.release_key(key, skip=skip)
-        await runtime.flush()  # the release (and any skipped letters) is in SQL on return
-        log.info(
-            "group %s/%s: key %r released (skip=%s)",
-            queue,
-            name,
-            key,
-            skip,
-            extra={"queue": queue, "group": name, "key": key},
-        )
-        return partitions
-
-    async def redrive(
-        self,
-        principal: Principal,
-        dlq: str,
-        *,
-        to: str | None = None,
-        key: str | None = None,
-        limit: int | None = None,
-    ) -> dict[str, int]:
-        """Move up to ``limit`` dead letters of ``dlq`` (only those of ``key`` when given) back
-        to their original queue, or to ``to`` (storage.redrive), one transaction per batch.
-        Refused (Conflict) while consumers are bound to the dead-letter queue; its groups
-        are unloaded and kept from loading meanwhile, so none delivers a moved letter."""
-        self.check_admin(principal)
-        self.queue(dlq)
-        if to is not None:
-            self.queue(to)
-        keys = sorted((dlq, g.name) for g in await self.store.list_groups(dlq))
-        async with contextlib.AsyncExitStack() as stack:
-            for k in keys:
-                await stack.enter_async_context(self._loading.setdefault(k, asyncio.Lock()))
-            busy = [rt for rt in self.runtimes(dlq) if rt.outputs]
-            if busy:
-                raise Conflict(f"queue {dlq!r} has bound consumers; close them before a redrive")
-            for k in keys:
-                if (runtime := self._runtimes.pop(k, None)) is not None:
-                    await runtime.close()
-            moved = skipped = 0
-            after = (-1, 0)
-            while limit is None or moved < limit:
-                now = self._clock()
-                batch = await redrive_batch(
-                    self.store,
-                    dlq,
-                    to=to,
-                    key=key,
-                    after=after,
-                    limit=REDRIVE_BATCH if limit is None else min(REDRIVE_BATCH, limit - moved),
-                    new_id=functools.partial(new_message_id, now),
-                    now=now,
-                )
-                moved += len(batch.moved)
-                skipped += batch.skipped
-                if batch.cursor is None:
-                    break
-                after = batch.cursor
-        log.info(
-            "redrive of %s: %d moved, %d left in place", dlq, moved, skipped, extra={"queue": dlq}
-        )
-        return {"moved": moved, "skipped": skipped}
 
     # --- Sink -----------------------------------------------------------------------
 

@@ -59,6 +59,7 @@ from core.model import (
     StartPosition,
 )
 from core.settings import queue_settings
+from gateway import group_ops
 from gateway.broker import Broker
 from gateway.console import STATIC_DIR
 from gateway.inspect import inspect_queue, queue_summary
@@ -381,8 +382,13 @@ class AdminServer:
             limit is None or (type(limit) is int and limit >= 1)
         ):
             raise InvalidArgument("redrive takes optional to (str), key (str), limit (int >= 1)")
-        result = await self.broker.redrive(
-            _principal(request), request.match_info["name"], to=to, key=key, limit=limit
+        result = await group_ops.redrive(
+            self.broker,
+            _principal(request),
+            request.match_info["name"],
+            to=to,
+            key=key,
+            limit=limit,
         )
         return web.json_response(result)
 
@@ -393,8 +399,8 @@ class AdminServer:
             raise InvalidArgument('a reset needs "to" (a string) and an optional "force" (bool)')
         self.broker.check_admin(_principal(request))
         target = ResetPosition.parse(body["to"])
-        positions = await self.broker.reset_group(
-            name, group, target, force=body.get("force", False)
+        positions = await group_ops.reset_group(
+            self.broker, name, group, target, force=body.get("force", False)
         )
         return web.json_response(
             {"queue": name, "group": group, "committed": {str(p): s for p, s in positions.items()}}
@@ -408,7 +414,7 @@ class AdminServer:
             raise InvalidArgument('a release takes an optional "skip" (bool)')
         self.broker.check_admin(_principal(request))
         skip = body.get("skip", False)
-        partitions = await self.broker.release_key(name, group, key, skip=skip)
+        partitions = await group_ops.release_key(self.broker, name, group, key, skip=skip)
         return web.json_response(
             {"queue": name, "group": group, "key": key, "partitions": partitions, "skip": skip}
         )
