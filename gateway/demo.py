@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from gateway.cli import print_inspection
+from gateway.admin_commands import print_inspection
 from gateway.client import Client, Consumer
 from gateway.config import LISTENERS, load_config
 from gateway.inspect import inspect_queue
