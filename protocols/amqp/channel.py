@@ -10,6 +10,7 @@ from pamqp import base, body, commands, header
 
 from core.errors import InvalidArgument, KeygateError, MessageTooLarge, NoRoute
 from protocols.amqp.constants import ReplyCode
+from protocols.amqp.consumers import ChannelConsumers
 from protocols.amqp.errors import AmqpChannelError, AmqpConnectionError
 from protocols.amqp.events import Publish
 from protocols.amqp.properties import to_publication
@@ -43,7 +44,7 @@ class Channel:
     confirming: bool = False
     next_tag: int = 1
     content: Content | None = None
-    active: bool = True
+    consumers: ChannelConsumers = field(default_factory=ChannelConsumers)
 
     def expect_method(self, method: base.Frame) -> None:
         if self.content is not None:

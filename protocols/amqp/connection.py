@@ -43,15 +43,13 @@ from protocols.amqp.channel import (
 )
 from protocols.amqp.codec import BadProtocolHeader, Frame, FrameReader, content_frames, method_frame
 from protocols.amqp.constants import FRAME_MIN_SIZE, PROTOCOL_HEADER, ReplyCode
+from protocols.amqp.consuming import Consuming
 from protocols.amqp.errors import AmqpChannelError, AmqpConnectionError, AmqpError, reply_for
 from protocols.amqp.exchanges import Exchanges, binding_pattern, publish_topic
 from protocols.amqp.negotiation import credentials, server_named_queue, start_method
 
 _MAX_TEXT: Final = 255
-_CONSUME_LATER: Final = "is not supported yet: consume with the native protocol or Spark"
 _NOT_IMPLEMENTED: Final[dict[type[base.Frame], str]] = {
-    commands.Basic.Consume: f"Basic.Consume {_CONSUME_LATER}",
-    commands.Basic.Get: f"Basic.Get {_CONSUME_LATER}",
     commands.Tx.Select: "transactions are not supported: use publisher confirms",
     commands.Exchange.Bind: "exchange-to-exchange bindings are not supported",
     commands.Exchange.Unbind: "exchange-to-exchange bindings are not supported",
@@ -77,8 +75,9 @@ _HANDSHAKE: Final[dict[State, type[base.Frame]]] = {
 }
 
 
-class AmqpConnection:
-    """One client connection's protocol state; no I/O."""
+class AmqpConnection(Consuming):
+    """One client connection's protocol state; no I/O. Consuming (basic.consume, get,
+    ack, ...) is in ``protocols.amqp.consuming``."""
 
     def __init__(
         self,
@@ -123,10 +122,8 @@ class AmqpConnection:
             commands.Queue.Bind: self._queue_bind,
             commands.Queue.Unbind: self._queue_bind,
             commands.Basic.Publish: self._basic_publish,
-            commands.Basic.Qos: lambda ch, m: self._reply(ch, commands.Basic.QosOk()),
-            commands.Basic.Recover: lambda ch, m: self._reply(ch, commands.Basic.RecoverOk()),
-            commands.Basic.Cancel: self._basic_cancel,
             commands.Confirm.Select: self._confirm_select,
+            **self.consume_handlers(),
         }
 
     # -- adapter surface -------------------------------------------------------------------
@@ -291,6 +288,7 @@ class AmqpConnection:
         method_id = error.method_id if isinstance(error, AmqpError) else 0
         channel.content = None
         channel.state = ChannelState.CLOSING
+        self._channel_gone(channel)
         self._reply(channel, commands.Channel.Close(code, _short(text), class_id, method_id))
 
     def _on_frame(self, frame: Frame) -> None:
@@ -404,10 +402,6 @@ class AmqpConnection:
     def _unsupported(self, method: base.Frame) -> None:
         if type(method) in _NOT_IMPLEMENTED:
             raise AmqpChannelError(ReplyCode.NOT_IMPLEMENTED, _NOT_IMPLEMENTED[type(method)])
-        if isinstance(method, commands.Basic.Ack | commands.Basic.Nack | commands.Basic.Reject):
-            raise AmqpChannelError(
-                ReplyCode.PRECONDITION_FAILED, f"unknown delivery tag {method.delivery_tag}"
-            )
         if isinstance(method, commands.Tx.Commit | commands.Tx.Rollback):
             raise AmqpChannelError(ReplyCode.PRECONDITION_FAILED, "channel is not transactional")
         raise AmqpConnectionError(
@@ -418,6 +412,7 @@ class AmqpConnection:
 
     def _channel_close(self, channel: Channel, method: commands.Channel.Close) -> None:
         del self._channels[channel.number]
+        self._channel_gone(channel)
         self._send(channel.number, commands.Channel.CloseOk())
 
     def _channel_close_ok(self, channel: Channel, method: commands.Channel.CloseOk) -> None:
@@ -426,9 +421,12 @@ class AmqpConnection:
         )
 
     def _channel_flow(self, channel: Channel, method: commands.Channel.Flow) -> None:
-        # keygate never delivers over AMQP yet, so pausing deliveries is just acknowledged.
-        channel.active = bool(method.active)
-        self._reply(channel, commands.Channel.FlowOk(channel.active))
+        # As RabbitMQ: a client may not pause deliveries this way (use basic.qos).
+        if not method.active:
+            raise AmqpChannelError(
+                ReplyCode.NOT_IMPLEMENTED, "channel.flow active=false is not supported"
+            )
+        self._reply(channel, commands.Channel.FlowOk(True))
 
     def _exchange_declare(self, channel: Channel, method: commands.Exchange.Declare) -> None:
         self.exchanges.declare(
@@ -495,10 +493,6 @@ class AmqpConnection:
         self._events.append(
             ev.BindQueue(channel.number, channel.serial, nowait, method.queue, pattern, unbind)
         )
-
-    def _basic_cancel(self, channel: Channel, method: commands.Basic.Cancel) -> None:
-        if not method.nowait:
-            self._reply(channel, commands.Basic.CancelOk(method.consumer_tag))
 
     def _confirm_select(self, channel: Channel, method: commands.Confirm.Select) -> None:
         channel.confirming = True

@@ -22,14 +22,15 @@ from typing import Any, Final
 
 from pamqp import commands
 
-from core.model import GROUP_ID_PROPERTY, Message
+from core.model import GROUP_ID_PROPERTY, GroupMode, KeyOrder, Message, StartPosition
 from protocols.amqp.constants import ReplyCode
 from protocols.amqp.errors import AmqpChannelError
 
 GROUP_ARGUMENT: Final = "x-group"
 DEFAULT_GROUP: Final = "default"
-# Consume arguments with a group or flow setting of their own (the native BIND's).
-FLOW_ARGUMENTS: Final = ("x-mode", "x-key-order", "x-start", "x-ack-timeout")
+# Consume arguments with a group or flow setting of their own (the native BIND's):
+# x-mode, x-key-order, x-start, x-ack-timeout (ms) and the tag filter x-tag-NAME.
+TAG_PREFIX: Final = "x-tag-"
 
 
 class Outcome(Enum):
@@ -40,14 +41,19 @@ class Outcome(Enum):
 
 @dataclass(frozen=True, slots=True)
 class ConsumeRequest:
-    """What a basic.consume asks for (the adapter binds a flow with it)."""
+    """What a basic.consume asks for (the adapter binds a flow with it); None = the
+    group's setting or default."""
 
     consumer_tag: str
     queue: str
     group: str
     no_ack: bool
     prefetch: int | None
-    settings: Mapping[str, Any]  # x-mode, x-key-order, x-start, x-ack-timeout (ms), x-tag-*
+    mode: GroupMode | None = None
+    key_order: KeyOrder | None = None
+    start: StartPosition | None = None
+    ack_timeout: float | None = None  # seconds (x-ack-timeout is milliseconds)
+    tags: Mapping[str, str] | None = None  # x-tag-NAME: VALUE
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,12 +75,49 @@ def _text(value: Any) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
+def _choice(arguments: Mapping[str, Any], name: str, kind: type[Enum]) -> Any:
+    value = arguments.get(name)
+    if value is None:
+        return None
+    try:
+        return kind(_text(value))
+    except ValueError:
+        allowed = ", ".join(str(m.value) for m in kind)
+        raise AmqpChannelError(
+            ReplyCode.PRECONDITION_FAILED, f"invalid arg '{name}': use one of {allowed}"
+        ) from None
+
+
+def _ack_timeout(arguments: Mapping[str, Any]) -> float | None:
+    value = arguments.get("x-ack-timeout")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise AmqpChannelError(
+            ReplyCode.PRECONDITION_FAILED, "invalid arg 'x-ack-timeout': milliseconds > 0"
+        )
+    return value / 1000
+
+
 def consume_request(method: commands.Basic.Consume, prefetch: int | None) -> ConsumeRequest:
+    """The consume's group and flow settings from its arguments (406 for a bad one)."""
     arguments = dict(method.arguments or {})
     group = _text(arguments.get(GROUP_ARGUMENT) or DEFAULT_GROUP)
-    settings = {k: v for k, v in arguments.items() if k in FLOW_ARGUMENTS or k.startswith("x-tag-")}
-    tag = method.consumer_tag or f"amq.ctag-{uuid.uuid4().hex}"
-    return ConsumeRequest(tag, method.queue, group, bool(method.no_ack), prefetch, settings)
+    tags = {
+        k[len(TAG_PREFIX) :]: _text(v) for k, v in arguments.items() if k.startswith(TAG_PREFIX)
+    }
+    return ConsumeRequest(
+        consumer_tag=method.consumer_tag or f"amq.ctag-{uuid.uuid4().hex}",
+        queue=method.queue,
+        group=group,
+        no_ack=bool(method.no_ack),
+        prefetch=prefetch,
+        mode=_choice(arguments, "x-mode", GroupMode),
+        key_order=_choice(arguments, "x-key-order", KeyOrder),
+        start=_choice(arguments, "x-start", StartPosition),
+        ack_timeout=_ack_timeout(arguments),
+        tags=tags or None,
+    )
 
 
 def message_properties(message: Message, delivery_count: int) -> commands.Basic.Properties:
@@ -109,6 +152,9 @@ class ChannelConsumers:
         self.consumers: dict[str, ConsumeRequest] = {}
         self._next_tag = 1
         self._unacked: dict[int, _Unacked] = {}
+
+    def __contains__(self, consumer_tag: str) -> bool:
+        return consumer_tag in self.consumers
 
     def qos(self, method: commands.Basic.Qos) -> None:
         """The prefetch applies to consumers started after it, per consumer (RabbitMQ's

@@ -15,6 +15,7 @@ from pamqp import commands
 
 from core.errors import KeygateError
 from core.model import Publication, QueueConfig
+from protocols.amqp.consumers import ConsumeRequest, Settled
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -81,6 +82,44 @@ class Publish(ChannelOperation):
 
 
 @dataclass(frozen=True, slots=True, eq=False)
+class Consume(ChannelOperation):
+    """basic.consume: bind a flow; answer with ``AmqpConnection.consumed``."""
+
+    request: ConsumeRequest
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Cancel(ChannelOperation):
+    """basic.cancel of a known consumer: unbind its flow, then ``cancelled``."""
+
+    consumer_tag: str
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class SettleDeliveries(ChannelOperation):
+    """basic.ack, nack, reject or recover, resolved to settles per consumer."""
+
+    settled: tuple[Settled, ...]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Get(ChannelOperation):
+    """basic.get: one message of ``group``, answered with ``AmqpConnection.got``."""
+
+    queue: str
+    group: str
+    no_ack: bool
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ChannelGone:
+    """A channel closed (by either side): unbind the flows its consumers had."""
+
+    channel: int
+    serial: int
+
+
+@dataclass(frozen=True, slots=True, eq=False)
 class ConnectionClosed:
     """The connection is finished: flush what is pending and close the socket."""
 
@@ -88,18 +127,33 @@ class ConnectionClosed:
     reply_text: str
 
 
-Operation = DeclareQueue | DeleteQueue | PurgeQueue | BindQueue | Publish
-Event = Authenticate | Operation | ConnectionClosed
+Operation = (
+    DeclareQueue
+    | DeleteQueue
+    | PurgeQueue
+    | BindQueue
+    | Publish
+    | Consume
+    | Cancel
+    | SettleDeliveries
+    | Get
+)
+Event = Authenticate | Operation | ChannelGone | ConnectionClosed
 
 __all__ = [
     "Authenticate",
     "BindQueue",
+    "Cancel",
+    "ChannelGone",
     "ChannelOperation",
     "ConnectionClosed",
+    "Consume",
     "DeclareQueue",
     "DeleteQueue",
     "Event",
+    "Get",
     "Operation",
     "Publish",
     "PurgeQueue",
+    "SettleDeliveries",
 ]

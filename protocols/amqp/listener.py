@@ -13,6 +13,10 @@ next batch, already accumulated, starts the moment it commits. If the batch is r
 because one message is (no route, too large, queue full) the worker falls back to storing
 that batch one message at a time, in order, so only the refused messages are nacked. A
 failed write (StorageError) nacks the whole batch: nothing of it was stored.
+
+Consumers (basic.consume, get, ack, ...) are flows kept by ``protocols.amqp.flows``; their
+settles travel the same ordered queue, so a cancel or an ack never overtakes the consume
+it belongs to. Every frame leaves through the connection's ``Outbox`` (protocols._io).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import contextlib
 import logging
 import ssl
 from collections import deque
+from collections.abc import Sequence
 from typing import Final
 
 from core.errors import (
@@ -34,6 +39,7 @@ from core.errors import (
     Unavailable,
 )
 from core.model import QueueConfig
+from protocols._io import Outbox
 from protocols._limits import DEFAULT_LIMITS, Admission, ConnectionLimits
 from protocols.amqp import events as ev
 from protocols.amqp.arguments import check_equivalent
@@ -42,6 +48,7 @@ from protocols.amqp.connection import AmqpConnection, State
 from protocols.amqp.constants import ReplyCode
 from protocols.amqp.errors import AmqpChannelError
 from protocols.amqp.exchanges import Exchanges
+from protocols.amqp.flows import ConsumerFlows
 from protocols.sink import Principal, Sink, peer_identity
 
 logger = logging.getLogger("keygate.amqp")
@@ -76,28 +83,40 @@ class _Session:
         self._login_deadline = asyncio.get_running_loop().time() + login_timeout
         self._reader = reader
         self._writer = writer
-        self._ops: deque[ev.Authenticate | ev.Operation] = deque()
+        self._ops: deque[ev.Authenticate | ev.Operation | ev.ChannelGone] = deque()
         self._pending_bytes = 0
         self._wake = asyncio.Event()
         self._room = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
         self._principal: Principal | None = None
-        self._last_write = 0.0
         self._saving = False
         self.peer = writer.get_extra_info("peername")
+        self._outbox = Outbox(writer, settle_written=self._settle_written)
+        # no_ack deliveries whose frames wait in the connection while exchanges are saved.
+        self._held_acks: list[tuple[str, Sequence[str]]] = []
+        self._flows = ConsumerFlows(sink, connection, self.flush, f"amqp:{id(self):x}")
 
-    def flush(self) -> None:
+    def _settle_written(self, flow_id: str, message_ids: tuple[str, ...]) -> None:
+        if self._principal is not None:
+            self._flows.settle_written(self._principal, flow_id, message_ids)
+
+    def flush(self, auto_acked: tuple[str, Sequence[str]] | None = None) -> None:
+        """Hand the connection's pending frames to the outbox; ``auto_acked``: the no_ack
+        deliveries among them, acked once written."""
+        if auto_acked is not None:
+            self._held_acks.append(auto_acked)
         if self._saving:
             return  # answers wait until the exchanges they confirm are stored
-        data = self.connection.data_to_send()
-        if data and not self._writer.is_closing():
-            self._writer.write(data)
-            self._last_write = asyncio.get_running_loop().time()
+        self._outbox.push(self.connection.data_to_send())
+        for acked in self._held_acks:
+            self._outbox.push(b"", acked)
+        self._held_acks.clear()
 
     async def run(self) -> None:
         worker = asyncio.create_task(self._work(), name=f"amqp-worker {self.peer}")
         beat = asyncio.create_task(self._heartbeat(), name=f"amqp-heartbeat {self.peer}")
+        writing = asyncio.create_task(self._outbox.run(), name=f"amqp-writer {self.peer}")
         try:
             try:
                 await self._read()
@@ -114,9 +133,17 @@ class _Session:
             except TimeoutError:
                 logger.warning("amqp connection %s: gave up storing its last publishes", self.peer)
         finally:
+            if self._principal is not None:
+                self._flows.unbind_all(self._principal)
             for task in (worker, beat):
                 task.cancel()
             await asyncio.gather(worker, beat, return_exceptions=True)
+            self.flush()
+            self._outbox.close()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(_CLOSE_TIMEOUT):
+                    await writing
+            writing.cancel()
             self._writer.close()
             with contextlib.suppress(ConnectionError, ssl.SSLError, TimeoutError):
                 async with asyncio.timeout(_CLOSE_TIMEOUT):
@@ -186,9 +213,8 @@ class _Session:
             await asyncio.sleep(interval)
             if not self.connection.heartbeat or self.connection.state is not State.OPEN:
                 continue
-            if loop.time() - self._last_write >= interval and not self._writer.is_closing():
-                self._writer.write(HEARTBEAT_FRAME)
-                self._last_write = loop.time()
+            if loop.time() - self._outbox.last_sent >= interval:
+                self._outbox.push(HEARTBEAT_FRAME)
 
     async def _work(self) -> None:
         while True:
@@ -219,7 +245,7 @@ class _Session:
             self._ops.popleft()
             await self._perform(head)
 
-    async def _perform(self, op: ev.Authenticate | ev.Operation) -> None:
+    async def _perform(self, op: ev.Authenticate | ev.Operation | ev.ChannelGone) -> None:
         if isinstance(op, ev.Authenticate):
             try:
                 peer, certificate_user = peer_identity(self._writer)
@@ -246,6 +272,9 @@ class _Session:
                     self.connection.authenticated(None, admin=admin, username=username)
             return
         assert self._principal is not None and not isinstance(op, ev.Publish)
+        if isinstance(op, ev.ChannelGone | ev.Consume | ev.Cancel | ev.SettleDeliveries | ev.Get):
+            await self._flows.perform(self._principal, op)
+            return
         if not self.connection.is_current(op):
             return
         try:
@@ -267,8 +296,9 @@ class _Session:
             except PermissionDenied:
                 return 0  # a publisher may declare its queue, not learn its depth
         if isinstance(op, ev.DeleteQueue):
-            # Deleting a queue that does not exist is delete-ok, as in RabbitMQ. AMQP
-            # consumers do not exist yet, so if-unused always holds here.
+            # Deleting a queue that does not exist is delete-ok, as in RabbitMQ.
+            # if-unused is not checked: keygate's consumers are the group's, and a
+            # delete ends them all (basic.cancel to AMQP consumers that asked for it).
             try:
                 if op.if_empty and await sink.queue_depth(principal, op.queue) > 0:
                     raise AmqpChannelError(

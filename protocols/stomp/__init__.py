@@ -1,4 +1,5 @@
-"""STOMP 1.0, 1.1 and 1.2 for publishers: sans-IO codec and connection, asyncio listener."""
+"""STOMP 1.0, 1.1 and 1.2 for publishers and consumers: sans-IO codec and connection,
+asyncio listener."""
 
 from protocols.stomp.codec import Codec
 from protocols.stomp.connection import (
@@ -10,7 +11,10 @@ from protocols.stomp.connection import (
     Publish,
     ReceiptRequest,
     ServerConnection,
+    Settle,
     State,
+    Subscribe,
+    Unsubscribe,
 )
 from protocols.stomp.frames import (
     SUPPORTED_VERSIONS,
@@ -20,7 +24,6 @@ from protocols.stomp.frames import (
     InvalidFrame,
     StompProtocolError,
     TransactionTooLarge,
-    UnsupportedFrame,
     UnsupportedVersion,
     Version,
 )
@@ -42,11 +45,13 @@ __all__ = [
     "Publish",
     "ReceiptRequest",
     "ServerConnection",
+    "Settle",
     "State",
     "StompListener",
     "StompProtocolError",
+    "Subscribe",
     "TransactionTooLarge",
-    "UnsupportedFrame",
+    "Unsubscribe",
     "UnsupportedVersion",
     "Version",
     "publication_from_send",

@@ -11,6 +11,10 @@ after an ERROR frame), ``HEARTBEAT`` for an idle line.
 Transactions live here: BEGIN opens a buffer, transactional SENDs go into it, COMMIT hands
 the whole buffer to the caller as one ``Commit`` (stored with ``Sink.publish_many``, one
 SQL transaction), ABORT and DISCONNECT drop it.
+
+Consuming: SUBSCRIBE, UNSUBSCRIBE, ACK and NACK become ``Subscribe``, ``Unsubscribe`` and
+``Settle`` events through ``subscriptions`` (protocols.stomp.subscriptions); ``message``
+encodes a delivery as a MESSAGE frame.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Final, TypeAlias
 
+from core.actions import Deliver
 from core.errors import (
     AuthenticationFailed,
     AuthError,
@@ -40,11 +45,11 @@ from protocols.stomp.frames import (
     InvalidFrame,
     StompProtocolError,
     TransactionTooLarge,
-    UnsupportedFrame,
     UnsupportedVersion,
     Version,
 )
 from protocols.stomp.mapping import publication_from_send
+from protocols.stomp.subscriptions import Settle, Subscribe, Subscriptions, Unsubscribe
 
 HEARTBEAT: Final = b"\n"
 MAX_OPEN_TRANSACTIONS: Final = 64
@@ -115,7 +120,9 @@ class Disconnect:
     receipt: str | None
 
 
-Event: TypeAlias = Connect | Publish | Commit | ReceiptRequest | Disconnect
+Event: TypeAlias = (
+    Connect | Publish | Commit | ReceiptRequest | Disconnect | Subscribe | Unsubscribe | Settle
+)
 
 # The ERROR frame's short ``message`` header for each gateway error.
 _ERROR_MESSAGES: Final[tuple[tuple[type[KeygateError], str], ...]] = (
@@ -195,6 +202,7 @@ class ServerConnection:
         self._client_id: str | None = None
         self._transactions: dict[str, list[Publication]] = {}
         self._transaction_bytes = 0
+        self.subscriptions = Subscriptions()
 
     def receive_data(self, data: bytes) -> None:
         self.codec.receive_data(data)
@@ -217,12 +225,12 @@ class ServerConnection:
                 f"{frame.command} frame not allowed in state {self.state.value!r}",
                 receipt_id=receipt,
             )
-        if frame.command in _CONSUMING:
-            raise UnsupportedFrame(
-                f"{frame.command}: consuming over STOMP is not offered; keygate accepts "
-                "SEND, BEGIN, COMMIT, ABORT and DISCONNECT (consume with the native SDK)",
-                receipt_id=receipt,
-            )
+        if frame.command == "SUBSCRIBE":
+            return self.subscriptions.subscribe(frame)
+        if frame.command == "UNSUBSCRIBE":
+            return self.subscriptions.unsubscribe(frame)
+        if frame.command in ("ACK", "NACK"):
+            return self.subscriptions.settle(frame, self.version)
         if frame.command in ("CONNECT", "STOMP"):
             return self._connect(frame)
         if frame.command == "DISCONNECT":
@@ -321,6 +329,13 @@ class ServerConnection:
                 self.receive_timeout = max(cx, sy) * HEARTBEAT_TOLERANCE / 1000.0
         return self.codec.send(Frame("CONNECTED", tuple(headers)))
 
+    def message(self, subscription: str, delivery: Deliver) -> bytes:
+        """The MESSAGE frame of one delivery to ``subscription`` (remembered for its ACK)."""
+        frame = self.subscriptions.message(
+            subscription, delivery.message, delivery.delivery_count, delivery.redelivered
+        )
+        return self.codec.send(frame)
+
     def receipt(self, receipt_id: str) -> bytes:
         return self.codec.send(Frame("RECEIPT", (("receipt-id", receipt_id),)))
 
@@ -354,5 +369,8 @@ __all__ = [
     "Publish",
     "ReceiptRequest",
     "ServerConnection",
+    "Settle",
     "State",
+    "Subscribe",
+    "Unsubscribe",
 ]

@@ -77,13 +77,6 @@ class UnsupportedVersion(StompProtocolError):
     stomp_message = "supported protocol versions are 1.0,1.1,1.2"
 
 
-class UnsupportedFrame(StompProtocolError):
-    """A valid STOMP frame keygate does not offer (consumption: SUBSCRIBE, ACK, ...)."""
-
-    code = "stomp-unsupported"
-    stomp_message = "not supported"
-
-
 class InvalidFrame(StompProtocolError):
     """A well-formed frame with a missing or invalid header, or one out of place."""
 

@@ -1,7 +1,7 @@
 """The asyncio STOMP listener: sockets around ``ServerConnection``.
 
 How it works, per connection (``_Session``), four tasks owned by the session and cancelled
-together when it ends:
+together when it ends (consuming is described at ``_Subscriber``):
 
 - the reader feeds bytes to the connection and pushes each event into an ordered
   pipeline. CONNECT is handled inline (nothing may follow it until it is accepted).
@@ -13,7 +13,8 @@ together when it ends:
   i.e. after commit. If a batch is rejected, its SENDs are retried one by one so that
   those before the culprit are stored and receipted and the culprit gets the ERROR.
   COMMIT is one ``publish_many`` of the transaction's SENDs.
-- the writer drains a bounded queue of frames to the socket.
+- the writer (``protocols._io.Outbox``) writes frames to the socket in order, everything
+  queued since its last write in one write.
 - the heart-beat task sends EOLs when we have been silent and drops a client silent for
   longer than its negotiated interval times ``HEARTBEAT_TOLERANCE``.
 
@@ -30,12 +31,16 @@ import logging
 import secrets
 import ssl
 from collections import deque
+from collections.abc import Sequence
 from typing import Final, TypeAlias
 
+from core.actions import Deliver
 from core.errors import ConnectionLimitReached, KeygateError, StorageError, Unavailable
-from core.model import Publication
+from core.model import AckMode, Publication
+from protocols import sink as settles
+from protocols._io import Outbox
 from protocols._limits import DEFAULT_LIMITS, ConnectionLimits, publication_bytes
-from protocols.sink import Principal, Sink, peer_identity
+from protocols.sink import BindRequest, Principal, Sink, peer_identity
 from protocols.stomp.codec import DEFAULT_MAX_HEADERS
 from protocols.stomp.connection import (
     HEARTBEAT,
@@ -45,7 +50,10 @@ from protocols.stomp.connection import (
     Publish,
     ReceiptRequest,
     ServerConnection,
+    Settle,
     State,
+    Subscribe,
+    Unsubscribe,
 )
 
 log = logging.getLogger(__name__)
@@ -55,7 +63,6 @@ HEADER_ALLOWANCE: Final = 64 * 1024  # frame size beyond the largest message bod
 MAX_PENDING_OPS: Final = 4096
 MAX_BATCH: Final = 1024
 MAX_BATCH_BYTES: Final = 4 * 1024 * 1024
-WRITE_QUEUE_DEPTH: Final = 1024
 CLOSE_TIMEOUT: Final = 5.0
 LINGER: Final = 1.0
 DEFAULT_HEARTBEAT: Final = (10_000, 10_000)
@@ -77,7 +84,17 @@ class _End:
     __slots__ = ()
 
 
-_Op: TypeAlias = Publish | Commit | ReceiptRequest | Disconnect | _Fatal | _End
+_Op: TypeAlias = (
+    Publish
+    | Commit
+    | ReceiptRequest
+    | Disconnect
+    | Subscribe
+    | Unsubscribe
+    | Settle
+    | _Fatal
+    | _End
+)
 
 
 def _op_size(op: _Op) -> int:
@@ -132,6 +149,48 @@ class _Pipeline:
         return batch
 
 
+class _Subscriber:
+    """``protocols.sink.FlowOutput`` of one SUBSCRIBE (DESIGN.md §5b).
+
+    A subscription is a flow of its ``x-group``: the group runtime pushes deliveries here,
+    each becomes a MESSAGE frame in the connection's outbox. ``ack:auto`` deliveries are
+    acked once the socket took them (``Outbox``), so the window bounds what a slow
+    reader holds. A delivery the frame cannot carry is handed back (dead-lettered as
+    undeliverable). When the queue is deleted the connection gets an ERROR and ends, as
+    a STOMP server reports a failed subscription.
+    """
+
+    def __init__(self, session: _Session, subscription: str, auto: bool) -> None:
+        self.session = session
+        self.subscription = subscription
+        self.auto = auto
+        self.flow_id = ""
+
+    def deliver(self, deliveries: Sequence[Deliver]) -> Sequence[Deliver]:
+        frames: list[bytes] = []
+        sent: list[str] = []
+        failed: list[Deliver] = []
+        conn = self.session.conn
+        for delivery in deliveries:
+            try:
+                frames.append(conn.message(self.subscription, delivery))
+            except (KeygateError, ValueError):
+                failed.append(delivery)
+                continue
+            sent.append(delivery.message.message_id)
+        auto_acked = (self.flow_id, sent) if self.auto else None
+        self.session.outbox.push(b"".join(frames), auto_acked)
+        return failed
+
+    def partitions_changed(self, partitions: frozenset[int]) -> None:
+        """STOMP has no frame for it: a consumer sees its partitions in ``x-partition``."""
+
+    def terminate(self, error: KeygateError) -> None:
+        self.session.flows.pop(self.subscription, None)
+        self.session.conn.subscriptions.forget(self.subscription)
+        self.session.pipeline.put_nowait(_Fatal(error))
+
+
 class _Session:
     def __init__(
         self,
@@ -143,19 +202,21 @@ class _Session:
         self._sink = listener.sink
         self._reader = reader
         self._writer = writer
-        self._conn = ServerConnection(
+        self.conn = ServerConnection(
             server=listener.server_name,
             max_frame_size=listener.max_frame_size,
             max_headers=listener.max_headers,
             heartbeat=listener.heartbeat,
             max_login_frame=listener.max_login_frame,
         )
-        self._pipeline = _Pipeline(listener.max_unconfirmed_bytes)
-        self._writes: asyncio.Queue[bytes | None] = asyncio.Queue(WRITE_QUEUE_DEPTH)
+        self.pipeline = _Pipeline(listener.max_unconfirmed_bytes)
+        self.outbox = Outbox(writer, settle_written=self._settle_written)
         self._principal = Principal(None, "stomp")
+        self._session_id = secrets.token_hex(8)
+        # Subscription id -> the flow it bound.
+        self.flows: dict[str, str] = {}
         self._loop = asyncio.get_running_loop()
         self._last_received = self._loop.time()
-        self._last_sent = self._loop.time()
         self._tasks: list[asyncio.Task[None]] = []
         self._reader_task: asyncio.Task[None] | None = None
         self._broken = False  # the socket failed: frames for the client are dropped
@@ -170,12 +231,14 @@ class _Session:
         self._tasks += [writer_task, self._reader_task]
         try:
             await self._work_loop()
+            self._unbind_all()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(CLOSE_TIMEOUT):
-                    await self._writes.put(None)
+                    self.outbox.close()
                     await writer_task
             await self._linger()
         finally:
+            self._unbind_all()
             for task in self._tasks:
                 task.cancel()
             await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -199,6 +262,16 @@ class _Session:
                 while await self._reader.read(READ_SIZE):
                     pass
 
+    def _unbind_all(self) -> None:
+        """The connection ends: its flows' unacked messages go back for redelivery and
+        their partitions are kept for them through the rebalance delay."""
+        for flow_id in self.flows.values():
+            self._sink.settle(self._principal, flow_id, settles.Unbind())
+        self.flows.clear()
+
+    def _settle_written(self, flow_id: str, message_ids: tuple[str, ...]) -> None:
+        self._sink.settle(self._principal, flow_id, settles.Ack(message_ids))
+
     def release(self) -> None:
         self._admission.release()
 
@@ -206,10 +279,10 @@ class _Session:
         """Stop reading; what is already queued is still stored and confirmed."""
         if self._reader_task is not None:
             self._reader_task.cancel()
-        self._pipeline.put_nowait(_End())
+        self.pipeline.put_nowait(_End())
 
     async def _read_loop(self) -> None:
-        conn = self._conn
+        conn = self.conn
         try:
             while conn.state is not State.CLOSED:
                 if conn.state is State.AWAITING_CONNECT:
@@ -226,10 +299,10 @@ class _Session:
                         if not await self._connect(event):
                             return
                     else:
-                        await self._pipeline.put(event)
+                        await self.pipeline.put(event)
         except KeygateError as e:
             log.info("stomp %s: protocol error: %s", self._peer, e.message)
-            await self._pipeline.put(_Fatal(e))
+            await self.pipeline.put(_Fatal(e))
             return
         except TimeoutError:
             log.info(
@@ -242,10 +315,10 @@ class _Session:
             # open with nobody reading it.
             log.exception("stomp %s: reader failed", self._peer)
         if conn.state is not State.CLOSED:
-            self._pipeline.put_nowait(_End())
+            self.pipeline.put_nowait(_End())
 
     async def _connect(self, event: Connect) -> bool:
-        session = secrets.token_hex(8)
+        session = self._session_id
         try:
             peer, certificate_user = peer_identity(self._writer)
             self._principal = await self._sink.authenticate(
@@ -258,22 +331,22 @@ class _Session:
             )
         except KeygateError as e:
             log.info("stomp %s: CONNECT refused: %s", self._peer, e.message)
-            await self._pipeline.put(_Fatal(e))
+            await self.pipeline.put(_Fatal(e))
             return False
         try:
             self._admission.login(self._principal.username)
         except ConnectionLimitReached as e:
             log.info("stomp %s: CONNECT refused: %s", self._peer, e.message)
-            await self._pipeline.put(_Fatal(e))
+            await self.pipeline.put(_Fatal(e))
             return False
-        await self._write(self._conn.connected(session))
-        if self._conn.send_interval or self._conn.receive_timeout:
+        await self._write(self.conn.connected(session))
+        if self.conn.send_interval or self.conn.receive_timeout:
             self._tasks.append(asyncio.create_task(self._heartbeat_loop()))
         return True
 
     async def _work_loop(self) -> None:
         while True:
-            batch = await self._pipeline.take()
+            batch = await self.pipeline.take()
             op = batch[0]
             if isinstance(op, Publish):
                 if not await self._store(batch):
@@ -281,14 +354,17 @@ class _Session:
             elif isinstance(op, Commit):
                 if not await self._commit(op):
                     return
+            elif isinstance(op, Subscribe | Unsubscribe | Settle):
+                if not await self._consume(op):
+                    return
             elif isinstance(op, ReceiptRequest):
-                await self._write(self._conn.receipt(op.receipt))
+                await self._write(self.conn.receipt(op.receipt))
             elif isinstance(op, Disconnect):
                 if op.receipt is not None:
-                    await self._write(self._conn.receipt(op.receipt))
+                    await self._write(self.conn.receipt(op.receipt))
                 return
             elif isinstance(op, _Fatal):
-                await self._write(self._conn.error(op.error, op.receipt))
+                await self._write(self.conn.error(op.error, op.receipt))
                 return
             else:
                 return
@@ -310,11 +386,11 @@ class _Session:
                 except KeygateError as e2:
                     return await self._fail(e2, send.receipt)
                 if send.receipt is not None:
-                    await self._write(self._conn.receipt(send.receipt))
+                    await self._write(self.conn.receipt(send.receipt))
             return True
         for send in sends:
             if send.receipt is not None:
-                await self._write(self._conn.receipt(send.receipt))
+                await self._write(self.conn.receipt(send.receipt))
         return True
 
     async def _commit(self, commit: Commit) -> bool:
@@ -324,8 +400,54 @@ class _Session:
         except KeygateError as e:
             return await self._fail(e, commit.receipt)
         if commit.receipt is not None:
-            await self._write(self._conn.receipt(commit.receipt))
+            await self._write(self.conn.receipt(commit.receipt))
         return True
+
+    async def _consume(self, op: Subscribe | Unsubscribe | Settle) -> bool:
+        """Bind, unbind or settle a subscription's flow; RECEIPT after it took effect."""
+        try:
+            if isinstance(op, Subscribe):
+                await self._subscribe(op)
+            elif isinstance(op, Unsubscribe):
+                flow_id = self.flows.pop(op.subscription, None)
+                if flow_id is not None:
+                    self._sink.settle(self._principal, flow_id, settles.Unbind())
+            else:
+                self._settle(op)
+        except KeygateError as e:
+            return await self._fail(e, op.receipt)
+        if op.receipt is not None:
+            await self._write(self.conn.receipt(op.receipt))
+        return True
+
+    async def _subscribe(self, op: Subscribe) -> None:
+        subscriber = _Subscriber(self, op.subscription, auto=op.ack == "auto")
+        result = await self._sink.bind(
+            self._principal,
+            BindRequest(
+                queue=op.queue,
+                group=op.group,
+                client=f"stomp:{self._principal.client_id or self._session_id}",
+                window=op.prefetch,
+                ack_mode=AckMode.AUTO if subscriber.auto else AckMode.CLIENT,
+            ),
+            subscriber,
+        )
+        subscriber.flow_id = result.flow_id
+        self.flows[op.subscription] = result.flow_id
+
+    def _settle(self, op: Settle) -> None:
+        flow_id = self.flows.get(op.subscription)
+        if flow_id is None:
+            return  # unsubscribed meanwhile: its messages went back for redelivery
+        event: settles.Settle
+        if not op.ack:
+            event = settles.Nack((op.message_id,))
+        elif op.cumulative:
+            event = settles.AckCumulative(op.partition, op.seq)
+        else:
+            event = settles.Ack((op.message_id,))
+        self._sink.settle(self._principal, flow_id, event)
 
     async def _publish(self, publications: list[Publication]) -> None:
         """Store and commit; any unexpected failure becomes a KeygateError."""
@@ -342,34 +464,21 @@ class _Session:
 
     async def _fail(self, error: KeygateError, receipt: str | None) -> bool:
         log.info("stomp %s: %s: %s", self._peer, error.code, error.message)
-        await self._write(self._conn.error(error, receipt))
+        await self._write(self.conn.error(error, receipt))
         return False
 
     async def _write(self, data: bytes) -> None:
-        if not self._broken:
-            await self._writes.put(data)
+        await self.outbox.put(data)
 
     async def _write_loop(self) -> None:
-        writer = self._writer
-        try:
-            while (data := await self._writes.get()) is not None:
-                writer.write(data)
-                while not self._writes.empty():
-                    more = self._writes.get_nowait()
-                    if more is None:
-                        await writer.drain()
-                        return
-                    writer.write(more)
-                self._last_sent = self._loop.time()
-                await writer.drain()
-        except OSError as e:
-            log.info("stomp %s: write failed: %s", self._peer, e)
+        await self.outbox.run()
+        if self.outbox.broken:
             self._broken = True
             self.stop()
 
     async def _heartbeat_loop(self) -> None:
-        send_every = self._conn.send_interval
-        timeout = self._conn.receive_timeout
+        send_every = self.conn.send_interval
+        timeout = self.conn.receive_timeout
         tick = min(x for x in (send_every, timeout) if x) / 4
         while True:
             await asyncio.sleep(tick)
@@ -378,13 +487,13 @@ class _Session:
                 log.info("stomp %s: no heart-beat for %.1fs, closing", self._peer, timeout)
                 self.stop()
                 return
-            if send_every is not None and now - self._last_sent + tick >= send_every:
-                self._last_sent = now
+            if send_every is not None and now - self.outbox.last_sent + tick >= send_every:
+                self.outbox.last_sent = now
                 await self._write(HEARTBEAT)
 
 
 class StompListener:
-    """A STOMP 1.0/1.1/1.2 server for publishers (``protocols.sink.Listener``).
+    """A STOMP 1.0/1.1/1.2 server for publishers and consumers (``protocols.sink.Listener``).
 
     ``max_frame_size`` None = the sink's largest message plus 64 KiB of headers.
     ``heartbeat`` is the server's (sx, sy) in milliseconds, as in the CONNECTED frame.

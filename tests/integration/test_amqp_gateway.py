@@ -29,7 +29,7 @@ from tests.integration.sqlcheck import KEY, Sql, declare, open_sql
 from tests.support.amqp import HOST, pika_channel
 from tests.support.security import ADMIN, hashed_users
 
-NOT_IMPLEMENTED = 540
+NOT_FOUND = 404
 
 
 @pytest.fixture
@@ -231,7 +231,7 @@ async def test_queue_declare_with_x_partitions_creates_a_keygate_queue_in_kg_que
     assert (row.key, row.partition) == (KEY, partition_for(KEY, 12))
 
 
-async def test_basic_consume_is_refused_with_540_and_the_connection_stays_usable(
+async def test_basic_consume_of_an_unknown_queue_is_404_and_the_connection_stays_usable(
     gateway: Gateway, sql: Sql
 ) -> None:
     await declare(gateway, "jobs")
@@ -239,13 +239,13 @@ async def test_basic_consume_is_refused_with_540_and_the_connection_stays_usable
     def consume() -> int:
         with pika_channel(gateway, confirm=False) as (connection, channel):
             with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
-                channel.basic_consume("jobs", lambda *args: None)
+                channel.basic_consume("no-such-queue", lambda *args: None)
             again = connection.channel()
             again.confirm_delivery()
             again.basic_publish("", "jobs", b"still here")
         return int(closed.value.reply_code)
 
-    assert await asyncio.to_thread(consume) == NOT_IMPLEMENTED
+    assert await asyncio.to_thread(consume) == NOT_FOUND
     assert [r.payload for r in await sql.messages("jobs")] == [b"still here"]
 
 

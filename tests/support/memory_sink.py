@@ -254,6 +254,13 @@ class MemorySink:
         if self.fail_writes:
             raise StorageError("the test made writes fail")
 
+    async def wait_bound(self, timeout: float = 10.0) -> tuple[str, BoundFlow]:
+        """Wait until a flow is bound (poll with a deadline); the newest one."""
+        async with asyncio.timeout(timeout):
+            while not self.flows:
+                await asyncio.sleep(0.01)
+        return next(reversed(self.flows.items()))
+
     async def wait_stored(self, count: int, timeout: float = 10.0) -> list[Stored]:
         """Wait until at least ``count`` messages are stored (poll with a deadline)."""
         async with asyncio.timeout(timeout):

@@ -16,11 +16,12 @@ import pika.exceptions
 import pytest
 from pamqp import commands, frame, heartbeat
 
-from core.model import QueueConfig
+from core.actions import Deliver
+from core.model import Message, QueueConfig
 from protocols.amqp import AmqpListener
 from protocols.amqp.codec import FrameReader, content_frames
 from protocols.amqp.constants import PROTOCOL_HEADER, ReplyCode
-from protocols.sink import Principal
+from protocols.sink import Ack, Principal, Unbind
 from tests.support.memory_sink import MemorySink
 
 HOST = "127.0.0.1"
@@ -90,23 +91,40 @@ async def test_pika_confirmed_publish_maps_headers_and_survives_refusals(
     assert sink.queues["orders"].partitions == 4
 
 
-async def test_pika_consume_is_refused_with_540_and_a_new_channel_still_works(
+async def test_pika_consumer_gets_pushed_deliveries_and_its_acks_reach_the_sink(
     sink: MemorySink, port: int
 ) -> None:
-    def scenario() -> int:
+    got: list[tuple[bytes, dict[str, Any]]] = []
+
+    def scenario() -> None:
         connection = _pika(port)
         channel = connection.channel()
         channel.queue_declare("jobs")
-        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
-            channel.basic_consume("jobs", lambda *args: None)
-        again = connection.channel()
-        again.confirm_delivery()
-        again.basic_publish("", "jobs", b"still here")
-        connection.close()
-        return int(closed.value.reply_code)
+        channel.basic_qos(prefetch_count=5)
 
-    assert await asyncio.to_thread(scenario) == ReplyCode.NOT_IMPLEMENTED
-    assert (await sink.wait_stored(1))[0].publication.payload == b"still here"
+        def on_message(ch: Any, method: Any, properties: Any, body: bytes) -> None:
+            got.append((body, properties.headers))
+            if len(got) == 3:
+                ch.basic_ack(method.delivery_tag, multiple=True)
+                ch.stop_consuming()
+
+        channel.basic_consume("jobs", on_message, arguments={"x-group": "billing"})
+        channel.start_consuming()
+        connection.close()
+
+    task = asyncio.create_task(asyncio.to_thread(scenario))
+    flow_id, bound = await sink.wait_bound()
+    assert (bound.request.group, bound.request.window) == ("billing", 5)
+    messages = [
+        Message(message_id=f"m{i}", queue="jobs", partition=2, seq=i, key="k", payload=b"%d" % i)
+        for i in range(3)
+    ]
+    assert bound.output.deliver([Deliver(flow_id, m, 1, False) for m in messages]) == []
+    await task
+    assert [body for body, _ in got] == [b"0", b"1", b"2"]
+    assert got[0][1]["x-partition"] == 2 and got[0][1]["JMSXGroupID"] == "k"
+    assert (flow_id, Ack(("m0", "m1", "m2"))) in sink.settled
+    assert sink.settled[-1] == (flow_id, Unbind())
 
 
 async def test_aio_pika_confirms_hundreds_of_publishes_in_flight_in_order(

@@ -6,7 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from core.actions import Deliver
 from core.errors import AuthenticationFailed, QueueNotFound
+from core.model import Message
 from protocols.stomp import (
     Codec,
     Commit,
@@ -21,8 +23,8 @@ from protocols.stomp import (
     ServerConnection,
     State,
     StompProtocolError,
+    Subscribe,
     TransactionTooLarge,
-    UnsupportedFrame,
     UnsupportedVersion,
     Version,
 )
@@ -231,14 +233,30 @@ def test_open_transactions_are_bounded() -> None:
         events(conn, frame("BEGIN", ("transaction", "one-more")))
 
 
-@pytest.mark.parametrize("command", ["SUBSCRIBE", "UNSUBSCRIBE", "ACK", "NACK"])
-def test_consuming_frames_are_refused_naming_the_limit(command: str) -> None:
+def test_subscribe_then_ack_become_consume_events() -> None:
     conn = connected()
-    with pytest.raises(UnsupportedFrame, match="consuming over STOMP is not offered") as info:
-        events(conn, frame(command, ("id", "1"), ("destination", "/queue/q"), ("receipt", "x")))
-    reply = decode(conn.error(info.value))
-    assert reply.header("message") == "not supported"
-    assert reply.header("receipt-id") == "x"
+    (subscribe,) = events(
+        conn,
+        frame(
+            "SUBSCRIBE",
+            ("id", "s1"),
+            ("destination", "/queue/q"),
+            ("ack", "client-individual"),
+            ("x-group", "billing"),
+            ("receipt", "r"),
+        ),
+    )
+    assert subscribe == Subscribe("s1", "q", "billing", "client-individual", None, "r")
+    message = Message(
+        message_id="m1", queue="q", partition=3, seq=9, key="k", payload=b"hi", publish_time=1.0
+    )
+    sent = decode(conn.message("s1", Deliver("f", message, 2, True)))
+    assert sent.command == "MESSAGE"
+    assert sent.header("x-partition") == "3" and sent.header("redelivered") == "true"
+    (ack,) = events(conn, frame("ACK", ("id", sent.header("ack") or "")))
+    assert (ack.subscription, ack.message_id, ack.ack, ack.cumulative) == ("s1", "m1", True, False)
+    (unsubscribe,) = events(conn, frame("UNSUBSCRIBE", ("id", "s1")))
+    assert unsubscribe.subscription == "s1"
 
 
 def test_disconnect_closes_and_drops_open_transactions() -> None:

@@ -280,18 +280,18 @@ async def test_bad_destinations_get_an_error_with_the_receipt_id(
 
 
 @pytest.mark.parametrize("cls", VERSIONS)
-async def test_subscribe_is_refused_naming_the_limit(cls: Any, port: int) -> None:
+async def test_subscribe_to_an_unknown_queue_is_an_error(cls: Any, port: int) -> None:
     def client() -> Any:
         conn, rec = connect(cls, port)
         try:
-            conn.subscribe("/queue/orders", id="1")
+            conn.subscribe("/queue/no-such-queue", id="1")
             return rec.wait_error()
         finally:
             close(conn)
 
     error = await asyncio.to_thread(client)
-    assert error.headers["message"] == "not supported"
-    assert "consuming over STOMP is not offered" in error.body
+    assert error.headers["message"] == "unknown destination"
+    assert "no-such-queue" in error.body
 
 
 @pytest.mark.parametrize("cls", VERSIONS)

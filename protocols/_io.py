@@ -1,0 +1,121 @@
+"""The socket side shared by the listeners: one ordered, coalescing writer per connection.
+
+How it works. A connection's frames — replies, receipts, heartbeats and deliveries — are
+pushed into its ``Outbox`` and written by one task, in push order, every frame queued
+since the last write leaving in one ``write`` call. Pushing never blocks (the group
+runtime delivers from its own task and must not wait for a slow socket); ``put`` is the
+waiting form for a connection's own replies, which pauses above ``high`` queued bytes so a
+client that does not read cannot make the gateway buffer without bound. Deliveries are
+bounded by their flows' windows.
+
+Auto-ack deliveries (AMQP ``no_ack``, STOMP ``ack:auto``) ride with the bytes that carry
+them and are settled once those bytes were written and the transport drained below its
+high-water mark: the socket took them. Until then they count against the flow's window,
+which is the back-pressure towards a consumer that reads slowly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from typing import Final
+
+log = logging.getLogger("keygate.io")
+
+DEFAULT_HIGH: Final = 1024 * 1024
+
+SettleWritten = Callable[[str, tuple[str, ...]], None]
+
+
+class Outbox:
+    """The outgoing bytes of one connection and the task that writes them."""
+
+    def __init__(
+        self,
+        writer: asyncio.StreamWriter,
+        *,
+        settle_written: SettleWritten | None = None,
+        high: int = DEFAULT_HIGH,
+    ) -> None:
+        self._writer = writer
+        self._settle_written = settle_written
+        self._high = high
+        self._chunks: list[bytes] = []
+        self._size = 0
+        self._acks: dict[str, list[str]] = {}
+        self._wake = asyncio.Event()
+        self._room = asyncio.Event()
+        self._closed = False
+        self.broken = False  # the socket failed: everything pushed from now on is dropped
+        self.last_sent = asyncio.get_running_loop().time()
+
+    @property
+    def done(self) -> bool:
+        """No more bytes will be written."""
+        return self.broken or (self._closed and not self._chunks)
+
+    def push(self, data: bytes, auto_acked: tuple[str, Sequence[str]] | None = None) -> None:
+        """Queue bytes for writing; never waits. ``auto_acked``: (flow id, message ids)
+        the bytes deliver, settled as acked once written."""
+        if self._closed or self.broken:
+            return
+        if data:
+            self._chunks.append(data)
+            self._size += len(data)
+        if auto_acked is not None and auto_acked[1]:
+            self._acks.setdefault(auto_acked[0], []).extend(auto_acked[1])
+        self._wake.set()
+
+    async def put(self, data: bytes) -> None:
+        """Queue bytes, first waiting while more than ``high`` bytes are queued."""
+        while self._size > self._high and not (self._closed or self.broken):
+            self._room.clear()
+            await self._room.wait()
+        self.push(data)
+
+    def close(self) -> None:
+        """Write what is queued, then stop; later pushes are dropped."""
+        self._closed = True
+        self._wake.set()
+
+    async def run(self) -> None:
+        """The writer task: ends after ``close`` once everything queued is written, or when
+        the socket fails (``broken``)."""
+        try:
+            while True:
+                if not self._chunks and not self._acks:
+                    if self._closed:
+                        return
+                    self._wake.clear()
+                    await self._wake.wait()
+                    continue
+                data = b"".join(self._chunks)
+                acks, self._acks = self._acks, {}
+                self._chunks.clear()
+                self._size = 0
+                self._room.set()
+                if data:
+                    self._writer.write(data)
+                    self.last_sent = asyncio.get_running_loop().time()
+                    await self._writer.drain()
+                self._settle(acks)
+        except (ConnectionError, OSError) as e:
+            log.info("write to %s failed: %s", self._writer.get_extra_info("peername"), e)
+            self.broken = True
+            self._chunks.clear()
+            self._room.set()
+
+    def _settle(self, acks: dict[str, list[str]]) -> None:
+        if self._settle_written is None:
+            return
+        for flow_id, message_ids in acks.items():
+            try:
+                self._settle_written(flow_id, tuple(message_ids))
+            except Exception:
+                # The flow was unbound meanwhile (its messages went back for redelivery),
+                # or a bug: the connection keeps writing either way.
+                log.exception("auto-ack of flow %s failed", flow_id)
+
+
+__all__ = ["DEFAULT_HIGH", "Outbox", "SettleWritten"]
