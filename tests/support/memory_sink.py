@@ -78,6 +78,7 @@ class MemorySink:
     max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
     gate: asyncio.Event = field(default_factory=asyncio.Event)
     stored_event: asyncio.Event = field(default_factory=asyncio.Event)
+    bound_event: asyncio.Event = field(default_factory=asyncio.Event)
     flows: dict[str, BoundFlow] = field(default_factory=dict)
     settled: list[tuple[str, Settle]] = field(default_factory=list)
     _index: SubscriptionIndex = field(default_factory=SubscriptionIndex)
@@ -206,6 +207,7 @@ class MemorySink:
             raise InvalidArgument("window must be >= 1")
         flow_id = f"flow-{next(self._ids)}"
         self.flows[flow_id] = BoundFlow(principal, request, output)
+        self.bound_event.set()
         group = GroupConfig(
             request.queue,
             request.group,
@@ -258,7 +260,8 @@ class MemorySink:
         """Wait until a flow is bound (poll with a deadline); the newest one."""
         async with asyncio.timeout(timeout):
             while not self.flows:
-                await asyncio.sleep(0.01)
+                self.bound_event.clear()
+                await self.bound_event.wait()
         return next(reversed(self.flows.items()))
 
     async def wait_stored(self, count: int, timeout: float = 10.0) -> list[Stored]:

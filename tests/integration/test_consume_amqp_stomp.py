@@ -1,0 +1,298 @@
+"""Consuming over AMQP 0-9-1 and STOMP with keygate's group semantics (DESIGN.md §5b):
+real pika, aio-pika and stomp.py consumers beside the SDK, on SQLite and PostgreSQL.
+
+What a user checks: consumers of every protocol share one group's partitions with
+per-key order and no loss; a consumer whose socket drops loses its partitions after the
+rebalance delay and its unacked messages come back flagged redelivered; a nacked message
+is retried with backoff and dead-lettered after max_deliveries; prefetch caps what a
+consumer holds; basic.get polls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+
+import aio_pika
+import pika
+import pytest
+
+from gateway.client import Client, Consumer
+from gateway.server import Gateway
+from tests.integration.conftest import native_url
+from tests.integration.sqlcheck import declare
+from tests.support.consumers import PikaConsumer, Received, StompConsumer, wait_until
+from tests.support.proxy import TcpProxy
+
+PARTITIONS = 8
+KEYS = 24
+WAIT = 20.0
+
+
+async def _publish(gateway: Gateway, queue: str, count: int) -> None:
+    """``count`` messages over KEYS keys; the body is ``key:n`` with n counting per key."""
+    async with Client(native_url(gateway)) as client:
+        for i in range(count):
+            key = f"k{i % KEYS}"
+            await client.publish(queue, f"{key}:{i // KEYS}".encode(), key=key)
+
+
+def _owners(gateway: Gateway, queue: str, group: str) -> list[int]:
+    """How many partitions each bound flow of the group holds."""
+    runtimes = [rt for rt in gateway.broker.runtimes(queue) if rt.group.name == group]
+    if not runtimes:
+        return []
+    return sorted(len(flow.partitions) for flow in runtimes[0].status().flows)
+
+
+def _check_order(bodies: list[bytes]) -> None:
+    """Per key, the messages arrive in publish order (first deliveries)."""
+    seen: dict[str, list[int]] = defaultdict(list)
+    for body in bodies:
+        key, n = body.decode().split(":")
+        if int(n) not in seen[key]:
+            seen[key].append(int(n))
+    for key, order in seen.items():
+        assert order == sorted(order), (key, order)
+
+
+async def _drain_sdk(consumer: Consumer, into: list[bytes], stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        try:
+            message = await consumer.receive(timeout=0.2)
+        except TimeoutError:
+            continue
+        into.append(message.payload)
+        await consumer.acknowledge(message)
+
+
+async def test_sdk_pika_aio_pika_and_stomp_consumers_share_a_group_in_key_order(
+    gateway: Gateway,
+) -> None:
+    await declare(gateway, "mixed", partitions=PARTITIONS, rebalance_delay=0.5)
+    total = 480
+    sdk_got: list[bytes] = []
+    aio_got: list[bytes] = []
+    stop = asyncio.Event()
+    async with Client(native_url(gateway)) as client:
+        sdk = await client.subscribe("mixed", "g")
+        pika_consumer = await asyncio.to_thread(
+            lambda: PikaConsumer(gateway.ports["amqp"], "mixed", group="g", prefetch=50).start()
+        )
+        stomp_consumer = await asyncio.to_thread(
+            StompConsumer, gateway, "mixed", group="g", prefetch=50
+        )
+        connection = await aio_pika.connect(
+            f"amqp://guest:guest@127.0.0.1:{gateway.ports['amqp']}/"
+        )
+        try:
+            channel = await connection.channel()
+            await channel.set_qos(prefetch_count=50)
+            queue = await channel.get_queue("mixed", ensure=False)
+
+            async def on_message(message: aio_pika.abc.AbstractIncomingMessage) -> None:
+                aio_got.append(message.body)
+                await message.ack()
+
+            await queue.consume(on_message, arguments={"x-group": "g"})
+            await asyncio.to_thread(
+                wait_until, lambda: _owners(gateway, "mixed", "g") == [2, 2, 2, 2], WAIT, "balance"
+            )
+            drain = asyncio.create_task(_drain_sdk(sdk, sdk_got, stop))
+            await _publish(gateway, "mixed", total)
+
+            def everything() -> bool:
+                got = len(sdk_got) + len(aio_got)
+                return got + len(pika_consumer.snapshot()) + len(stomp_consumer.snapshot()) >= total
+
+            await asyncio.to_thread(wait_until, everything, WAIT, "all deliveries")
+            stop.set()
+            await drain
+        finally:
+            await connection.close()
+            await asyncio.to_thread(pika_consumer.stop)
+            await asyncio.to_thread(stomp_consumer.stop)
+    pika_got = [r.body for r in pika_consumer.snapshot()]
+    stomp_got = [r.body for r in stomp_consumer.snapshot()]
+    everyone = [sdk_got, pika_got, stomp_got, aio_got]
+    assert all(everyone), [len(x) for x in everyone]  # each holds two partitions
+    assert sorted(b for got in everyone for b in got) == sorted(
+        f"k{i % KEYS}:{i // KEYS}".encode() for i in range(total)
+    )
+    for got in everyone:
+        _check_order(got)
+    # A key is never split between consumers: its partition has one owner.
+    owner = {b.split(b":")[0]: n for n, got in enumerate(everyone) for b in got}
+    for n, got in enumerate(everyone):
+        assert all(owner[b.split(b":")[0]] == n for b in got)
+
+
+async def test_a_dropped_amqp_consumer_s_partitions_move_and_its_unacked_are_redelivered(
+    gateway: Gateway,
+) -> None:
+    await declare(gateway, "crash", partitions=PARTITIONS, rebalance_delay=0.5)
+    async with TcpProxy(gateway.ports["amqp"]) as proxy, Client(native_url(gateway)) as client:
+        holder = await asyncio.to_thread(
+            lambda: PikaConsumer(proxy.port, "crash", group="g", policy=lambda _: "hold").start()
+        )
+        await asyncio.to_thread(
+            wait_until, lambda: _owners(gateway, "crash", "g") == [8], WAIT, "the pika consumer"
+        )
+        await _publish(gateway, "crash", 48)
+        held = await asyncio.to_thread(holder.wait_for, 48)
+        assert not any(r.redelivered for r in held)
+        sdk = await client.subscribe("crash", "g")
+        proxy.cut()  # an RST on both sides: the consumer "crashed"
+        got = []
+        async with asyncio.timeout(WAIT):
+            while len(got) < 48:
+                message = await sdk.receive(timeout=WAIT)
+                got.append(message)
+                await sdk.acknowledge(message)
+        await asyncio.to_thread(holder.stop)
+    assert sorted(m.payload for m in got) == sorted(r.body for r in held)
+    assert all(m.redelivered and m.delivery_count == 2 for m in got)
+    _check_order([m.payload for m in got])
+
+
+async def test_amqp_nack_retries_with_backoff_then_dead_letters_and_stomp_nack_retries(
+    gateway: Gateway,
+) -> None:
+    await declare(gateway, "retry", partitions=2, max_deliveries=3, backoff_initial=0.05)
+    nacker = await asyncio.to_thread(
+        lambda: PikaConsumer(gateway.ports["amqp"], "retry", policy=lambda _: "nack").start()
+    )
+    try:
+        async with Client(native_url(gateway)) as client:
+            await client.publish("retry", b"poison", key="p")
+            seen = await asyncio.to_thread(nacker.wait_for, 3)
+            dead = await client.subscribe("retry.dlq", "ops")
+            letter = await dead.receive(timeout=WAIT)
+            await dead.acknowledge(letter)
+    finally:
+        await asyncio.to_thread(nacker.stop)
+    assert [(r.redelivered, r.headers["x-delivery-count"]) for r in seen] == [
+        (False, 1),
+        (True, 2),
+        (True, 3),
+    ]
+    assert letter.payload == b"poison"
+    assert letter.properties["x-delivery-count"] == 3
+    assert letter.properties["x-original-queue"] == "retry"
+
+    await declare(gateway, "stomp-retry", partitions=1, max_deliveries=5, backoff_initial=0.05)
+    answers = iter(["nack", "ack"])
+    stomp_consumer = await asyncio.to_thread(
+        StompConsumer, gateway, "stomp-retry", policy=lambda _: next(answers)
+    )
+    try:
+        async with Client(native_url(gateway)) as client:
+            await client.publish("stomp-retry", b"twice", key="s")
+        seen = await asyncio.to_thread(stomp_consumer.wait_for, 2)
+    finally:
+        await asyncio.to_thread(stomp_consumer.stop)
+    assert [(r.body, r.redelivered, r.headers["x-delivery-count"]) for r in seen] == [
+        (b"twice", False, "1"),
+        (b"twice", True, "2"),
+    ]
+
+
+async def test_amqp_reject_without_requeue_dead_letters_at_once(gateway: Gateway) -> None:
+    await declare(gateway, "reject", partitions=1, max_deliveries=5)
+    rejecter = await asyncio.to_thread(
+        lambda: PikaConsumer(gateway.ports["amqp"], "reject", policy=lambda _: "reject").start()
+    )
+    try:
+        async with Client(native_url(gateway)) as client:
+            await client.publish("reject", b"bad", key="r")
+            await asyncio.to_thread(rejecter.wait_for, 1)
+            dead = await client.subscribe("reject.dlq", "ops")
+            letter = await dead.receive(timeout=WAIT)
+    finally:
+        await asyncio.to_thread(rejecter.stop)
+    assert letter.payload == b"bad"
+    assert letter.properties["x-delivery-count"] == 1
+
+
+async def test_prefetch_caps_the_unacked_deliveries_of_a_consumer(gateway: Gateway) -> None:
+    await declare(gateway, "capped", partitions=1)
+    await _publish(gateway, "capped", 10)
+    holder = await asyncio.to_thread(
+        lambda: PikaConsumer(
+            gateway.ports["amqp"], "capped", prefetch=3, policy=lambda _: "hold"
+        ).start()
+    )
+    try:
+        first = await asyncio.to_thread(holder.wait_for, 3)
+        runtime = gateway.broker.runtimes("capped")[0]
+        # The group delivered three and holds the rest back for the window.
+        assert sum(p.in_flight for p in runtime.status().partitions) == 3
+        assert len(holder.snapshot()) == 3
+        holder.ack(first[0].tag)
+        fourth = await asyncio.to_thread(holder.wait_for, 4)
+        assert len(fourth) == 4
+        await asyncio.to_thread(
+            wait_until,
+            lambda: sum(p.in_flight for p in runtime.status().partitions) == 3,
+            WAIT,
+            "the window refilled",
+        )
+        assert len(holder.snapshot()) == 4
+    finally:
+        await asyncio.to_thread(holder.stop)
+    _check_order([r.body for r in holder.snapshot()])
+
+
+async def test_basic_get_polls_the_default_group(gateway: Gateway) -> None:
+    await declare(gateway, "polled", partitions=1)
+    async with Client(native_url(gateway)) as client:
+        await client.publish("polled", b"one", key="a")
+        await client.publish("polled", b"two", key="a")
+
+    def poll() -> list[tuple[bytes | None, bool]]:
+        connection = pika.BlockingConnection(
+            pika.ConnectionParameters("127.0.0.1", gateway.ports["amqp"], connection_attempts=1)
+        )
+        try:
+            channel = connection.channel()
+            results = []
+            for _ in range(3):
+                method, properties, body = channel.basic_get("polled")
+                if method is None:
+                    results.append((None, False))
+                    continue
+                results.append((body, properties.headers["x-partition"] == 0))
+                channel.basic_ack(method.delivery_tag)
+            return results
+        finally:
+            connection.close()
+
+    assert await asyncio.to_thread(poll) == [(b"one", True), (b"two", True), (None, False)]
+
+
+@pytest.mark.parametrize("ack", ["client", "auto"])
+async def test_stomp_cumulative_and_auto_ack_settle_everything(gateway: Gateway, ack: str) -> None:
+    queue = f"stomp-{ack}"
+    await declare(gateway, queue, partitions=1)
+    await _publish(gateway, queue, 6)
+    last: list[Received] = []
+
+    def on_each(item: Received) -> str:
+        last.append(item)
+        return "hold"
+
+    consumer = await asyncio.to_thread(StompConsumer, gateway, queue, policy=on_each, ack=ack)
+    try:
+        got = await asyncio.to_thread(consumer.wait_for, 6)
+        if ack == "client":
+            consumer.conn.ack(got[-1].tag)  # cumulative: everything up to it
+        runtime = gateway.broker.runtimes(queue)[0]
+        await asyncio.to_thread(
+            wait_until,
+            lambda: sum(p.in_flight for p in runtime.status().partitions) == 0,
+            WAIT,
+            "all settled",
+        )
+    finally:
+        await asyncio.to_thread(consumer.stop)
+    assert [r.body for r in got] == [f"k{i}:0".encode() for i in range(6)]
