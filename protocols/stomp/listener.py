@@ -30,16 +30,15 @@ import contextlib
 import logging
 import secrets
 import ssl
-from collections import deque
 from collections.abc import Sequence
-from typing import Final, TypeAlias
+from typing import Final
 
 from core.actions import Deliver
 from core.errors import ConnectionLimitReached, KeygateError, StorageError, Unavailable
 from core.model import AckMode, Publication
 from protocols import sink as settles
 from protocols._io import Outbox
-from protocols._limits import DEFAULT_LIMITS, ConnectionLimits, publication_bytes
+from protocols._limits import DEFAULT_LIMITS, ConnectionLimits
 from protocols.sink import BindRequest, Principal, Sink, peer_identity
 from protocols.stomp.codec import DEFAULT_MAX_HEADERS
 from protocols.stomp.connection import (
@@ -55,98 +54,15 @@ from protocols.stomp.connection import (
     Subscribe,
     Unsubscribe,
 )
+from protocols.stomp.pipeline import End, Fatal, Op, Pipeline
 
 log = logging.getLogger(__name__)
 
 READ_SIZE: Final = 256 * 1024
 HEADER_ALLOWANCE: Final = 64 * 1024  # frame size beyond the largest message body
-MAX_PENDING_OPS: Final = 4096
-MAX_BATCH: Final = 1024
-MAX_BATCH_BYTES: Final = 4 * 1024 * 1024
 CLOSE_TIMEOUT: Final = 5.0
 LINGER: Final = 1.0
 DEFAULT_HEARTBEAT: Final = (10_000, 10_000)
-
-
-class _Fatal:
-    """Pipeline marker: write this ERROR after everything queued before it, then close."""
-
-    __slots__ = ("error", "receipt")
-
-    def __init__(self, error: KeygateError, receipt: str | None = None) -> None:
-        self.error = error
-        self.receipt = receipt
-
-
-class _End:
-    """Pipeline marker: the client went away; finish what is queued and close."""
-
-    __slots__ = ()
-
-
-_Op: TypeAlias = (
-    Publish
-    | Commit
-    | ReceiptRequest
-    | Disconnect
-    | Subscribe
-    | Unsubscribe
-    | Settle
-    | _Fatal
-    | _End
-)
-
-
-def _op_size(op: _Op) -> int:
-    # Headers count: a SEND of small body and 64 KiB of headers is not free.
-    if isinstance(op, Publish):
-        return publication_bytes(op.publication)
-    if isinstance(op, Commit):
-        return sum(publication_bytes(p) for p in op.publications)
-    return 0
-
-
-class _Pipeline:
-    """The ordered, bounded queue between a session's reader and its worker."""
-
-    def __init__(self, max_bytes: int) -> None:
-        self._ops: deque[_Op] = deque()
-        self._bytes = 0
-        self._max_bytes = max_bytes
-        self._ready = asyncio.Event()
-        self._space = asyncio.Event()
-
-    async def put(self, op: _Op) -> None:
-        while self._ops and (len(self._ops) >= MAX_PENDING_OPS or self._bytes >= self._max_bytes):
-            self._space.clear()
-            await self._space.wait()
-        self.put_nowait(op)
-
-    def put_nowait(self, op: _Op) -> None:
-        self._ops.append(op)
-        self._bytes += _op_size(op)
-        self._ready.set()
-
-    async def take(self) -> list[_Op]:
-        """The next op, or the longest run of plain SENDs within the batch bounds."""
-        while not self._ops:
-            self._ready.clear()
-            await self._ready.wait()
-        batch: list[_Op] = [self._ops.popleft()]
-        size = _op_size(batch[0])
-        if isinstance(batch[0], Publish):
-            while (
-                self._ops
-                and isinstance(self._ops[0], Publish)
-                and len(batch) < MAX_BATCH
-                and size < MAX_BATCH_BYTES
-            ):
-                op = self._ops.popleft()
-                batch.append(op)
-                size += _op_size(op)
-        self._bytes -= size
-        self._space.set()
-        return batch
 
 
 class _Subscriber:
@@ -188,7 +104,7 @@ class _Subscriber:
     def terminate(self, error: KeygateError) -> None:
         self.session.flows.pop(self.subscription, None)
         self.session.conn.subscriptions.forget(self.subscription)
-        self.session.pipeline.put_nowait(_Fatal(error))
+        self.session.pipeline.put_nowait(Fatal(error))
 
 
 class _Session:
@@ -209,7 +125,7 @@ class _Session:
             heartbeat=listener.heartbeat,
             max_login_frame=listener.max_login_frame,
         )
-        self.pipeline = _Pipeline(listener.max_unconfirmed_bytes)
+        self.pipeline = Pipeline(listener.max_unconfirmed_bytes)
         self.outbox = Outbox(writer, settle_written=self._settle_written)
         self._principal = Principal(None, "stomp")
         self._session_id = secrets.token_hex(8)
@@ -279,7 +195,7 @@ class _Session:
         """Stop reading; what is already queued is still stored and confirmed."""
         if self._reader_task is not None:
             self._reader_task.cancel()
-        self.pipeline.put_nowait(_End())
+        self.pipeline.put_nowait(End())
 
     async def _read_loop(self) -> None:
         conn = self.conn
@@ -302,7 +218,7 @@ class _Session:
                         await self.pipeline.put(event)
         except KeygateError as e:
             log.info("stomp %s: protocol error: %s", self._peer, e.message)
-            await self.pipeline.put(_Fatal(e))
+            await self.pipeline.put(Fatal(e))
             return
         except TimeoutError:
             log.info(
@@ -315,7 +231,7 @@ class _Session:
             # open with nobody reading it.
             log.exception("stomp %s: reader failed", self._peer)
         if conn.state is not State.CLOSED:
-            self.pipeline.put_nowait(_End())
+            self.pipeline.put_nowait(End())
 
     async def _connect(self, event: Connect) -> bool:
         session = self._session_id
@@ -331,13 +247,13 @@ class _Session:
             )
         except KeygateError as e:
             log.info("stomp %s: CONNECT refused: %s", self._peer, e.message)
-            await self.pipeline.put(_Fatal(e))
+            await self.pipeline.put(Fatal(e))
             return False
         try:
             self._admission.login(self._principal.username)
         except ConnectionLimitReached as e:
             log.info("stomp %s: CONNECT refused: %s", self._peer, e.message)
-            await self.pipeline.put(_Fatal(e))
+            await self.pipeline.put(Fatal(e))
             return False
         await self._write(self.conn.connected(session))
         if self.conn.send_interval or self.conn.receive_timeout:
@@ -363,13 +279,13 @@ class _Session:
                 if op.receipt is not None:
                     await self._write(self.conn.receipt(op.receipt))
                 return
-            elif isinstance(op, _Fatal):
+            elif isinstance(op, Fatal):
                 await self._write(self.conn.error(op.error, op.receipt))
                 return
             else:
                 return
 
-    async def _store(self, batch: list[_Op]) -> bool:
+    async def _store(self, batch: list[Op]) -> bool:
         sends = [op for op in batch if isinstance(op, Publish)]
         try:
             await self._publish([s.publication for s in sends])
