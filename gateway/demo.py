@@ -3,8 +3,9 @@
 On a temporary SQLite file and free loopback ports it starts a gateway, creates a
 partitioned queue, publishes keyed messages with every protocol (native SDK, MQTT 5 via
 paho, AMQP 0-9-1 via pika, STOMP 1.2 via stomp.py — each key always from the same
-publisher, so its order is defined), consumes them with three SDK consumers in one group,
-kills one consumer mid-stream (its socket is dropped, no goodbye) and shows the rebalance,
+publisher, so its order is defined), consumes them with three SDK consumers and one AMQP
+consumer (pika) in one group, kills an SDK consumer mid-stream (its socket is dropped, no
+goodbye) and shows the rebalance,
 sends a poison message to the dead-letter queue, and finally checks that every key was
 processed in publish order and nothing was lost.
 """
@@ -46,6 +47,11 @@ class Tally:
 
     def unique(self) -> int:
         return sum(len(set(seqs)) for seqs in self.processed.values())
+
+    def record(self, key: str, n: int, redelivered: bool) -> None:
+        self.processed[key].append(n)
+        self.redelivered += redelivered
+        self.changed.set()
 
 
 def _payload(key: str, n: int) -> bytes:
@@ -131,6 +137,35 @@ def publish_stomp(port: int, plan: list[tuple[str, int]]) -> None:
         connection.disconnect()
 
 
+def consume_amqp(
+    port: int, loop: asyncio.AbstractEventLoop, tally: Tally, stop: threading.Event
+) -> None:
+    """An unchanged pika consumer in the group: basic.qos is its window, a poison message
+    is nacked with requeue (retried with backoff, then dead-lettered)."""
+    import pika
+
+    credentials = pika.PlainCredentials("guest", "guest")
+    params = pika.ConnectionParameters("127.0.0.1", port, credentials=credentials)
+    connection = pika.BlockingConnection(params)
+
+    def on_message(channel: Any, method: Any, properties: Any, payload: bytes) -> None:
+        body = json.loads(payload)
+        if body.get("poison"):
+            channel.basic_nack(method.delivery_tag, requeue=True)
+            return
+        loop.call_soon_threadsafe(tally.record, body["key"], body["n"], method.redelivered)
+        channel.basic_ack(method.delivery_tag)
+
+    try:
+        channel = connection.channel()
+        channel.basic_qos(prefetch_count=20)
+        channel.basic_consume(QUEUE, on_message, arguments={"x-group": GROUP})
+        while not stop.is_set():
+            connection.process_data_events(time_limit=0.1)
+    finally:
+        connection.close()
+
+
 async def publish_native(url: str, plan: list[tuple[str, int]]) -> None:
     async with Client(url, client_name="demo-native") as client:
         # Pipelined on one connection: stored in the order sent.
@@ -147,9 +182,7 @@ async def consume(consumer: Consumer, tally: Tally, stop: asyncio.Event) -> None
         if body.get("poison"):
             await consumer.negative_acknowledge(msg)
             continue
-        tally.processed[body["key"]].append(body["n"])
-        tally.redelivered += msg.redelivered
-        tally.changed.set()
+        tally.record(body["key"], body["n"], msg.redelivered)
         await consumer.acknowledge(msg)
 
 
@@ -173,6 +206,13 @@ def verify(tally: Tally, per_key: int) -> list[str]:
         if first_seen != list(range(per_key)):
             problems.append(f"{key}: processed {first_seen[:12]}... expected 0..{per_key - 1}")
     return problems
+
+
+def _owners(gateway: Gateway) -> dict[str, frozenset[int]]:
+    """The group's flows by client, with the partitions each holds."""
+    assert gateway.broker is not None
+    (runtime,) = [rt for rt in gateway.broker.runtimes(QUEUE) if rt.group.name == GROUP]
+    return {flow.client: flow.partitions for flow in runtime.status().flows}
 
 
 async def _show(gateway: Gateway, title: str) -> None:
@@ -220,8 +260,16 @@ async def _scenario(gateway: Gateway, per_key: int) -> int:
         await client.connect()
         consumers.append(await client.subscribe(QUEUE, group=GROUP, window=20))
     workers = [asyncio.create_task(consume(c, tally, stop)) for c in consumers]
-    await _wait_for(lambda: all(c.partitions for c in consumers), 10, "the three consumers")
-    await _show(gateway, "three consumers share the 8 partitions")
+    amqp_stop = threading.Event()
+    amqp_consumer = asyncio.create_task(
+        asyncio.to_thread(consume_amqp, ports["amqp"], asyncio.get_running_loop(), tally, amqp_stop)
+    )
+    await _wait_for(
+        lambda: len(_owners(gateway)) == 4 and all(_owners(gateway).values()),
+        10,
+        "the four consumers",
+    )
+    await _show(gateway, "three SDK consumers and one AMQP consumer share the 8 partitions")
 
     total = per_key * KEYS
     print(f"\npublishing {total} messages for {KEYS} keys over {', '.join(PROTOCOLS)} ...")
@@ -242,13 +290,15 @@ async def _scenario(gateway: Gateway, per_key: int) -> int:
     print(f"\nconsumer-3 crashed (socket dropped) holding partitions {held}")
     await asyncio.sleep(0.3)
     await _show(gateway, "its partitions are unbound for the rebalance delay (1 s)")
-    survivors = consumers[:2]
     await _wait_for(
-        lambda: len(survivors[0].partitions | survivors[1].partitions) == PARTITIONS,
+        lambda: (
+            len(_owners(gateway)) == 3
+            and sum(len(p) for p in _owners(gateway).values()) == PARTITIONS
+        ),
         10,
         "the rebalance",
     )
-    await _show(gateway, "after the delay: reassigned to the two survivors")
+    await _show(gateway, "after the delay: reassigned to the three survivors")
 
     await publishing
     publish_seconds = time.monotonic() - started
@@ -266,7 +316,8 @@ async def _scenario(gateway: Gateway, per_key: int) -> int:
         f"partition {history.get('x-original-partition')}"
     )
     stop.set()
-    await asyncio.gather(*workers, return_exceptions=True)
+    amqp_stop.set()
+    await asyncio.gather(*workers, amqp_consumer, return_exceptions=True)
     await _show(gateway, "final state")
     for client in (clients[0], clients[1], admin):
         await client.close()

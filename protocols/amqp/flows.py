@@ -19,7 +19,7 @@ within ``GET_WAIT``.
 from __future__ import annotations
 
 import asyncio
-import logging
+import uuid
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -34,8 +34,6 @@ from protocols.amqp.connection import AmqpConnection
 from protocols.amqp.consumers import Outcome
 from protocols.amqp.consuming import get_tag
 from protocols.sink import BindRequest, Principal, Sink
-
-logger = logging.getLogger("keygate.amqp")
 
 # How long a basic.get waits for the group to push a message before get-empty; the first
 # basic.get of a channel also binds its getter, which loads the partitions from storage.
@@ -105,12 +103,11 @@ class ConsumerFlows:
         sink: Sink,
         connection: AmqpConnection,
         flush: Callable[[tuple[str, Sequence[str]] | None], None],
-        client: str,
     ) -> None:
         self.sink = sink
         self.connection = connection
         self.flush = flush
-        self._client = client
+        self._session = uuid.uuid4().hex[:12]
         self.outputs: dict[_Key, _ConsumerOutput | _GetterOutput] = {}
 
     async def perform(
@@ -134,6 +131,12 @@ class ConsumerFlows:
                     self.sink.settle(principal, output.flow_id, event)
         else:
             await self._get(principal, op)
+
+    @property
+    def _client(self) -> str:
+        """The consumer's client name: the connection's ``connection_name`` when it gave
+        one (shown by the console and SQL), else one per connection."""
+        return f"amqp:{self.connection.client_id or self._session}"
 
     def unbind_all(self, principal: Principal) -> None:
         for key in list(self.outputs):

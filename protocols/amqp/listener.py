@@ -95,7 +95,7 @@ class _Session:
         self._outbox = Outbox(writer, settle_written=self._settle_written)
         # no_ack deliveries whose frames wait in the connection while exchanges are saved.
         self._held_acks: list[tuple[str, Sequence[str]]] = []
-        self._flows = ConsumerFlows(sink, connection, self.flush, f"amqp:{id(self):x}")
+        self._flows = ConsumerFlows(sink, connection, self.flush)
 
     def _settle_written(self, flow_id: str, message_ids: tuple[str, ...]) -> None:
         if self._principal is not None:

@@ -11,6 +11,8 @@ consumer holds; basic.get polls.
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from collections import defaultdict
 
 import aio_pika
@@ -268,6 +270,35 @@ async def test_basic_get_polls_the_default_group(gateway: Gateway) -> None:
             connection.close()
 
     assert await asyncio.to_thread(poll) == [(b"one", True), (b"two", True), (None, False)]
+
+
+async def test_deleting_the_queue_cancels_its_amqp_consumers(gateway: Gateway) -> None:
+    await declare(gateway, "doomed", partitions=2)
+    cancelled = threading.Event()
+    ready = threading.Event()
+
+    def consumer() -> None:
+        connection = pika.BlockingConnection(
+            pika.ConnectionParameters("127.0.0.1", gateway.ports["amqp"], connection_attempts=1)
+        )
+        try:
+            channel = connection.channel()
+            channel.add_on_cancel_callback(lambda frame: cancelled.set())
+            channel.basic_consume("doomed", lambda *args: None)
+            ready.set()
+            deadline = time.monotonic() + WAIT
+            while not cancelled.is_set() and time.monotonic() < deadline:
+                connection.process_data_events(time_limit=0.1)
+        finally:
+            connection.close()
+
+    running = asyncio.create_task(asyncio.to_thread(consumer))
+    assert await asyncio.to_thread(ready.wait, WAIT)
+    await asyncio.to_thread(wait_until, lambda: _owners(gateway, "doomed", "default") == [2])
+    async with Client(native_url(gateway)) as admin:
+        await admin.delete_queue("doomed")
+    await running
+    assert cancelled.is_set()
 
 
 @pytest.mark.parametrize("ack", ["client", "auto"])
