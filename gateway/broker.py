@@ -44,6 +44,7 @@ from core.model import (
 from core.topics import SubscriptionIndex, normalize_topic, validate_pattern
 from gateway.config import GatewayConfig
 from gateway.ids import new_message_id
+from gateway.logs import flow_fields
 from gateway.metrics import GroupGauge, Metrics, QueueGauge, RuntimeMetrics
 from gateway.protocol_state import ProtocolState
 from gateway.runtime import GroupRuntime
@@ -65,6 +66,7 @@ from protocols.sink import (
 from storage.store import SqlStore
 
 log = logging.getLogger("keygate.broker")
+
 
 # A group with native flows is leased in SQL (kind "native") so a Spark job refuses it;
 # renewed every retention interval, released when the group's last flow leaves.
@@ -508,6 +510,16 @@ class Broker(ProtocolState):
             flow_id, request.client, window, request.ack_mode, request.previous, output
         )
         self._flows[flow_id] = _Flow(runtime, principal)
+        log.info(
+            "flow %s of %s/%s bound by %s client %s with partitions %s",
+            flow_id,
+            queue,
+            group,
+            principal.protocol,
+            request.client,
+            sorted(partitions),
+            extra=flow_fields(flow_id, queue, group, principal, request.client),
+        )
         return BindResult(flow_id, partitions, actual, window)
 
     def settle(self, principal: Principal, flow_id: str, event: Settle) -> None:
@@ -538,6 +550,14 @@ class Broker(ProtocolState):
             case Unbind():
                 del self._flows[flow_id]
                 runtime.unbind(flow_id, shutdown=event.shutdown)
+                log.info(
+                    "flow %s of %s/%s unbound%s",
+                    flow_id,
+                    queue,
+                    group,
+                    " (shutdown)" if event.shutdown else "",
+                    extra=flow_fields(flow_id, queue, group, flow.principal, None),
+                )
 
     # --- inspection ---------------------------------------------------------------------
 

@@ -8,6 +8,8 @@ import logging
 import time
 from typing import Any, Final
 
+from protocols.sink import Principal
+
 # Attributes every LogRecord has; anything else was passed with ``extra=`` and is kept.
 _STANDARD: Final = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
     "message",
@@ -30,6 +32,22 @@ class JsonFormatter(logging.Formatter):
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
         return json.dumps(entry, default=str)
+
+
+def flow_fields(
+    flow_id: str, queue: str, group: str, principal: Principal, client: str | None
+) -> dict[str, object]:
+    """The structured fields of a log line about one flow (JSON keys with log_json)."""
+    fields: dict[str, object] = {
+        "flow": flow_id,
+        "queue": queue,
+        "group": group,
+        "protocol": principal.protocol,
+        "user": principal.username,
+    }
+    if client is not None:
+        fields["client"] = client
+    return fields
 
 
 def configure(level: str, *, as_json: bool) -> None:

@@ -41,6 +41,7 @@ from core.errors import (
 from core.model import QueueConfig
 from protocols._io import Outbox
 from protocols._limits import DEFAULT_LIMITS, Admission, ConnectionLimits
+from protocols._log import ConnectionLog
 from protocols.amqp import events as ev
 from protocols.amqp.arguments import check_equivalent
 from protocols.amqp.codec import HEARTBEAT_FRAME
@@ -92,6 +93,7 @@ class _Session:
         self._principal: Principal | None = None
         self._saving = False
         self.peer = writer.get_extra_info("peername")
+        self.log = ConnectionLog(logger, "amqp", self.peer)
         self._outbox = Outbox(writer, settle_written=self._settle_written)
         # no_ack deliveries whose frames wait in the connection while exchanges are saved.
         self._held_acks: list[tuple[str, Sequence[str]]] = []
@@ -121,9 +123,9 @@ class _Session:
             try:
                 await self._read()
             except (TimeoutError, ConnectionError, ssl.SSLError) as e:
-                logger.info("amqp connection %s ended: %r", self.peer, e)
+                self.log.info("amqp connection %s ended: %r", self.peer, e)
             except Exception:
-                logger.exception("amqp connection %s failed", self.peer)
+                self.log.exception("amqp connection %s failed", self.peer)
             # Publishes already received are stored even if the client left without
             # waiting for their confirms (or vanished), as a broker that had routed them
             # would; whatever cannot be written by then is given up.
@@ -131,7 +133,9 @@ class _Session:
                 async with asyncio.timeout(_DRAIN_TIMEOUT):
                     await self._idle.wait()
             except TimeoutError:
-                logger.warning("amqp connection %s: gave up storing its last publishes", self.peer)
+                self.log.warning(
+                    "amqp connection %s: gave up storing its last publishes", self.peer
+                )
         finally:
             if self._principal is not None:
                 self._flows.unbind_all(self._principal)
@@ -159,7 +163,7 @@ class _Session:
             for name, type_name in unsaved.items():
                 await self.sink.save_amqp_exchange(name, type_name)
         except KeygateError as e:
-            logger.warning("amqp connection %s: cannot store exchanges: %s", self.peer, e)
+            self.log.warning("amqp connection %s: cannot store exchanges: %s", self.peer, e)
             self.connection.close(ReplyCode.INTERNAL_ERROR, f"cannot store the exchange: {e}")
         finally:
             self._saving = False
@@ -189,7 +193,7 @@ class _Session:
             connection.receive_data(data)
             while (event := connection.next_event()) is not None:
                 if isinstance(event, ev.ConnectionClosed):
-                    logger.debug("amqp connection %s closed: %s", self.peer, event.reply_text)
+                    self.log.debug("amqp connection %s closed: %s", self.peer, event.reply_text)
                     continue
                 self._ops.append(event)
                 if isinstance(event, ev.Publish):
@@ -226,7 +230,7 @@ class _Session:
                 await self._perform_next()
             except Exception:
                 # A bug of ours must not wedge the connection: fail it, keep the server.
-                logger.exception("amqp connection %s: internal error", self.peer)
+                self.log.exception("amqp connection %s: internal error", self.peer)
                 self._ops.clear()
                 self._pending_bytes = 0
                 self.connection.close(ReplyCode.INTERNAL_ERROR, "internal error")
@@ -258,15 +262,18 @@ class _Session:
                     certificate_user=certificate_user,
                 )
             except KeygateError as e:
-                logger.info("amqp login refused for %r from %s: %s", op.username, self.peer, e)
+                self.log.info("amqp login refused for %r from %s: %s", op.username, self.peer, e)
                 self.connection.authenticated(e)
             else:
                 try:
                     self._admission.login(self._principal.username)
                 except ConnectionLimitReached as e:
-                    logger.info("amqp login refused for %r from %s: %s", op.username, self.peer, e)
+                    self.log.info(
+                        "amqp login refused for %r from %s: %s", op.username, self.peer, e
+                    )
                     self.connection.authenticated(e)
                 else:
+                    self.log.authenticated(self._principal)
                     admin = self.sink.may_administer(self._principal)
                     username = self._principal.username
                     self.connection.authenticated(None, admin=admin, username=username)
@@ -282,7 +289,7 @@ class _Session:
         except KeygateError as e:
             self.connection.operation_done(op, 0, e)
         except Exception:
-            logger.exception("amqp operation %r failed", op)
+            self.log.exception("amqp operation %r failed", op)
             self.connection.operation_done(op, 0, _InternalError("internal error"))
         else:
             self.connection.operation_done(op, result, None)
@@ -344,13 +351,13 @@ class _Session:
         try:
             await self.sink.publish_many(self._principal, publications)
         except (StorageError, Unavailable) as e:
-            logger.warning("amqp publish of %d messages failed: %s", len(todo), e)
+            self.log.warning("amqp publish of %d messages failed: %s", len(todo), e)
             results.update({i: e for i, _ in todo})
         except KeygateError:
             for index, publish in todo:
                 results[index] = await self._publish_one(publish)
         except Exception:
-            logger.exception("amqp publish failed")
+            self.log.exception("amqp publish failed")
             results.update({i: _InternalError("internal error") for i, _ in todo})
         return [(publish, results[index]) for index, publish in enumerate(batch)]
 
@@ -361,7 +368,7 @@ class _Session:
         except KeygateError as e:
             return e
         except Exception:
-            logger.exception("amqp publish failed")
+            self.log.exception("amqp publish failed")
             return _InternalError("internal error")
         return None
 

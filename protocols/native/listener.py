@@ -32,6 +32,7 @@ from core.ingress import validate_client_name, validate_delay, validate_window
 from core.model import AckMode, Publication
 from protocols import sink
 from protocols._limits import DEFAULT_LIMITS, ByteBudget, ConnectionLimits
+from protocols._log import ConnectionLog
 from protocols.native.connection import ConnectionState, ServerConnection
 from protocols.native.events import (
     DEFAULT_MAX_FRAME,
@@ -136,6 +137,7 @@ class _Session:
             listener.max_frame, max_login_frame=listener.limits.max_login_frame
         )
         self.principal: Principal | None = None
+        self.log = ConnectionLog(log, "native", writer.get_extra_info("peername"))
         self.flows: set[str] = set()
         self.tasks: set[asyncio.Task[None]] = set()
         self.outgoing: list[bytes] = []
@@ -266,7 +268,7 @@ class _Session:
                         return
                 await self.writer.drain()
         except NativeProtocolError as e:
-            log.info("native %s: protocol error: %s", self.peer, e)
+            self.log.info("native %s: protocol error: %s", self.peer, e)
             self.send(Error(request_id=0, code=e.code, text=e.message))
         except TimeoutError:
             log.info(
@@ -348,7 +350,9 @@ class _Session:
                     self.send(Close())
                     return False
                 case Error():
-                    log.info("native %s: client error %s: %s", self.peer, event.code, event.text)
+                    self.log.info(
+                        "native %s: client error %s: %s", self.peer, event.code, event.text
+                    )
                     return event.request_id != 0
         except KeygateError as e:
             if isinstance(event, Hello):
@@ -359,7 +363,7 @@ class _Session:
             else:
                 # Fire-and-forget frames have nobody to answer; an ERROR with id 0 would
                 # end the connection, which a late ack must not do.
-                log.info("native %s: %s ignored: %s", self.peer, type(event).__name__, e)
+                self.log.info("native %s: %s ignored: %s", self.peer, type(event).__name__, e)
         return True
 
     def ok(self, request_id: int) -> None:
@@ -378,6 +382,7 @@ class _Session:
             certificate_user=certificate_user,
         )
         self.principal = replace(principal, connection=f"native:{self.session_id}")
+        self.log.authenticated(self.principal)
         self.admission.login(self.principal.username)
         self.send(self.conn.accept(self.listener.server_name, self.session_id))
 

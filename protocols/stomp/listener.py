@@ -39,6 +39,7 @@ from core.model import AckMode, Publication
 from protocols import sink as settles
 from protocols._io import Outbox
 from protocols._limits import DEFAULT_LIMITS, ConnectionLimits
+from protocols._log import ConnectionLog
 from protocols.sink import BindRequest, Principal, Sink, peer_identity
 from protocols.stomp.codec import DEFAULT_MAX_HEADERS
 from protocols.stomp.connection import (
@@ -139,6 +140,7 @@ class _Session:
         self._admission = listener.connections.open("stomp")
         peer = writer.get_extra_info("peername")
         self._peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        self._log = ConnectionLog(log, "stomp", self._peer)
 
     async def run(self) -> None:
         """Serve the connection until it ends; every task it started is ended with it."""
@@ -217,7 +219,7 @@ class _Session:
                     else:
                         await self.pipeline.put(event)
         except KeygateError as e:
-            log.info("stomp %s: protocol error: %s", self._peer, e.message)
+            self._log.info("stomp %s: protocol error: %s", self._peer, e.message)
             await self.pipeline.put(Fatal(e))
             return
         except TimeoutError:
@@ -225,11 +227,11 @@ class _Session:
                 "stomp %s: no CONNECT within %.0fs", self._peer, self._listener.connect_timeout
             )
         except OSError as e:
-            log.info("stomp %s: read failed: %s", self._peer, e)
+            self._log.info("stomp %s: read failed: %s", self._peer, e)
         except Exception:
             # A bug, not the peer's fault: the connection still ends instead of staying
             # open with nobody reading it.
-            log.exception("stomp %s: reader failed", self._peer)
+            self._log.exception("stomp %s: reader failed", self._peer)
         if conn.state is not State.CLOSED:
             self.pipeline.put_nowait(End())
 
@@ -246,13 +248,14 @@ class _Session:
                 certificate_user=certificate_user,
             )
         except KeygateError as e:
-            log.info("stomp %s: CONNECT refused: %s", self._peer, e.message)
+            self._log.info("stomp %s: CONNECT refused: %s", self._peer, e.message)
             await self.pipeline.put(Fatal(e))
             return False
+        self._log.authenticated(self._principal)
         try:
             self._admission.login(self._principal.username)
         except ConnectionLimitReached as e:
-            log.info("stomp %s: CONNECT refused: %s", self._peer, e.message)
+            self._log.info("stomp %s: CONNECT refused: %s", self._peer, e.message)
             await self.pipeline.put(Fatal(e))
             return False
         await self._write(self.conn.connected(session))
@@ -351,6 +354,15 @@ class _Session:
         )
         subscriber.flow_id = result.flow_id
         self.flows[op.subscription] = result.flow_id
+        self._log.info(
+            "stomp %s: subscription %s is flow %s of %s/%s",
+            self._peer,
+            op.subscription,
+            result.flow_id,
+            op.queue,
+            op.group,
+            extra={"flow": result.flow_id, "queue": op.queue, "group": op.group},
+        )
 
     def _settle(self, op: Settle) -> None:
         flow_id = self.flows.get(op.subscription)
@@ -375,11 +387,11 @@ class _Session:
         except KeygateError:
             raise
         except Exception as e:
-            log.exception("stomp %s: publish failed unexpectedly", self._peer)
+            self._log.exception("stomp %s: publish failed unexpectedly", self._peer)
             raise Unavailable("internal server error") from e
 
     async def _fail(self, error: KeygateError, receipt: str | None) -> bool:
-        log.info("stomp %s: %s: %s", self._peer, error.code, error.message)
+        self._log.info("stomp %s: %s: %s", self._peer, error.code, error.message)
         await self._write(self.conn.error(error, receipt))
         return False
 
@@ -400,7 +412,7 @@ class _Session:
             await asyncio.sleep(tick)
             now = self._loop.time()
             if timeout is not None and now - self._last_received > timeout:
-                log.info("stomp %s: no heart-beat for %.1fs, closing", self._peer, timeout)
+                self._log.info("stomp %s: no heart-beat for %.1fs, closing", self._peer, timeout)
                 self.stop()
                 return
             if send_every is not None and now - self.outbox.last_sent + tick >= send_every:

@@ -11,6 +11,8 @@ consumer holds; basic.get polls.
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import threading
 import time
 from collections import defaultdict
@@ -20,6 +22,7 @@ import pika
 import pytest
 
 from gateway.client import Client, Consumer
+from gateway.logs import JsonFormatter
 from gateway.server import Gateway
 from tests.integration.conftest import native_url
 from tests.integration.sqlcheck import declare
@@ -299,6 +302,33 @@ async def test_deleting_the_queue_cancels_its_amqp_consumers(gateway: Gateway) -
         await admin.delete_queue("doomed")
     await running
     assert cancelled.is_set()
+
+
+async def test_log_lines_of_a_stomp_consumer_carry_its_flow_client_and_protocol(
+    gateway: Gateway, caplog: pytest.LogCaptureFixture
+) -> None:
+    """What a log pipeline filters on (log_json): the JSON keys of each line."""
+    await declare(gateway, "logged", partitions=1)
+    caplog.set_level(logging.INFO)
+    consumer = await asyncio.to_thread(StompConsumer, gateway, "logged", group="audit")
+    await asyncio.to_thread(consumer.stop)
+    await asyncio.to_thread(
+        wait_until,
+        lambda: any("unbound" in r.getMessage() for r in caplog.records),
+        WAIT,
+        "the unbind line",
+    )
+    entries = [json.loads(JsonFormatter().format(r)) for r in caplog.records]
+    bound = [e for e in entries if e.get("flow") and "bound by" in e["message"]]
+    assert len(bound) == 1
+    entry = bound[0]
+    assert (entry["queue"], entry["group"], entry["protocol"]) == ("logged", "audit", "stomp")
+    assert entry["client"].startswith("stomp:")
+    subscribed = [e for e in entries if "subscription" in e["message"] and e.get("flow")]
+    assert subscribed and subscribed[0]["flow"] == entry["flow"]
+    assert subscribed[0]["protocol"] == "stomp" and subscribed[0]["peer"].startswith("127.0.0.1")
+    unbound = [e for e in entries if "unbound" in e["message"]]
+    assert unbound[0]["flow"] == entry["flow"]
 
 
 @pytest.mark.parametrize("ack", ["client", "auto"])
