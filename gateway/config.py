@@ -100,6 +100,9 @@ class GatewayConfig:
     # Bytes a consumer connection may have waiting in the gateway's write buffer: above it
     # no more deliveries are handed to the socket; they resume below a quarter of it.
     consumer_write_buffer: int = 1024 * 1024
+    # Seconds a native connection may send nothing (the SDK pings every 15 s) before the
+    # gateway closes it and its flows' partitions go to the rebalance delay; 0 = never.
+    native_idle_timeout: float = 60.0
     log_level: str = "INFO"
     log_json: bool = False
     name: str = "keygate"

@@ -72,6 +72,7 @@ def _listener(
             broker,
             server_name=config.name,
             write_buffer=config.consumer_write_buffer,
+            idle_timeout=config.native_idle_timeout or None,
             limits=limits,
         )
     if protocol == "mqtt":

@@ -75,6 +75,8 @@ _CLOSE_WAIT: Final = 2.0
 _WRITE_POLL: Final = 0.01
 # Bytes a connection may hold in its write buffer before deliveries wait (high-water mark).
 DEFAULT_WRITE_BUFFER: Final = 1024 * 1024
+# Four of the SDK's 15 s heartbeats.
+DEFAULT_IDLE_TIMEOUT: Final = 60.0
 
 
 class _FlowOutput:
@@ -259,7 +261,8 @@ class _Session:
                     async with asyncio.timeout_at(login_deadline):
                         data = await self.reader.read(_READ_SIZE)
                 else:
-                    data = await self.reader.read(_READ_SIZE)
+                    async with asyncio.timeout(self.listener.idle_timeout):
+                        data = await self.reader.read(_READ_SIZE)
                 if not data:
                     return
                 self.conn.receive_data(data)
@@ -271,10 +274,22 @@ class _Session:
             self.log.info("native %s: protocol error: %s", self.peer, e)
             self.send(Error(request_id=0, code=e.code, text=e.message))
         except TimeoutError:
-            log.info(
-                "native %s: no HELLO within %.0fs", self.peer, self.listener.limits.login_timeout
-            )
-            self.send(Error(request_id=0, code="login-timeout", text="no HELLO in time"))
+            if self.conn.state is ConnectionState.AWAIT_HELLO:
+                self.log.info(
+                    "native %s: no HELLO within %.0fs",
+                    self.peer,
+                    self.listener.limits.login_timeout,
+                )
+                self.send(Error(request_id=0, code="login-timeout", text="no HELLO in time"))
+            else:
+                # A peer that vanished without a FIN or RST (power loss, a dropped NAT
+                # entry) must not hold its partitions forever: the SDK pings every 15 s.
+                self.log.info(
+                    "native %s: nothing received for %.0fs, closing",
+                    self.peer,
+                    self.listener.idle_timeout,
+                )
+                self.send(Error(request_id=0, code="idle-timeout", text="no frame in time"))
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         finally:
@@ -502,9 +517,12 @@ class NativeListener:
         server_name: str = "keygate",
         max_frame: int = DEFAULT_MAX_FRAME,
         write_buffer: int = DEFAULT_WRITE_BUFFER,
+        idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT,
         limits: ConnectionLimits = DEFAULT_LIMITS,
     ) -> None:
         self.sink = sink
+        # Seconds a logged-in connection may send nothing before it is closed; None = never.
+        self.idle_timeout = idle_timeout
         self.limits = limits
         # The most bytes of unconfirmed publishes any connection has held (never above
         # limits.max_unconfirmed_bytes, or one message when a message is larger).
