@@ -33,7 +33,6 @@ from core.errors import (
 )
 from protocols._limits import DEFAULT_MAX_LOGIN_FRAME, DEFAULT_MAX_UNCONFIRMED_BYTES
 from protocols.amqp import events as ev
-from protocols.amqp.arguments import declared_queue
 from protocols.amqp.channel import (
     Channel,
     ChannelState,
@@ -44,9 +43,10 @@ from protocols.amqp.channel import (
 from protocols.amqp.codec import BadProtocolHeader, Frame, FrameReader, content_frames, method_frame
 from protocols.amqp.constants import FRAME_MIN_SIZE, PROTOCOL_HEADER, ReplyCode
 from protocols.amqp.consuming import Consuming
+from protocols.amqp.declaring import Declaring
 from protocols.amqp.errors import AmqpChannelError, AmqpConnectionError, AmqpError, reply_for
-from protocols.amqp.exchanges import Exchanges, binding_pattern, publish_topic
-from protocols.amqp.negotiation import credentials, server_named_queue, start_method
+from protocols.amqp.exchanges import Exchanges, publish_topic
+from protocols.amqp.negotiation import credentials, start_method
 
 _MAX_TEXT: Final = 255
 _NOT_IMPLEMENTED: Final[dict[type[base.Frame], str]] = {
@@ -75,9 +75,10 @@ _HANDSHAKE: Final[dict[State, type[base.Frame]]] = {
 }
 
 
-class AmqpConnection(Consuming):
-    """One client connection's protocol state; no I/O. Consuming (basic.consume, get,
-    ack, ...) is in ``protocols.amqp.consuming``."""
+class AmqpConnection(Declaring, Consuming):
+    """One client connection's protocol state; no I/O. Exchange and queue methods are in
+    ``protocols.amqp.declaring``, consuming (basic.consume, get, ack, ...) in
+    ``protocols.amqp.consuming``."""
 
     def __init__(
         self,
@@ -114,13 +115,7 @@ class AmqpConnection(Consuming):
             commands.Channel.Close: self._channel_close,
             commands.Channel.CloseOk: self._channel_close_ok,
             commands.Channel.Flow: self._channel_flow,
-            commands.Exchange.Declare: self._exchange_declare,
-            commands.Exchange.Delete: self._exchange_delete,
-            commands.Queue.Declare: self._queue_declare,
-            commands.Queue.Delete: self._queue_delete,
-            commands.Queue.Purge: self._queue_purge,
-            commands.Queue.Bind: self._queue_bind,
-            commands.Queue.Unbind: self._queue_bind,
+            **self.declare_handlers(),
             commands.Basic.Publish: self._basic_publish,
             commands.Confirm.Select: self._confirm_select,
             **self.consume_handlers(),
@@ -427,72 +422,6 @@ class AmqpConnection(Consuming):
                 ReplyCode.NOT_IMPLEMENTED, "channel.flow active=false is not supported"
             )
         self._reply(channel, commands.Channel.FlowOk(True))
-
-    def _exchange_declare(self, channel: Channel, method: commands.Exchange.Declare) -> None:
-        self.exchanges.declare(
-            method.exchange,
-            method.exchange_type,
-            passive=method.passive,
-            create=self._admin,
-            arguments=method.arguments,
-        )
-        if not method.nowait:
-            self._reply(channel, commands.Exchange.DeclareOk())
-
-    def _exchange_delete(self, channel: Channel, method: commands.Exchange.Delete) -> None:
-        if not self._admin:
-            raise AmqpChannelError(
-                ReplyCode.ACCESS_REFUSED, f"{self.username!r} may not delete exchanges"
-            )
-        self.exchanges.delete(method.exchange)
-        if not method.nowait:
-            self._reply(channel, commands.Exchange.DeleteOk())
-
-    def _queue_declare(self, channel: Channel, method: commands.Queue.Declare) -> None:
-        name = method.queue
-        if not name:
-            if method.passive:
-                raise AmqpChannelError(ReplyCode.NOT_FOUND, "passive declare of an unnamed queue")
-            name = server_named_queue()
-        elif name.startswith("amq.") and not method.passive:
-            raise AmqpChannelError(ReplyCode.ACCESS_REFUSED, f"queue name '{name}' is reserved")
-        # A passive declare only checks existence: RabbitMQ ignores its arguments.
-        declared = declared_queue(name, None if method.passive else method.arguments)
-        self._events.append(
-            ev.DeclareQueue(
-                channel.number,
-                channel.serial,
-                method.nowait,
-                declared.config,
-                method.passive,
-                declared.given,
-            )
-        )
-
-    def _queue_delete(self, channel: Channel, method: commands.Queue.Delete) -> None:
-        if_unused, if_empty = method.if_unused, method.if_empty
-        operation = ev.DeleteQueue(
-            channel.number, channel.serial, method.nowait, method.queue, if_unused, if_empty
-        )
-        self._events.append(operation)
-
-    def _queue_purge(self, channel: Channel, method: commands.Queue.Purge) -> None:
-        self._events.append(
-            ev.PurgeQueue(channel.number, channel.serial, method.nowait, method.queue)
-        )
-
-    def _queue_bind(
-        self, channel: Channel, method: commands.Queue.Bind | commands.Queue.Unbind
-    ) -> None:
-        unbind = isinstance(method, commands.Queue.Unbind)
-        pattern = None
-        # Unbinding is idempotent in RabbitMQ (since 3.2): a missing exchange is unbind-ok.
-        if not (unbind and self.exchanges.find(method.exchange) is None):
-            pattern = binding_pattern(self.exchanges.get(method.exchange), method.routing_key)
-        nowait = not unbind and bool(getattr(method, "nowait", False))
-        self._events.append(
-            ev.BindQueue(channel.number, channel.serial, nowait, method.queue, pattern, unbind)
-        )
 
     def _confirm_select(self, channel: Channel, method: commands.Confirm.Select) -> None:
         channel.confirming = True
