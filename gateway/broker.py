@@ -42,13 +42,13 @@ from core.model import (
     StartPosition,
 )
 from core.topics import SubscriptionIndex, normalize_topic, validate_pattern
+from gateway.access import Access
 from gateway.config import GatewayConfig
 from gateway.ids import new_message_id
 from gateway.logs import flow_fields
 from gateway.metrics import GroupGauge, Metrics, QueueGauge, RuntimeMetrics
 from gateway.protocol_state import ProtocolState
 from gateway.runtime import GroupRuntime
-from gateway.security import Authenticator
 from protocols.sink import (
     Ack,
     AckCumulative,
@@ -112,13 +112,7 @@ class Broker(ProtocolState):
         # that takes over after a crash or failover keeps the groups.
         self.lease_owner = f"gateway:{config.name}"
         self._leased: set[tuple[str, str]] = set()
-        # Permission answers per (user, action, queue); the configuration is fixed.
-        self._allowed: dict[tuple[str | None, str, str], bool] = {}
-        self.auth = Authenticator(
-            config.users,
-            certificate_users=config.certificate_users,
-            allow_anonymous=config.allow_anonymous,
-        )
+        self.access = Access(config)
         metrics.watch(self._queue_gauges, self._group_gauges, clock)
 
     async def start(self) -> None:
@@ -248,27 +242,13 @@ class Broker(ProtocolState):
         peer: str | None = None,
         certificate_user: str | None = None,
     ) -> Principal:
-        user = await self.auth.authenticate(
+        user = await self.access.auth.authenticate(
             username, password, peer=peer, certificate_user=certificate_user
         )
         return Principal(user, protocol, client_id)
 
-    def check_admin(self, principal: Principal) -> None:
-        """Creating, changing and deleting queues, groups, subscriptions and AMQP exchanges
-        needs the ``admin`` permission (deny by default: only users granted it)."""
-        if not self.may_administer(principal):
-            raise PermissionDenied(f"{principal.username!r} may not administer queues")
-
     def may_administer(self, principal: Principal) -> bool:
-        return self.config.permission(principal.username).admin
-
-    def may_monitor(self, principal: Principal, queue: str) -> bool:
-        return self._allows(principal, "monitor", queue)
-
-    def check_monitor(self, principal: Principal, queue: str) -> None:
-        """Inspecting a queue (depth, groups, owners, passive declare) needs ``monitor``,
-        ``consume`` or ``admin``."""
-        self._check(principal, "monitor", queue)
+        return self.access.may_administer(principal)
 
     async def declare(
         self, principal: Principal, config: QueueConfig, *, exist_ok: bool
@@ -277,27 +257,10 @@ class Broker(ProtocolState):
         which a user who may publish to or monitor it may do, as clients declare their
         queues on connect."""
         if not (exist_ok and config.name in self._queues):
-            self.check_admin(principal)
-        elif not self._allows(principal, "publish", config.name):
-            self.check_monitor(principal, config.name)
+            self.access.check_admin(principal)
+        elif not self.access.allows(principal, "publish", config.name):
+            self.access.check_monitor(principal, config.name)
         return await self.create_queue(config, exist_ok=exist_ok)
-
-    def authorize(self, principal: Principal, action: str, queue: str) -> None:
-        """Raise PermissionDenied unless ``principal`` may ``action`` on ``queue``."""
-        self._check(principal, action, queue)
-
-    def _allows(self, principal: Principal, action: str, queue: str) -> bool:
-        key = (principal.username, action, queue)
-        allowed = self._allowed.get(key)
-        if allowed is None:
-            allowed = self._allowed[key] = self.config.permission(principal.username).allows(
-                action, queue
-            )
-        return allowed
-
-    def _check(self, principal: Principal, action: str, queue: str) -> None:
-        if not self._allows(principal, action, queue):
-            raise PermissionDenied(f"{principal.username!r} may not {action} on queue {queue!r}")
 
     def _route(self, publication: Publication, topic: str | None) -> list[QueueConfig]:
         if topic is None:
@@ -315,7 +278,7 @@ class Broker(ProtocolState):
         validate_publication(publication)
         topic = None if publication.topic is None else normalize_topic(publication.topic)
         for queue in self._route(publication, topic):
-            self._check(principal, "publish", queue.name)
+            self.access.authorize(principal, "publish", queue.name)
             key = resolve_key(publication, queue)
             expire_at = publication.expire_at
             ttl = publication.ttl if publication.ttl is not None else queue.ttl
@@ -417,33 +380,33 @@ class Broker(ProtocolState):
         if passive:
             # Checking that a queue exists is what publishers do at start-up (and what a
             # non-passive declare of an existing queue allows them): publish suffices.
-            if not self._allows(principal, "publish", config.name):
-                self.check_monitor(principal, config.name)
+            if not self.access.allows(principal, "publish", config.name):
+                self.access.check_monitor(principal, config.name)
             return self.queue(config.name)
         return await self.declare(principal, config, exist_ok=exist_ok)
 
     async def delete_queue(self, principal: Principal, name: str) -> int:
-        self.check_admin(principal)
+        self.access.check_admin(principal)
         return await self.delete_queue_named(name)
 
     async def purge_queue(self, principal: Principal, name: str) -> int:
-        self.check_admin(principal)
+        self.access.check_admin(principal)
         self.queue(name)
         return await self.store.purge_queue(name)
 
     async def queue_depth(self, principal: Principal, name: str) -> int:
-        self.check_monitor(principal, name)
+        self.access.check_monitor(principal, name)
         self.queue(name)
         return (await self.store.depth(name))[0]
 
     async def subscribe(self, principal: Principal, queue: str, pattern: str) -> None:
-        self.check_admin(principal)
+        self.access.check_admin(principal)
         self.queue(queue)
         await self.store.add_subscription(queue, validate_pattern(pattern))
         self._remember(await self.store.get_queue(queue))
 
     async def unsubscribe(self, principal: Principal, queue: str, pattern: str) -> None:
-        self.check_admin(principal)
+        self.access.check_admin(principal)
         self.queue(queue)
         await self.store.remove_subscription(queue, pattern)
         self._remember(await self.store.get_queue(queue))
@@ -479,7 +442,7 @@ class Broker(ProtocolState):
             raise Unavailable("the gateway is shutting down")
         queue, group = request.queue, request.group
         config = self.queue(queue)
-        self._check(principal, "consume", queue)
+        self.access.authorize(principal, "consume", queue)
         window = config.window if request.window is None else request.window
         if window < 1:
             raise InvalidArgument("window must be >= 1")

@@ -112,7 +112,7 @@ async def redrive(
     to their original queue, or to ``to`` (storage.redrive), one transaction per batch.
     Refused (Conflict) while consumers are bound to the dead-letter queue; its groups
     are unloaded and kept from loading meanwhile, so none delivers a moved letter."""
-    broker.check_admin(principal)
+    broker.access.check_admin(principal)
     broker.queue(dlq)
     if to is not None:
         broker.queue(to)

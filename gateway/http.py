@@ -310,7 +310,7 @@ class AdminServer:
         return web.json_response(openapi_document(package_version()))
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        self.broker.check_monitor(_principal(request), "*")
+        self.broker.access.check_monitor(_principal(request), "*")
         return web.Response(body=self.broker.metrics.render(), content_type="text/plain")
 
     async def _list(self, request: web.Request) -> web.Response:
@@ -318,7 +318,7 @@ class AdminServer:
         out = [
             await queue_summary(self.broker, q)
             for q in self.broker.queues()
-            if self.broker.may_monitor(principal, q.name)
+            if self.broker.access.may_monitor(principal, q.name)
         ]
         return web.json_response(out)
 
@@ -331,13 +331,13 @@ class AdminServer:
         return web.json_response(queue_json(queue), status=201)
 
     async def _show(self, request: web.Request) -> web.Response:
-        self.broker.check_monitor(_principal(request), request.match_info["name"])
+        self.broker.access.check_monitor(_principal(request), request.match_info["name"])
         queue = self.broker.queue(request.match_info["name"])
         return web.json_response(await queue_summary(self.broker, queue))
 
     async def _alter(self, request: web.Request) -> web.Response:
         changes = queue_settings(await _body(request))
-        self.broker.check_admin(_principal(request))
+        self.broker.access.check_admin(_principal(request))
         queue = await self.broker.alter_queue(request.match_info["name"], **changes)
         return web.json_response(queue_json(queue))
 
@@ -351,12 +351,12 @@ class AdminServer:
         return web.json_response({"purged": name, "messages": count})
 
     async def _inspect(self, request: web.Request) -> web.Response:
-        self.broker.check_monitor(_principal(request), request.match_info["name"])
+        self.broker.access.check_monitor(_principal(request), request.match_info["name"])
         return web.json_response(await inspect_queue(self.broker, request.match_info["name"]))
 
     async def _groups(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
-        self.broker.check_monitor(_principal(request), name)
+        self.broker.access.check_monitor(_principal(request), name)
         self.broker.queue(name)
         groups = await self.broker.store.list_groups(name)
         return web.json_response([group_json(g) for g in groups])
@@ -364,14 +364,14 @@ class AdminServer:
     async def _create_group(self, request: web.Request) -> web.Response:
         body = await _body(request)
         name = request.match_info["name"]
-        self.broker.check_admin(_principal(request))
+        self.broker.access.check_admin(_principal(request))
         config = group_from_json(name, body, self.broker.default_mode(name))
         group = await self.broker.create_group(config)
         return web.json_response(group_json(group), status=201)
 
     async def _delete_group(self, request: web.Request) -> web.Response:
         name, group = request.match_info["name"], request.match_info["group"]
-        self.broker.check_admin(_principal(request))
+        self.broker.access.check_admin(_principal(request))
         await self.broker.delete_group(name, group)
         return web.json_response({"deleted": group, "queue": name})
 
@@ -397,7 +397,7 @@ class AdminServer:
         body = await _body(request)
         if not isinstance(body.get("to"), str) or not isinstance(body.get("force", False), bool):
             raise InvalidArgument('a reset needs "to" (a string) and an optional "force" (bool)')
-        self.broker.check_admin(_principal(request))
+        self.broker.access.check_admin(_principal(request))
         target = ResetPosition.parse(body["to"])
         positions = await group_ops.reset_group(
             self.broker, name, group, target, force=body.get("force", False)
@@ -412,7 +412,7 @@ class AdminServer:
         body = await _body(request) if request.can_read_body else {}
         if not isinstance(body.get("skip", False), bool):
             raise InvalidArgument('a release takes an optional "skip" (bool)')
-        self.broker.check_admin(_principal(request))
+        self.broker.access.check_admin(_principal(request))
         skip = body.get("skip", False)
         partitions = await group_ops.release_key(self.broker, name, group, key, skip=skip)
         return web.json_response(
@@ -422,7 +422,7 @@ class AdminServer:
     async def _browse(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
         self.broker.queue(name)
-        self.broker.authorize(_principal(request), "consume", name)
+        self.broker.access.authorize(_principal(request), "consume", name)
         query = request.query
         partition = _int_param(query, "partition", None, 0)
         rows = await self.broker.store.browse(

@@ -1,0 +1,58 @@
+"""Who may do what: authentication and the permission checks every interface asks.
+
+``Access`` holds the gateway's ``Authenticator`` (passwords, certificates, throttling;
+gateway/security.py) and answers permission questions from the configuration —
+deny by default (docs/operations.md, "Security"). Answers are cached per (user, action,
+queue): the configuration is fixed for the life of the process.
+"""
+
+from __future__ import annotations
+
+from core.errors import PermissionDenied
+from gateway.config import GatewayConfig
+from gateway.security import Authenticator
+from protocols.sink import Principal
+
+
+class Access:
+    def __init__(self, config: GatewayConfig) -> None:
+        self._config = config
+        self._allowed: dict[tuple[str | None, str, str], bool] = {}
+        self.auth = Authenticator(
+            config.users,
+            certificate_users=config.certificate_users,
+            allow_anonymous=config.allow_anonymous,
+        )
+
+    def allows(self, principal: Principal, action: str, queue: str) -> bool:
+        key = (principal.username, action, queue)
+        allowed = self._allowed.get(key)
+        if allowed is None:
+            permission = self._config.permission(principal.username)
+            allowed = self._allowed[key] = permission.allows(action, queue)
+        return allowed
+
+    def authorize(self, principal: Principal, action: str, queue: str) -> None:
+        """Raise PermissionDenied unless ``principal`` may ``action`` on ``queue``."""
+        if not self.allows(principal, action, queue):
+            raise PermissionDenied(f"{principal.username!r} may not {action} on queue {queue!r}")
+
+    def may_administer(self, principal: Principal) -> bool:
+        return self._config.permission(principal.username).admin
+
+    def check_admin(self, principal: Principal) -> None:
+        """Creating, changing and deleting queues, groups, subscriptions and AMQP exchanges
+        needs the ``admin`` permission (deny by default: only users granted it)."""
+        if not self.may_administer(principal):
+            raise PermissionDenied(f"{principal.username!r} may not administer queues")
+
+    def may_monitor(self, principal: Principal, queue: str) -> bool:
+        return self.allows(principal, "monitor", queue)
+
+    def check_monitor(self, principal: Principal, queue: str) -> None:
+        """Inspecting a queue (depth, groups, owners, passive declare) needs ``monitor``,
+        ``consume`` or ``admin``."""
+        self.authorize(principal, "monitor", queue)
+
+
+__all__ = ["Access"]
