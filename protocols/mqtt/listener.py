@@ -39,6 +39,7 @@ from core.errors import (
 )
 from core.model import Publication
 from protocols._limits import DEFAULT_LIMITS, ByteBudget, ConnectionLimits, publication_bytes
+from protocols._log import ConnectionLog
 from protocols.mqtt.connection import (
     ConnectRequest,
     Limits,
@@ -107,6 +108,7 @@ class _Client:
         self.conn = ServerConnection(listener.limits)
         self.admission = listener.connections.open("mqtt")
         self.principal: Principal | None = None
+        self.log = ConnectionLog(log, "mqtt", writer.get_extra_info("peername"))
         self.loop = asyncio.get_running_loop()
         self.done = asyncio.Event()
         self._outq: asyncio.Queue[bytes | None] = asyncio.Queue(WRITE_QUEUE)
@@ -145,7 +147,7 @@ class _Client:
                 async with asyncio.timeout(DRAIN_TIMEOUT):
                     await acker_task
             except TimeoutError:
-                log.warning("mqtt %s: in-flight publishes did not finish", self.conn.client_id)
+                self.log.warning("mqtt %s: in-flight publishes did not finish", self.conn.client_id)
             self._flush_nowait()
             await self._finish_session()
         finally:
@@ -215,7 +217,7 @@ class _Client:
                         data = await self.reader.read(READ_CHUNK)
                 except TimeoutError:
                     conn.keep_alive_expired(self.loop.time())
-                    log.info("mqtt %s: keep-alive or connect timeout", conn.client_id)
+                    self.log.info("mqtt %s: keep-alive or connect timeout", conn.client_id)
                     break
                 if not data:
                     break
@@ -238,10 +240,10 @@ class _Client:
                     deadline = conn.keep_alive_deadline
         except MqttProtocolError as e:
             self.listener.stats.protocol_errors += 1
-            log.info("mqtt %s: %s (reason 0x%02x)", conn.client_id, e.message, e.reason_code)
+            self.log.info("mqtt %s: %s (reason 0x%02x)", conn.client_id, e.message, e.reason_code)
             self._flush_nowait()
         except (ConnectionError, OSError) as e:
-            log.info("mqtt %s: connection lost: %s", conn.client_id, e)
+            self.log.info("mqtt %s: connection lost: %s", conn.client_id, e)
 
     async def _on_connect(self, request: ConnectRequest) -> None:
         connect = request.connect
@@ -267,22 +269,23 @@ class _Client:
             self.conn.refuse(ReasonCode.NOT_AUTHORIZED)
             return
         except AuthError as e:
-            log.info("mqtt %s: authentication refused: %s", request.client_id, e.message)
+            self.log.info("mqtt %s: authentication refused: %s", request.client_id, e.message)
             self.conn.refuse(ReasonCode.BAD_USER_NAME_OR_PASSWORD)
             return
         except KeygateError as e:
-            log.warning("mqtt %s: cannot authenticate: %s", request.client_id, e.message)
+            self.log.warning("mqtt %s: cannot authenticate: %s", request.client_id, e.message)
             self.conn.refuse(ReasonCode.SERVER_UNAVAILABLE)
             return
+        self.log.authenticated(self.principal)
         try:
             self.admission.login(self.principal.username)
         except ConnectionLimitReached as e:
-            log.info("mqtt %s: refused: %s", request.client_id, e.message)
+            self.log.info("mqtt %s: refused: %s", request.client_id, e.message)
             self.conn.refuse(ReasonCode.QUOTA_EXCEEDED)
             return
         owner = self.principal.username
         if not listener.may_use(request.client_id, owner, self.loop.time()):
-            log.info("mqtt %s: client id belongs to another user; refused", request.client_id)
+            self.log.info("mqtt %s: client id belongs to another user; refused", request.client_id)
             self.conn.refuse(ReasonCode.CLIENT_IDENTIFIER_NOT_VALID)
             return
         await listener.take_over(request.client_id, self)
@@ -293,7 +296,7 @@ class _Client:
             else:
                 stored = await listener.sink.mqtt_session(request.client_id)
         except KeygateError as e:
-            log.warning("mqtt %s: cannot load the session: %s", request.client_id, e.message)
+            self.log.warning("mqtt %s: cannot load the session: %s", request.client_id, e.message)
             self.conn.refuse(ReasonCode.SERVER_UNAVAILABLE)
             return
         session, present = listener.sessions.open(
@@ -343,13 +346,13 @@ class _Client:
                     self._session_saved = True
             except KeygateError as e:
                 # What is stored stays stored; only a re-send after a failover may repeat.
-                log.warning("mqtt %s: cannot store the session: %s", client_id, e.message)
+                self.log.warning("mqtt %s: cannot store the session: %s", client_id, e.message)
 
     async def _publish(self, principal: Principal, publication: Publication) -> _Outcome:
         try:
             await self.listener.sink.publish(principal, publication)
         except (StorageError, Unavailable) as e:
-            log.warning("mqtt %s: publish failed: %s", self.conn.client_id, e.message)
+            self.log.warning("mqtt %s: publish failed: %s", self.conn.client_id, e.message)
             return _Outcome(ReasonCode.UNSPECIFIED_ERROR, e.message)
         except KeygateError as e:
             reason = next(
@@ -358,7 +361,7 @@ class _Client:
             )
             return _Outcome(reason, e.message)
         except Exception:
-            log.exception("mqtt %s: publish failed unexpectedly", self.conn.client_id)
+            self.log.exception("mqtt %s: publish failed unexpectedly", self.conn.client_id)
             return _Outcome(ReasonCode.UNSPECIFIED_ERROR, "internal error")
         return _Outcome(ReasonCode.SUCCESS)
 
@@ -388,7 +391,7 @@ class _Client:
             self._slots.release()
             self._unconfirmed.release(publication_bytes(request.publication))
             if outcome.reason >= 0x80 or outcome.reason == ReasonCode.NO_MATCHING_SUBSCRIBERS:
-                log.info(
+                self.log.info(
                     "mqtt %s: publish to %r not stored: %s",
                     self.conn.client_id,
                     request.publication.topic,
@@ -404,7 +407,7 @@ class _Client:
             if was_open and self.conn.state is State.CLOSED:
                 # MQTT 3.1.1 refusal: no PUBACK, the connection ends (see conn.complete).
                 stats.unconfirmed_closes += 1
-                log.warning(
+                self.log.warning(
                     "mqtt %s: closing without acknowledging packet %s (%s: %s); "
                     "the client resends it after reconnecting",
                     self.conn.client_id,
@@ -546,7 +549,11 @@ class MqttListener:
             self.stats.wills += 1
         except KeygateError as e:
             log.warning(
-                "mqtt %s: will message to %r not stored: %s", client_id, will.topic, e.message
+                "mqtt %s: will message to %r not stored: %s",
+                client_id,
+                will.topic,
+                e.message,
+                extra={"protocol": "mqtt", "client": client_id, "user": principal.username},
             )
 
 
