@@ -79,6 +79,12 @@ def print_inspection(data: dict[str, Any]) -> None:
                 group["flows"],
                 ["client", "flow_id", "state", "window", "slots", "pending", "partitions"],
             )
+        if group.get("keys"):
+            print("\nkeys held back (kg_key_status)")
+            _print_table(
+                group["keys"],
+                ["partition", "key", "reason", "detail", "attempts", "messages", "blocked_since"],
+            )
 
 
 def queue_command(args: argparse.Namespace) -> int:

@@ -26,9 +26,23 @@ async def queue_summary(broker: Broker, queue: QueueConfig) -> dict[str, Any]:
     }
 
 
+# kg_key_status columns shown per group (docs/sql.md): the keys not simply flowing.
+_KEY_COLUMNS = (
+    "partition",
+    "key",
+    "reason",
+    "detail",
+    "message_id",
+    "attempts",
+    "messages",
+    "blocked_since",
+)
+
+
 async def inspect_queue(broker: Broker, name: str) -> dict[str, Any]:
-    """Per group: mode, per-partition state/owner/backlog/in-flight/committed/lag, and the
-    flows with window, slots (free window) and pending (PAI-EAS attributes style)."""
+    """Per group: mode, per-partition state/owner/backlog/in-flight/committed/lag, the
+    flows with window, slots (free window) and pending (PAI-EAS attributes style), and the
+    keys held back (kg_key_status: retrying, parked, handing off)."""
     queue = broker.queue(name)
     runtimes = {rt.group.name: rt for rt in broker.runtimes(name)}
     for runtime in runtimes.values():
@@ -43,6 +57,7 @@ async def inspect_queue(broker: Broker, name: str) -> dict[str, Any]:
             "tags": dict(group.tags or {}),
             "partitions": [],
             "flows": [],
+            "keys": [],
         }
     for row in rows:
         entry = groups.get(row["group_name"])
@@ -62,6 +77,10 @@ async def inspect_queue(broker: Broker, name: str) -> dict[str, Any]:
                     )
                 }
             )
+    for row in await broker.store.key_status(name):
+        entry = groups.get(row["group_name"])
+        if entry is not None:
+            entry["keys"].append({k: row[k] for k in _KEY_COLUMNS})
     for group_name, runtime in runtimes.items():
         status = runtime.status()
         live = {p.partition: p for p in status.partitions}

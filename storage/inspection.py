@@ -18,6 +18,9 @@ _PARTITION_STATUS: Final = sa.text(
     "SELECT * FROM kg_partition_status WHERE queue = :queue ORDER BY group_name, partition"
 )
 _GROUP_LAG: Final = sa.text("SELECT * FROM kg_group_lag WHERE queue = :queue ORDER BY group_name")
+_KEY_STATUS: Final = sa.text(
+    "SELECT * FROM kg_key_status WHERE queue = :queue ORDER BY group_name, partition, key"
+)
 # What browsing shows of a message: every column but the queue (the caller named it).
 _BROWSE_COLUMNS: Final = [c for c in kg_messages.columns if c.name != "queue"]
 
@@ -41,6 +44,12 @@ class InspectionOps(StoreBase):
         """``kg_group_lag`` rows of the queue's groups."""
         async with self.transaction() as conn:
             result = await conn.execute(_GROUP_LAG, {"queue": queue})
+            return [dict(row) for row in result.mappings()]
+
+    async def key_status(self, queue: str) -> list[dict[str, Any]]:
+        """``kg_key_status`` rows of the queue: the keys held back, with reason and since."""
+        async with self.transaction() as conn:
+            result = await conn.execute(_KEY_STATUS, {"queue": queue})
             return [dict(row) for row in result.mappings()]
 
     async def browse(

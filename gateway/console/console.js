@@ -64,13 +64,25 @@ function flowTable(flows) {
       el("td", {}, f.partitions.join(" "))))));
 }
 
+function keyTable(keys) {
+  if (!keys || !keys.length) return el("p", { class: "hint" }, "every key is flowing");
+  return el("table", { class: "keys" },
+    el("thead", {}, el("tr", {}, ...["partition", "key", "held back", "detail", "attempts",
+                                      "since"].map((h) => el("th", {}, h)))),
+    el("tbody", {}, ...keys.map((k) => el("tr", { "data-key": k.key ?? "", "data-reason": k.reason },
+      el("td", {}, k.partition), el("td", {}, k.key ?? "(keys of the partition)"),
+      el("td", {}, k.reason), el("td", {}, k.detail ?? ""), el("td", {}, k.attempts ?? ""),
+      el("td", {}, k.blocked_since ? new Date(k.blocked_since * 1000).toLocaleTimeString() : "")))));
+}
+
 function drawDetail(data) {
   document.getElementById("detail").hidden = false;
   document.getElementById("detail-name").textContent = data.queue.name;
   const groups = data.groups.map((g) => el("div", { class: "group", "data-group": g.group },
     el("h3", {}, `group ${g.group} (${g.mode}, key order ${g.key_order})`),
     el("div", { class: "map" }, ...g.partitions.map(partitionTile)),
-    flowTable(g.flows)));
+    flowTable(g.flows),
+    keyTable(g.keys)));
   document.getElementById("groups").replaceChildren(
     ...(groups.length ? groups : [el("p", { class: "hint" }, "no consumer group yet")]));
 }

@@ -14,6 +14,7 @@ import sqlalchemy as sa
 
 from gateway.cli import main
 from gateway.client import Client, Consumer
+from gateway.inspect import inspect_queue
 from gateway.server import Gateway
 from tests.integration.conftest import native_url, start_gateway
 from tests.support.consume import take
@@ -176,3 +177,7 @@ async def test_kg_key_status_shows_parked_redelivered_and_waiting_keys(gateway: 
             ("c", "retry", None, 2, 1),
             ("d", "retry", None, 1, 1),
         ]
+        # The admin API (console, `keygate inspect`) shows the same keys for the group.
+        (group,) = (await inspect_queue(gateway.broker, "orders"))["groups"]
+        shown = [(k["key"], k["reason"], k["attempts"]) for k in group["keys"]]
+        assert shown == [("a", "parked", None), ("c", "retry", 2), ("d", "retry", 1)]
