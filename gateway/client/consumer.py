@@ -22,7 +22,7 @@ import asyncio
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from core.model import AckMode, GroupMode, KeyOrder, Properties, StartPosition
 from gateway.client.errors import ConnectionLost, ConsumerClosed, error_from_code
@@ -43,7 +43,13 @@ from protocols.native import (
 
 if TYPE_CHECKING:
     from gateway.client.connection import Connection
-    from gateway.client.robust import Session
+
+
+class Session(Protocol):
+    """What a consumer needs of the client's session (``robust.Session``): to be
+    forgotten when it closes, so the session stops re-binding it."""
+
+    def forget(self, consumer: Consumer) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -405,4 +411,4 @@ class Consumer:
             self._ack_timer = None
 
 
-__all__ = ["BindIntent", "Consumer", "Message"]
+__all__ = ["BindIntent", "Consumer", "Message", "Session"]
