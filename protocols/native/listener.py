@@ -7,17 +7,17 @@ suspension, tasks started in arrival order are stored in arrival order; PUBLISH_
 when the commit is done. The payload bytes of PUBLISHes not yet confirmed are held in a
 ``ByteBudget``: when it is spent the read loop waits for confirms instead of reading (and
 spawning) more. BIND gives the sink one ``_FlowOutput`` per flow; deliveries come
-through it and are written to the transport: the flow's window bounds how much can be
-outstanding. ACK, NACK, CREDIT and UNBIND become the sink's settle events; the sink refuses
-them for a flow bound by another connection (ERROR, the connection stays). A socket that
-drops unbinds its flows (their partitions enter the rebalance delay), exactly like UNBIND
-without shutdown.
+through it and are written to the transport by the connection's ``FrameWriter``
+(protocols/native/writer.py: coalesced writes, back-pressure, auto-ack once written): the
+flow's window bounds how much can be outstanding. ACK, NACK, CREDIT and UNBIND become the
+sink's settle events; the sink refuses them for a flow bound by another connection
+(ERROR, the connection stays). A socket that drops unbinds its flows (their partitions
+enter the rebalance delay), exactly like UNBIND without shutdown.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import logging
 import ssl
@@ -62,6 +62,7 @@ from protocols.native.events import (
     Unbind,
 )
 from protocols.native.settings import queue_from_settings, queue_settings
+from protocols.native.writer import FrameWriter
 from protocols.sink import BindRequest, Principal, Sink, peer_identity
 
 log = logging.getLogger("keygate.native")
@@ -71,8 +72,6 @@ _READ_SIZE: Final = 256 * 1024
 DRAIN_TIMEOUT: Final = 10.0
 # How long closing a connection waits for its unsent bytes to leave before dropping them.
 _CLOSE_WAIT: Final = 2.0
-# How often a connection with bytes still in its write buffer checks what the kernel took.
-_WRITE_POLL: Final = 0.01
 # Bytes a connection may hold in its write buffer before deliveries wait (high-water mark).
 DEFAULT_WRITE_BUFFER: Final = 1024 * 1024
 # Four of the SDK's 15 s heartbeats.
@@ -142,116 +141,11 @@ class _Session:
         self.log = ConnectionLog(log, "native", writer.get_extra_info("peername"))
         self.flows: set[str] = set()
         self.tasks: set[asyncio.Task[None]] = set()
-        self.outgoing: list[bytes] = []
         self.session_id = uuid.uuid4().hex
         self.admission = listener.limits.connections.open("native")
         self.unconfirmed = ByteBudget(listener.limits.max_unconfirmed_bytes)
-        # Back-pressure towards the consumer: above ``high`` bytes not yet in the kernel,
-        # frames wait here, encoded (so a delivery the wire cannot carry is found at once
-        # and dead-lettered), with the auto-ack they owe, until the transport is below
-        # ``low``. Their number is bounded by the flows' windows.
-        self.high = listener.write_buffer
-        self.low = listener.write_buffer // 4
-        self.held: collections.deque[tuple[Event, tuple[str, str] | None]] = collections.deque()
-        self.outgoing_bytes = 0
-        # Auto-ack deliveries are acked once written to the socket: (end offset in the
-        # byte stream, flow id, message id), settled when the kernel has taken that byte.
-        self.sent_bytes = 0
-        self.written_bytes = 0
-        self.unwritten: collections.deque[tuple[int, str, str]] = collections.deque()
-        self.watcher: asyncio.Task[None] | None = None
-        transport = writer.transport
-        transport.set_write_buffer_limits(high=self.high, low=self.low)
-
-    def send(self, event: Event, *, auto_ack: bool = False) -> None:
-        """Encode now, write once per event-loop turn: replies and deliveries produced in
-        one turn leave in one transport write instead of one each. Above the high-water
-        mark the event waits, in order with everything after it."""
-        if self.writer.is_closing():
-            return
-        try:
-            # Encoded at once even when it must wait, so that a delivery the wire cannot
-            # carry raises here (and is dead-lettered); a waiting frame is kept as its event
-            # (no copy of the payload) and encoded again when it leaves.
-            data = self.conn.send(event)
-        except RuntimeError:
-            # The connection state machine is closed (after ERROR/CLOSE): nothing to send.
-            return
-        acked = None
-        if auto_ack and isinstance(event, Deliver):
-            acked = (event.flow_id, event.message_id)
-        if self.held or self.buffered() > self.high:
-            self.held.append((event, acked))
-            self.watch()
-            return
-        self.queue_bytes(data, acked)
-
-    def release(self, event: Event, acked: tuple[str, str] | None) -> None:
-        try:
-            self.queue_bytes(self.conn.send(event), acked)
-        except RuntimeError:
-            return  # closed meanwhile
-
-    def queue_bytes(self, data: bytes, acked: tuple[str, str] | None) -> None:
-        self.outgoing.append(data)
-        self.outgoing_bytes += len(data)
-        self.sent_bytes += len(data)
-        if acked is not None:
-            self.unwritten.append((self.sent_bytes, *acked))
-        if len(self.outgoing) == 1:
-            asyncio.get_running_loop().call_soon(self.write_out)
-
-    def buffered(self) -> int:
-        """Bytes accepted for this connection that the kernel has not taken yet."""
-        return self.outgoing_bytes + self.writer.transport.get_write_buffer_size()
-
-    def write_out(self) -> None:
-        if self.outgoing and not self.writer.is_closing():
-            self.writer.write(b"".join(self.outgoing))
-            self.written_bytes += self.outgoing_bytes
-        self.outgoing.clear()
-        self.outgoing_bytes = 0
-        self.ack_written()
-
-    def ack_written(self) -> None:
-        """Ack the auto-ack deliveries whose last byte the kernel has taken."""
-        if not self.unwritten or self.principal is None or self.writer.is_closing():
-            return
-        taken = self.written_bytes - self.writer.transport.get_write_buffer_size()
-        by_flow: dict[str, list[str]] = {}
-        while self.unwritten and self.unwritten[0][0] <= taken:
-            _, flow_id, message_id = self.unwritten.popleft()
-            by_flow.setdefault(flow_id, []).append(message_id)
-        for flow_id, ids in by_flow.items():
-            self.sink.settle(self.principal, flow_id, sink.Ack(tuple(ids)))
-        if self.unwritten:
-            self.watch()
-
-    def watch(self) -> None:
-        if self.watcher is None or self.watcher.done():
-            self.watcher = asyncio.create_task(self.drain_held())
-
-    async def drain_held(self) -> None:
-        """Wait for the transport to drain, then release held frames and ack what the
-        kernel took. The transport tells us when it falls below ``low`` (drain); a buffer
-        between empty and ``low`` raises no event, so that case is polled."""
-        while (self.held or self.unwritten) and not self.writer.is_closing():
-            try:
-                await self.writer.drain()
-            except ConnectionError:
-                return
-            if self.writer.transport.get_write_buffer_size() > self.low:
-                await asyncio.sleep(_WRITE_POLL)
-                continue
-            while self.held and self.buffered() <= self.high:
-                self.release(*self.held.popleft())
-            self.write_out()
-            if self.unwritten and not self.held:
-                await asyncio.sleep(_WRITE_POLL)
-
-    def abort(self) -> None:
-        self.write_out()
-        self.writer.close()
+        self.out = FrameWriter(self.conn, writer, listener.write_buffer, self.settle_written)
+        self.send = self.out.send
 
     async def run(self) -> None:
         login_deadline = asyncio.get_running_loop().time() + self.listener.limits.login_timeout
@@ -299,11 +193,13 @@ class _Session:
     def peer(self) -> str:
         return str(self.writer.get_extra_info("peername"))
 
+    def settle_written(self, flow_id: str, message_ids: tuple[str, ...]) -> None:
+        if self.principal is not None:
+            self.sink.settle(self.principal, flow_id, sink.Ack(message_ids))
+
     async def finish(self) -> None:
         self.admission.release()
-        self.write_out()
-        if self.watcher is not None:
-            self.watcher.cancel()
+        self.out.stop()
         if self.principal is not None:
             for flow_id in list(self.flows):
                 self.sink.settle(self.principal, flow_id, sink.Unbind())
@@ -560,11 +456,11 @@ class NativeListener:
         if in_flight:
             await asyncio.wait(in_flight, timeout=DRAIN_TIMEOUT)
             for session in self._sessions:
-                session.write_out()
+                session.out.write_out()
         if self._sessions:
             self._idle.clear()
             for session in list(self._sessions):
-                session.abort()
+                session.out.abort()
             await self._idle.wait()
         if self._server is not None:
             await self._server.wait_closed()

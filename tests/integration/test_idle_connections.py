@@ -58,7 +58,8 @@ async def test_a_silent_native_consumer_is_closed_and_its_partitions_move(db_url
         await declare(gateway, "idle", partitions=4, rebalance_delay=0.2)
         sock, conn = await asyncio.to_thread(_silent_consumer, gateway.ports["native"])
         try:
-            async with Client(native_url(gateway)) as client:
+            # This client pings well within the idle timeout, as the SDK does by default.
+            async with Client(native_url(gateway), heartbeat=IDLE / 5) as client:
                 other = await client.subscribe("idle", "g")
                 tail = await asyncio.to_thread(_closed_by_gateway, sock)
                 conn.receive_data(tail)
