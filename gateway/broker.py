@@ -10,13 +10,10 @@ commit listener feeds committed messages, in commit order, to the loaded group r
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
-from typing import Final
 
 from core.errors import (
     Conflict,
@@ -28,7 +25,6 @@ from core.errors import (
     QueueNotFound,
     Unavailable,
 )
-from core.group import GroupMachine
 from core.ingress import validate_publication
 from core.keys import partition_for, resolve_key
 from core.model import (
@@ -44,6 +40,7 @@ from core.model import (
 from core.topics import SubscriptionIndex, normalize_topic, validate_pattern
 from gateway.access import Access
 from gateway.config import GatewayConfig
+from gateway.groups import Groups
 from gateway.ids import new_message_id
 from gateway.logs import flow_fields
 from gateway.metrics import GroupGauge, Metrics, QueueGauge, RuntimeMetrics
@@ -70,7 +67,6 @@ log = logging.getLogger("keygate.broker")
 
 # A group with native flows is leased in SQL (kind "native") so a Spark job refuses it;
 # renewed every retention interval, released when the group's last flow leaves.
-GROUP_LEASE_TTL: Final = 30.0
 
 
 def _deliver_at(publication: Publication, now: float) -> float | None:
@@ -78,12 +74,6 @@ def _deliver_at(publication: Publication, now: float) -> float | None:
     if publication.deliver_at is None and publication.delay:
         return now + publication.delay
     return publication.deliver_at
-
-
-@dataclass(slots=True)
-class _Flow:
-    runtime: GroupRuntime
-    principal: Principal
 
 
 class Broker(ProtocolState):
@@ -98,20 +88,12 @@ class Broker(ProtocolState):
         self.store = store
         self.config = config
         self.metrics = metrics
-        self._clock = clock
+        self.clock = clock
         self._queues: dict[str, QueueConfig] = {}
         self._index = SubscriptionIndex()
-        self._runtimes: dict[tuple[str, str], GroupRuntime] = {}
-        self._loading: dict[tuple[str, str], asyncio.Lock] = {}
-        self._flows: dict[str, _Flow] = {}
-        self._hooks = RuntimeMetrics(metrics)
+        self.groups = Groups(store, config, RuntimeMetrics(metrics), self.queue, clock, log.warning)
         self._appends_in_flight = 0
         self._closing = False
-        # The lease separates native consumers from Spark jobs, not gateways from each
-        # other (kg_gateway_lease does that): owned by the gateway's name, so the gateway
-        # that takes over after a crash or failover keeps the groups.
-        self.lease_owner = f"gateway:{config.name}"
-        self._leased: set[tuple[str, str]] = set()
         self.access = Access(config)
         metrics.watch(self._queue_gauges, self._group_gauges, clock)
 
@@ -123,15 +105,7 @@ class Broker(ProtocolState):
     async def close(self) -> None:
         """Flush every group's acks and stop the runtimes."""
         self._closing = True
-        await asyncio.gather(*(rt.close() for rt in self._runtimes.values()))
-        for queue, group in sorted(self._leased):
-            try:
-                await self.store.release_group_lease(queue, group, self.lease_owner)
-            except KeygateError as e:
-                log.warning("releasing the lease of %s/%s failed: %s", queue, group, e)
-        self._leased.clear()
-        self._runtimes.clear()
-        self._flows.clear()
+        await self.groups.close()
 
     # --- queues --------------------------------------------------------------------
 
@@ -175,11 +149,10 @@ class Broker(ProtocolState):
     async def delete_queue_named(self, name: str) -> int:
         self.queue(name)
         gone = QueueNotFound(name)
-        for key in [k for k in self._runtimes if k[0] == name]:
-            runtime = self._runtimes.pop(key)
-            for flow_id in list(runtime.outputs):
-                self._flows.pop(flow_id, None)
-            await runtime.close(gone)
+        for loaded in self.runtimes(name):
+            runtime = self.groups.unload(name, loaded.group.name)
+            if runtime is not None:
+                await runtime.close(gone)
         count = await self.store.delete_queue(name)
         old = self._queues.pop(name)
         for pattern in old.subscriptions:
@@ -206,18 +179,16 @@ class Broker(ProtocolState):
         as Pulsar refuses to delete a subscription with consumers: a bound consumer would
         otherwise re-create the group on its next reconnect."""
         await self.store.get_group(queue, name)
-        runtime = self._runtimes.get((queue, name))
+        runtime = self.groups.running(queue, name)
         if runtime is not None and runtime.outputs:
             raise Conflict(
                 f"group {name!r} of {queue!r} has {len(runtime.outputs)} bound consumer(s); "
                 "close them first"
             )
         if runtime is not None:
-            del self._runtimes[(queue, name)]
+            self.groups.unload(queue, name)
             await runtime.close()
-        if (queue, name) in self._leased:
-            self._leased.discard((queue, name))
-            await self.store.release_group_lease(queue, name, self.lease_owner)
+        await self.groups.release_lease(queue, name)
         await self.store.delete_group(queue, name)
 
     # --- Sink -----------------------------------------------------------------------
@@ -319,7 +290,7 @@ class Broker(ProtocolState):
     ) -> list[Receipt]:
         if self._closing:
             raise Unavailable("the gateway is shutting down")
-        now = self._clock()
+        now = self.clock()
         try:
             batches = [self._messages(principal, pub, now) for pub in publications]
         except KeygateError as e:
@@ -334,7 +305,7 @@ class Broker(ProtocolState):
             raise
         finally:
             self._appends_in_flight -= len(flat)
-        self.metrics.publish_latency.observe(self._clock() - now)
+        self.metrics.publish_latency.observe(self.clock() - now)
         receipts = []
         position = 0
         for batch, pub in zip(batches, publications, strict=True):
@@ -357,15 +328,15 @@ class Broker(ProtocolState):
         by_queue: dict[str, list[Message]] = {}
         for message in messages:
             by_queue.setdefault(message.queue, []).append(message)
-        for (queue, _), runtime in self._runtimes.items():
+        for queue, runtime in self.groups.items():
             if queue in by_queue:
                 runtime.append(by_queue[queue])
 
     async def check_heads(self) -> None:
         """Let running groups see rows other writers appended (a Spark job's dead letters,
         a fenced-off gateway's last commits): one query for every queue with a group."""
-        advanced = await self.store.foreign_heads(queue for queue, _ in self._runtimes)
-        for (queue, _), runtime in list(self._runtimes.items()):
+        advanced = await self.store.foreign_heads(queue for queue, _ in self.groups.items())
+        for queue, runtime in self.groups.items():
             if queue in advanced:
                 runtime.heads(advanced[queue])
 
@@ -413,28 +384,6 @@ class Broker(ProtocolState):
 
     # --- consumers --------------------------------------------------------------------
 
-    async def _runtime(self, wanted: GroupConfig) -> GroupRuntime:
-        key = (wanted.queue, wanted.name)
-        lock = self._loading.setdefault(key, asyncio.Lock())
-        async with lock:
-            runtime = self._runtimes.get(key)
-            if runtime is None:
-                group, snapshot = await self.store.create_group(wanted, exist_ok=True)
-                queue = self.queue(wanted.queue)
-                machine = GroupMachine(
-                    queue,
-                    group,
-                    now=self._clock(),
-                    snapshot=snapshot,
-                    buffer_size=self.config.buffer_size,
-                )
-                runtime = GroupRuntime(
-                    self.store, machine, queue, group, self._hooks, clock=self._clock
-                )
-                runtime.start()
-                self._runtimes[key] = runtime
-        return runtime
-
     async def bind(
         self, principal: Principal, request: BindRequest, output: FlowOutput
     ) -> BindResult:
@@ -457,12 +406,8 @@ class Broker(ProtocolState):
             tags,
             request.ack_timeout,
         )
-        runtime = await self._runtime(wanted)
-        # Raises GroupLeased while a Spark job holds the group.
-        await self.store.acquire_group_lease(
-            queue, group, "native", self.lease_owner, ttl=GROUP_LEASE_TTL, now=self._clock()
-        )
-        self._leased.add((queue, group))
+        runtime = await self.groups.load(wanted)
+        await self.groups.lease(queue, group)  # GroupLeased while a Spark job holds it
         actual = runtime.group
         if request.mode is not None and actual.mode != request.mode:
             raise Conflict(f"group {group!r} exists in mode {actual.mode}, not {request.mode}")
@@ -472,7 +417,7 @@ class Broker(ProtocolState):
         partitions = runtime.bind(
             flow_id, request.client, window, request.ack_mode, request.previous, output
         )
-        self._flows[flow_id] = _Flow(runtime, principal)
+        self.groups.add_flow(flow_id, runtime, principal)
         log.info(
             "flow %s of %s/%s bound by %s client %s with partitions %s",
             flow_id,
@@ -486,7 +431,7 @@ class Broker(ProtocolState):
         return BindResult(flow_id, partitions, actual, window)
 
     def settle(self, principal: Principal, flow_id: str, event: Settle) -> None:
-        flow = self._flows.get(flow_id)
+        flow = self.groups.flow(flow_id)
         # The one ownership check: flow ids are not secret (inspection lists them).
         if flow is not None and flow.principal.connection != principal.connection:
             raise PermissionDenied("flow belongs to another connection")
@@ -511,7 +456,7 @@ class Broker(ProtocolState):
             case Credit():
                 runtime.credit(flow_id, min(event.window, self.config.max_window))
             case Unbind():
-                del self._flows[flow_id]
+                self.groups.remove_flow(flow_id)
                 runtime.unbind(flow_id, shutdown=event.shutdown)
                 log.info(
                     "flow %s of %s/%s unbound%s",
@@ -525,7 +470,7 @@ class Broker(ProtocolState):
     # --- inspection ---------------------------------------------------------------------
 
     def runtimes(self, queue: str | None = None) -> list[GroupRuntime]:
-        return [rt for (q, _), rt in sorted(self._runtimes.items()) if queue in (None, q)]
+        return self.groups.runtimes(queue)
 
     def _group_gauges(self) -> Iterable[GroupGauge]:
         heads = self.store.heads
@@ -561,15 +506,3 @@ class Broker(ProtocolState):
                 in_flight.get(queue.name, 0),
                 depths.get(dlq, (0, 0))[0] if dlq else 0,
             )
-
-    async def renew_group_leases(self) -> None:
-        """Renew the native lease of every group with bound flows; release the others."""
-        for key in sorted(self._leased):
-            runtime = self._runtimes.get(key)
-            if runtime is not None and runtime.outputs:
-                await self.store.acquire_group_lease(
-                    *key, "native", self.lease_owner, ttl=GROUP_LEASE_TTL, now=self._clock()
-                )
-            else:
-                self._leased.discard(key)
-                await self.store.release_group_lease(*key, self.lease_owner)

@@ -6,9 +6,7 @@ why they live beside it in ``gateway/``."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import dataclasses
 import functools
 import logging
 from typing import TYPE_CHECKING, Final
@@ -38,8 +36,9 @@ async def reset_group(
     await broker.store.get_group(queue, name)
     # Held while the group is rewritten, so a consumer binding meanwhile loads the group
     # after the reset, not before it.
-    async with broker._loading.setdefault((queue, name), asyncio.Lock()):
-        runtime = broker._runtimes.get((queue, name))
+    groups = broker.groups
+    async with groups.lock(queue, name):
+        runtime = groups.running(queue, name)
         bound = [] if runtime is None else runtime.status().flows
         if bound and not force:
             raise Conflict(
@@ -47,13 +46,14 @@ async def reset_group(
                 "them first or force the reset"
             )
         outputs = {} if runtime is None else dict(runtime.outputs)
+        owners = {flow.flow_id: groups.flow(flow.flow_id) for flow in bound}
         if runtime is not None:
-            del broker._runtimes[(queue, name)]
+            groups.unload(queue, name)
             await runtime.close()
         positions = await broker.store.reset_group(queue, name, target)
     if bound:
         assert runtime is not None
-        reloaded = await broker._runtime(runtime.group)
+        reloaded = await groups.load(runtime.group)
         for flow in bound:
             reloaded.bind(
                 flow.flow_id,
@@ -63,9 +63,9 @@ async def reset_group(
                 frozenset(flow.partitions),
                 outputs[flow.flow_id],
             )
-            broker._flows[flow.flow_id] = dataclasses.replace(
-                broker._flows[flow.flow_id], runtime=reloaded
-            )
+            owner = owners[flow.flow_id]
+            assert owner is not None
+            groups.move_flow(flow.flow_id, reloaded, owner.principal)
     log.info(
         "group %s/%s reset to %s: %s",
         queue,
@@ -84,7 +84,7 @@ async def release_key(
     ``skip`` its messages published until now are dead-lettered first. Loads the group
     if it is not running here. Returns the partitions the key was parked in; raises
     GroupNotFound, KeyNotParked."""
-    runtime = await broker._runtime(await broker.store.get_group(queue, name))
+    runtime = await broker.groups.load(await broker.store.get_group(queue, name))
     partitions = [p.partition for p in runtime.machine.parked_keys() if p.key == key]
     runtime.release_key(key, skip=skip)
     await runtime.flush()  # the release (and any skipped letters) is in SQL on return
@@ -119,17 +119,17 @@ async def redrive(
     keys = sorted((dlq, g.name) for g in await broker.store.list_groups(dlq))
     async with contextlib.AsyncExitStack() as stack:
         for k in keys:
-            await stack.enter_async_context(broker._loading.setdefault(k, asyncio.Lock()))
+            await stack.enter_async_context(broker.groups.lock(*k))
         busy = [rt for rt in broker.runtimes(dlq) if rt.outputs]
         if busy:
             raise Conflict(f"queue {dlq!r} has bound consumers; close them before a redrive")
         for k in keys:
-            if (runtime := broker._runtimes.pop(k, None)) is not None:
+            if (runtime := broker.groups.unload(*k)) is not None:
                 await runtime.close()
         moved = skipped = 0
         after = (-1, 0)
         while limit is None or moved < limit:
-            now = broker._clock()
+            now = broker.clock()
             batch = await redrive_batch(
                 broker.store,
                 dlq,

@@ -79,7 +79,7 @@ class Housekeeping:
                     await store.retention(now=self._clock())
                     await store.expire_mqtt_sessions(now=self._clock())
                     await self._write_pending()
-                    await broker.renew_group_leases()
+                    await broker.groups.renew_leases()
                 elif ticks % PROMPT_RETENTION_TICKS == 0 and await self._filling():
                     await store.retention(now=self._clock())
                 if self._hinted or ticks % heads_every == 0:

@@ -10,7 +10,7 @@ from storage.store import SqlStore
 
 class ProtocolState:
     store: SqlStore
-    _clock: Callable[[], float]
+    clock: Callable[[], float]
 
     async def amqp_exchanges(self) -> dict[str, str]:
         return await self.store.amqp_exchanges()
@@ -19,12 +19,12 @@ class ProtocolState:
         await self.store.save_amqp_exchange(name, type_name)
 
     async def mqtt_session(self, client_id: str) -> set[int] | None:
-        return await self.store.mqtt_session(client_id, now=self._clock())
+        return await self.store.mqtt_session(client_id, now=self.clock())
 
     async def save_mqtt_session(
         self, client_id: str, qos2_waiting: frozenset[int], *, expires_in: float | None
     ) -> None:
-        expires_at = None if expires_in is None else self._clock() + expires_in
+        expires_at = None if expires_in is None else self.clock() + expires_in
         await self.store.save_mqtt_session(client_id, qos2_waiting, expires_at=expires_at)
 
     async def drop_mqtt_session(self, client_id: str) -> None:

@@ -195,7 +195,7 @@ class Gateway:
         self.broker = Broker(self.store, self.config, Metrics())
         self.broker.metrics.active.set(1)
         # Flows of an earlier run (a crash leaves their rows) died with its connections.
-        await self.store.forget_consumers(self.broker.lease_owner)
+        await self.store.forget_consumers(self.broker.groups.lease_owner)
         await self.broker.start()
         self._housekeeping = Housekeeping(self.broker)
         self._housekeeping.start()

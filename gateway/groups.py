@@ -1,0 +1,163 @@
+"""The consumer groups running in this gateway, and the flows bound to them.
+
+How it works. A group's ``GroupRuntime`` (its state machine and executor) is loaded on
+first use — a bind, a key release — from its stored state, under a lock per group, so a
+bind racing a reset or a redrive loads the group after it, never before. Every bound flow
+is remembered with its runtime and the principal that bound it: ``Broker.settle`` checks
+ownership against it. The native group lease (which keeps a Spark job off a group that
+gateway consumers use) is held while a group has flows and renewed by housekeeping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Final
+
+from core.errors import KeygateError
+from core.group import GroupMachine
+from core.model import GroupConfig, QueueConfig
+from gateway.config import GatewayConfig
+from gateway.metrics import RuntimeMetrics
+from gateway.runtime import GroupRuntime
+from protocols.sink import Principal
+from storage import SqlStore
+
+GROUP_LEASE_TTL: Final = 30.0
+
+_Key = tuple[str, str]  # (queue, group)
+
+
+@dataclass(frozen=True, slots=True)
+class BoundFlow:
+    runtime: GroupRuntime
+    principal: Principal
+
+
+class Groups:
+    def __init__(
+        self,
+        store: SqlStore,
+        config: GatewayConfig,
+        hooks: RuntimeMetrics,
+        queue_of: Callable[[str], QueueConfig],
+        clock: Callable[[], float],
+        log_warning: Callable[..., None],
+    ) -> None:
+        self._store = store
+        self._config = config
+        self._hooks = hooks
+        self._queue_of = queue_of
+        self._clock = clock
+        self._warn = log_warning
+        self._runtimes: dict[_Key, GroupRuntime] = {}
+        self._loading: dict[_Key, asyncio.Lock] = {}
+        self._flows: dict[str, BoundFlow] = {}
+        # The lease separates native consumers from Spark jobs, not gateways from each
+        # other (kg_gateway_lease does that): owned by the gateway's name, so the gateway
+        # that takes over after a crash or failover keeps the groups.
+        self.lease_owner = f"gateway:{config.name}"
+        self._leased: set[_Key] = set()
+
+    # --- runtimes ---------------------------------------------------------------------
+
+    def lock(self, queue: str, group: str) -> asyncio.Lock:
+        """Held while a group is loaded, unloaded or rewritten."""
+        return self._loading.setdefault((queue, group), asyncio.Lock())
+
+    async def load(self, wanted: GroupConfig) -> GroupRuntime:
+        """The group's runtime, loaded (and the group created) on first use."""
+        key = (wanted.queue, wanted.name)
+        async with self.lock(*key):
+            runtime = self._runtimes.get(key)
+            if runtime is None:
+                group, snapshot = await self._store.create_group(wanted, exist_ok=True)
+                queue = self._queue_of(wanted.queue)
+                machine = GroupMachine(
+                    queue,
+                    group,
+                    now=self._clock(),
+                    snapshot=snapshot,
+                    buffer_size=self._config.buffer_size,
+                )
+                runtime = GroupRuntime(
+                    self._store, machine, queue, group, self._hooks, clock=self._clock
+                )
+                runtime.start()
+                self._runtimes[key] = runtime
+        return runtime
+
+    def running(self, queue: str, group: str) -> GroupRuntime | None:
+        return self._runtimes.get((queue, group))
+
+    def runtimes(self, queue: str | None = None) -> list[GroupRuntime]:
+        """The loaded runtimes (of ``queue``), by queue and group."""
+        return [rt for (q, _), rt in sorted(self._runtimes.items()) if queue in (None, q)]
+
+    def items(self) -> Iterator[tuple[str, GroupRuntime]]:
+        """(queue, runtime) of every loaded group."""
+        return ((queue, rt) for (queue, _), rt in list(self._runtimes.items()))
+
+    def unload(self, queue: str, group: str) -> GroupRuntime | None:
+        """Forget a loaded runtime (the caller closes it) and the flows bound to it."""
+        runtime = self._runtimes.pop((queue, group), None)
+        if runtime is not None:
+            for flow_id in list(runtime.outputs):
+                self._flows.pop(flow_id, None)
+        return runtime
+
+    # --- flows ------------------------------------------------------------------------
+
+    def add_flow(self, flow_id: str, runtime: GroupRuntime, principal: Principal) -> None:
+        self._flows[flow_id] = BoundFlow(runtime, principal)
+
+    def flow(self, flow_id: str) -> BoundFlow | None:
+        return self._flows.get(flow_id)
+
+    def remove_flow(self, flow_id: str) -> None:
+        self._flows.pop(flow_id, None)
+
+    def move_flow(self, flow_id: str, runtime: GroupRuntime, principal: Principal) -> None:
+        """The flow is bound again to a reloaded runtime of its group (a forced reset)."""
+        self._flows[flow_id] = BoundFlow(runtime, principal)
+
+    # --- native group leases ------------------------------------------------------------
+
+    async def lease(self, queue: str, group: str) -> None:
+        """Take the group's native lease; raises GroupLeased while a Spark job holds it."""
+        await self._store.acquire_group_lease(
+            queue, group, "native", self.lease_owner, ttl=GROUP_LEASE_TTL, now=self._clock()
+        )
+        self._leased.add((queue, group))
+
+    async def release_lease(self, queue: str, group: str) -> None:
+        if (queue, group) in self._leased:
+            self._leased.discard((queue, group))
+            await self._store.release_group_lease(queue, group, self.lease_owner)
+
+    async def renew_leases(self) -> None:
+        """Renew the native lease of every group with bound flows; release the others."""
+        for key in sorted(self._leased):
+            runtime = self._runtimes.get(key)
+            if runtime is not None and runtime.outputs:
+                await self._store.acquire_group_lease(
+                    *key, "native", self.lease_owner, ttl=GROUP_LEASE_TTL, now=self._clock()
+                )
+            else:
+                await self.release_lease(*key)
+
+    async def close(self) -> None:
+        """Flush every group's acks, stop the runtimes and release the leases."""
+        await asyncio.gather(*(rt.close() for rt in self._runtimes.values()))
+        for queue, group in sorted(self._leased):
+            try:
+                await self._store.release_group_lease(queue, group, self.lease_owner)
+            except KeygateError as e:
+                self._warn("releasing the lease of %s/%s failed: %s", queue, group, e)
+        self._leased.clear()
+        self._runtimes.clear()
+        self._flows.clear()
+
+
+__all__ = ["GROUP_LEASE_TTL", "BoundFlow", "Groups"]
