@@ -31,7 +31,7 @@ from core.model import AckMode
 from protocols import sink as settles
 from protocols.amqp import events as ev
 from protocols.amqp.connection import AmqpConnection
-from protocols.amqp.consumers import Outcome
+from protocols.amqp.consumers import ConsumeRequest, Outcome
 from protocols.amqp.consuming import get_tag
 from protocols.sink import BindRequest, Principal, Sink
 
@@ -150,31 +150,39 @@ class ConsumerFlows:
         if output is not None:
             self.sink.settle(principal, output.flow_id, settles.Unbind())
 
+    async def _bind(
+        self,
+        principal: Principal,
+        request: ConsumeRequest,
+        output: _ConsumerOutput | _GetterOutput,
+    ) -> None:
+        result = await self.sink.bind(
+            principal,
+            BindRequest(
+                queue=request.queue,
+                group=request.group,
+                client=self._client,
+                window=request.prefetch,
+                ack_mode=AckMode.AUTO if request.no_ack else AckMode.CLIENT,
+                tags=request.tags,
+                mode=request.mode,
+                key_order=request.key_order,
+                start=request.start,
+                ack_timeout=request.ack_timeout,
+            ),
+            output,
+        )
+        output.flow_id = result.flow_id
+
     async def _consume(self, principal: Principal, op: ev.Consume) -> None:
         request = op.request
         key = (op.channel, op.serial, request.consumer_tag)
         output = _ConsumerOutput(self, key, request.no_ack)
         try:
-            result = await self.sink.bind(
-                principal,
-                BindRequest(
-                    queue=request.queue,
-                    group=request.group,
-                    client=self._client,
-                    window=request.prefetch,
-                    ack_mode=AckMode.AUTO if request.no_ack else AckMode.CLIENT,
-                    tags=request.tags,
-                    mode=request.mode,
-                    key_order=request.key_order,
-                    start=request.start,
-                    ack_timeout=request.ack_timeout,
-                ),
-                output,
-            )
+            await self._bind(principal, request, output)
         except KeygateError as e:
             self.connection.consumed(op, e)
             return
-        output.flow_id = result.flow_id
         self.outputs[key] = output
         if not self.connection.is_current(op):
             self._unbind(principal, key)  # the channel closed while the flow was bound
@@ -182,27 +190,18 @@ class ConsumerFlows:
         self.connection.consumed(op, None)
 
     async def _get(self, principal: Principal, op: ev.Get) -> None:
-        key = (op.channel, op.serial, get_tag(op.queue, op.group))
+        tag = get_tag(op.queue, op.group)
+        key = (op.channel, op.serial, tag)
         getter = self.outputs.get(key)
         wait = GET_WAIT
         if not isinstance(getter, _GetterOutput):
             getter = _GetterOutput(op.no_ack)
+            request = ConsumeRequest(tag, op.queue, op.group, op.no_ack, prefetch=1)
             try:
-                result = await self.sink.bind(
-                    principal,
-                    BindRequest(
-                        queue=op.queue,
-                        group=op.group,
-                        client=self._client,
-                        window=1,
-                        ack_mode=AckMode.AUTO if op.no_ack else AckMode.CLIENT,
-                    ),
-                    getter,
-                )
+                await self._bind(principal, request, getter)
             except KeygateError as e:
                 self.connection.operation_done(op, 0, e)
                 return
-            getter.flow_id = result.flow_id
             self.outputs[key] = getter
             wait = FIRST_GET_WAIT
         if not getter.waiting:

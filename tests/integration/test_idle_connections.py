@@ -11,20 +11,12 @@ import socket
 
 from gateway.client import Client
 from protocols.native.connection import ClientConnection
-from protocols.native.events import Bind, BindOk, Error, Event, Hello, HelloOk
+from protocols.native.events import Bind, BindOk, Error, Hello, HelloOk
 from tests.integration.conftest import native_url, start_gateway
 from tests.integration.sqlcheck import declare
+from tests.support.native_raw import expect
 
 IDLE = 0.5
-
-
-def _expect(sock: socket.socket, conn: ClientConnection, kind: type[Event]) -> Event:
-    while (event := conn.next_event()) is None:
-        data = sock.recv(65536)
-        assert data, "gateway closed the connection"
-        conn.receive_data(data)
-    assert isinstance(event, kind), event
-    return event
 
 
 def _silent_consumer(port: int) -> tuple[socket.socket, ClientConnection]:
@@ -33,10 +25,10 @@ def _silent_consumer(port: int) -> tuple[socket.socket, ClientConnection]:
     try:
         conn = ClientConnection()
         sock.sendall(conn.send(Hello(client_name="silent")))
-        _expect(sock, conn, HelloOk)
+        expect(sock, conn, HelloOk)
         bind = Bind(request_id=conn.next_request_id(), queue="idle", group="g", window=10)
         sock.sendall(conn.send(bind))
-        _expect(sock, conn, BindOk)
+        expect(sock, conn, BindOk)
     except BaseException:
         sock.close()
         raise

@@ -26,8 +26,9 @@ from gateway.client import Client
 from gateway.inspect import inspect_queue
 from gateway.server import Gateway
 from protocols.native.connection import ClientConnection
-from protocols.native.events import Bind, BindOk, Event, Hello, HelloOk
+from protocols.native.events import Bind, BindOk, Hello, HelloOk
 from tests.integration.conftest import native_url
+from tests.support.native_raw import expect
 from tests.support.serve import serve
 from tests.support.wait import eventually
 
@@ -53,22 +54,13 @@ def _kernel_buffers() -> int:
     return wmem + rmem
 
 
-def _expect(sock: socket.socket, conn: ClientConnection, kind: type[Event]) -> Event:
-    while (event := conn.next_event()) is None:
-        data = sock.recv(65536)
-        assert data, "gateway closed the connection"
-        conn.receive_data(data)
-    assert isinstance(event, kind), event
-    return event
-
-
 def _stalled_consumer(port: int, queue: str, group: str) -> socket.socket:
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
     sock.connect(("127.0.0.1", port))
     conn = ClientConnection()
     sock.sendall(conn.send(Hello(client_name="stalled")))
-    _expect(sock, conn, HelloOk)
+    expect(sock, conn, HelloOk)
     bind = Bind(
         request_id=conn.next_request_id(),
         queue=queue,
@@ -77,7 +69,7 @@ def _stalled_consumer(port: int, queue: str, group: str) -> socket.socket:
         ack_mode=AckMode.AUTO,
     )
     sock.sendall(conn.send(bind))
-    _expect(sock, conn, BindOk)
+    expect(sock, conn, BindOk)
     return sock  # and never read again
 
 
