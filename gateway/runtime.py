@@ -5,7 +5,8 @@ synchronously — it is pure and fast — and queue the returned action lists. O
 task drains that queue in order, merging whatever has piled up into one step:
 
 1. ``RecordDispatch`` records are written (one group-committed write) *before* any
-   ``Deliver`` of the step is handed to a flow, so delivery counts survive a crash.
+   ``Deliver`` of the step is handed to a flow, so delivery counts survive a crash. A
+   step of first sends inside their partitions' reservations has none and sends at once.
 2. ``DeadLetter`` copies are written together with the newest offsets and the parked-key
    changes (``KeyParked``/``KeyReleased``) in one transaction;
    otherwise ``OffsetUpdate``\\ s (idempotent full state per partition) are kept in
@@ -80,6 +81,7 @@ def _merge_dispatch(records: Iterable[RecordDispatch]) -> list[RecordDispatch]:
                 rec.partition,
                 max(old.dispatched_seq, rec.dispatched_seq),
                 old.redeliveries + rec.redeliveries,
+                max(old.reserved_seq, rec.reserved_seq),
             )
     return list(merged.values())
 
