@@ -5,7 +5,8 @@ actions, in the order they must be carried out. The owner (the gateway broker) f
 three rules:
 
 1. ``RecordDispatch`` actions must be durable before any ``Deliver`` that follows them in
-   the same list is sent (so delivery counts survive a crash, DESIGN.md §4).
+   the same list is sent (so delivery counts survive a crash, DESIGN.md §4). A first
+   delivery inside the partition's durable reservation comes with no record.
 2. ``DeadLetter`` and the ``OffsetUpdate`` that settles it are written in one transaction,
    with the ``KeyParked`` / ``KeyReleased`` changes of the same list.
 3. ``OffsetUpdate`` is idempotent full state for one (group, partition): the owner may
@@ -50,23 +51,29 @@ class Fetch:
 
 @dataclass(frozen=True, slots=True)
 class RecordDispatch:
-    """Durable before sending: first deliveries up to ``dispatched_seq`` happened, and the
-    listed messages are being (re)delivered with these counts."""
+    """Durable before sending: first deliveries up to ``dispatched_seq`` happened, first
+    deliveries up to ``reserved_seq`` may happen without another record, and the listed
+    messages are being (re)delivered with these counts."""
 
     partition: int
     dispatched_seq: int
     # (seq, delivery_count, first_delivery_time) of redeliveries; empty for first sends.
     redeliveries: tuple[tuple[int, int, float], ...] = ()
+    reserved_seq: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class OffsetUpdate:
     """Full ack state of one (group, partition): everything <= committed_seq is done, plus
-    ``acked_above``. Storage drops delivery records of every settled seq."""
+    ``acked_above``. Storage drops delivery records of every settled seq. It also carries
+    the first-delivery position ``dispatched_seq`` (never moves back in storage) and the
+    dispatch reservation ``reserved_seq`` (written as is: a reservation may shrink)."""
 
     partition: int
     committed_seq: int
     acked_above: SeqRanges = ()
+    dispatched_seq: int = 0
+    reserved_seq: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +166,7 @@ class PartitionSnapshot:
     committed_seq: int = 0
     acked_above: SeqRanges = ()
     dispatched_seq: int = 0
+    reserved_seq: int = 0
     deliveries: tuple[DeliveryRecord, ...] = ()
 
 

@@ -3,7 +3,8 @@ the pump that turns them into Deliver actions (DESIGN.md §4 Delivery, Settle, p
 
 How it works. Per partition, due retries go first (seq order), then buffered messages in
 seq order, each only if its key is not held back and a flow has room in its window;
-``RecordDispatch`` precedes the partition's ``Deliver`` actions. A message of key K is
+a ``RecordDispatch`` precedes the partition's ``Deliver`` actions when they need one (a
+redelivery, or a first send above the partition's reservation). A message of key K is
 held back while an earlier message of K waits for redelivery (both key orders) or while a
 message of K is unacked (``strict``). A scheduled message (deliver_at) takes its place in
 its key's order when it becomes due: it does not hold back later messages of its key, and
@@ -11,6 +12,17 @@ once due it waits like any other. Seq gaps between messages read from storage ar
 as they are seen, so the committed seq advances over them. Recovery counts every unsettled
 seq <= dispatched_seq as possibly seen (one more delivery), including seqs that were
 skipped because their key was held back.
+
+Dispatch reservation (docs/performance.md). A record that must precede a first send also
+reserves ``DISPATCH_AHEAD`` seqs beyond it while the partition flows, so the first sends
+that follow need no commit of their own; the position actually sent travels lazily with
+the next ``OffsetUpdate``. A partition that cannot send (no owner, window full) gives its
+reservation back at once in memory and with that update in storage. Recovery counts an
+unsettled seq in (dispatched_seq, reserved_seq] with no record as maybe seen too, but that
+count alone never dead-letters it: it is delivered once more, flagged redelivered, with
+its count capped at max_deliveries and recorded before it is sent, so a message that
+crashes the gateway still reaches the dead-letter queue and one never sent is never
+dead-lettered unseen.
 
 Poison policy (QueueConfig.on_dead_letter). When a message of key K is dead-lettered for
 failing (max deliveries, rejected; not expiry), ``park_key`` parks K in its partition: its
@@ -59,6 +71,8 @@ from core.model import (
 )
 from core.partition import Flow, Partition, Retry, Sent, property_text
 
+# Seqs a first-send record reserves beyond the highest one sent.
+DISPATCH_AHEAD: Final = 1024
 WAKE: Final = 0
 EXPIRE: Final = 1
 ACK_TIMEOUT: Final = 2
@@ -125,8 +139,10 @@ class DeliveryBook:
         prior = part.records.pop(seq, None)
         if part.ledger.is_settled(seq):
             return
-        if seq <= part.restored_dispatched and prior is None:
+        if prior is None and seq <= part.restored_reserved:
             prior = (1, None)
+            if seq > part.restored_dispatched:
+                part.maybe_seen.add(seq)
         if undeliverable:
             count, first_time = prior if prior is not None else (0, None)
             self._dead_letter(part, message, DeadLetterReason.UNDELIVERABLE, count, first_time)
@@ -146,7 +162,7 @@ class DeliveryBook:
             # A parked key's messages wait for an operator who asked for them to flow:
             # their next delivery decides (recovery may count one it never had).
             over = self._queue.max_deliveries and prior[0] >= self._queue.max_deliveries
-            if over and message.key not in part.parked:
+            if over and message.key not in part.parked and seq not in part.maybe_seen:
                 self._dead_letter(part, message, DeadLetterReason.MAX_DELIVERIES, *prior)
                 return
             part.prior[seq] = prior
@@ -348,12 +364,16 @@ class DeliveryBook:
         self._shared_flows = self._running()
         shared = self._group.mode is GroupMode.SHARED
         if shared and not any(flow.has_room() for flow in self._shared_flows):
+            for p in self._work:
+                self._give_back(self._parts[p])
             return
         for p in sorted(self._work):
             part = self._parts[p]
             # Skipping full flows keeps an ack O(partitions with work), not O(backlog).
             if shared or self._pick(part) is not None:
                 self._pump_partition(part, now)
+            else:
+                self._give_back(part)
             if not part.buffer and not part.retry:
                 self._work.discard(p)
 
@@ -371,6 +391,7 @@ class DeliveryBook:
         redeliveries: list[tuple[int, int, float]] = []
         dispatched = part.dispatched
         held_back: set[str] = set()
+        stalled = False
         for seq in sorted(part.retry):
             entry = part.retry[seq]
             key = entry.message.key
@@ -391,11 +412,12 @@ class DeliveryBook:
                 continue
             flow = self._pick(part)
             if flow is None:
+                stalled = True
                 break
             self._remove_retry(part, seq)
             first_time = entry.first_time if entry.first_time is not None else now
             redeliveries.append((seq, entry.count, first_time))
-            sends.append(self._send(part, flow, entry.message, entry.count, first_time, now))
+            sends.append(self._send(part, flow, entry.message, entry.count, first_time, now, True))
         for seq in list(part.buffer):
             message = part.buffer[seq]
             if self._blocked(part, message.key, held_back):
@@ -408,11 +430,15 @@ class DeliveryBook:
                 continue
             flow = self._pick(part)
             if flow is None:
+                stalled = True
                 break
             del part.buffer[seq]
             prior = part.prior.pop(seq, None)
             if prior is not None:
                 count, first_time = prior[0] + 1, prior[1] if prior[1] is not None else now
+                if seq in part.maybe_seen:
+                    part.maybe_seen.discard(seq)
+                    count = min(count, self._queue.max_deliveries or count)
                 redeliveries.append((seq, count, first_time))
             else:
                 count, first_time = 1, now
@@ -420,14 +446,38 @@ class DeliveryBook:
                     dispatched = seq
                 else:  # sent out of seq order (held back or scheduled): record it
                     redeliveries.append((seq, 1, now))
-            sends.append(self._send(part, flow, message, count, first_time, now))
-        if not sends:
-            return
+            sends.append(self._send(part, flow, message, count, first_time, now, prior is not None))
+        if sends:
+            self._record(part, dispatched, redeliveries, stalled)
+            self._out.extend(sends)
+        if stalled:
+            self._give_back(part)
+
+    def _record(
+        self,
+        part: Partition,
+        dispatched: int,
+        redeliveries: list[tuple[int, int, float]],
+        stalled: bool,
+    ) -> None:
+        """Before the partition's sends: a RecordDispatch if any needs one (reserving ahead
+        while the partition flows), else the new position for the next OffsetUpdate."""
         self._fetch_check.add(part.index)
-        if dispatched != part.dispatched or redeliveries:
+        if dispatched != part.dispatched:
             part.dispatched = dispatched
-            self._out.append(RecordDispatch(part.index, dispatched, tuple(redeliveries)))
-        self._out.extend(sends)
+            self._dirty.add(part.index)
+        if dispatched > part.reserved or redeliveries:
+            ahead = dispatched if stalled else dispatched + DISPATCH_AHEAD
+            part.reserved = max(part.reserved, ahead)
+            self._dirty.add(part.index)
+            record = RecordDispatch(part.index, dispatched, tuple(redeliveries), part.reserved)
+            self._out.append(record)
+
+    def _give_back(self, part: Partition) -> None:
+        """A partition that cannot send keeps no reservation ahead of what it sent."""
+        if part.reserved > part.dispatched:
+            part.reserved = part.dispatched
+            self._dirty.add(part.index)
 
     def _send(
         self,
@@ -437,6 +487,7 @@ class DeliveryBook:
         count: int,
         first_time: float,
         now: float,
+        redelivered: bool,
     ) -> Deliver:
         # An auto-ack delivery is held like any other until its owner acks it, which it
         # does once the message is written to the consumer's socket: the window bounds it,
@@ -451,7 +502,7 @@ class DeliveryBook:
         if self._group.ack_timeout is not None and flow.ack_mode is AckMode.CLIENT:
             deadline = now + self._group.ack_timeout
             heapq.heappush(self._timers, (deadline, ACK_TIMEOUT, part.index, seq, count))
-        return Deliver(flow.flow_id, message, count, count > 1)
+        return Deliver(flow.flow_id, message, count, redelivered)
 
     def _request_fetches(self) -> None:
         shared_ready = self._group.mode is GroupMode.SHARED and bool(self._flows)

@@ -313,9 +313,16 @@ class GroupMachine(DeliveryBook):
         return self._finish(now)
 
     def close(self) -> list[Action]:
-        """Final ack state of every partition, for a clean shutdown."""
+        """Final ack state of every partition, for a clean shutdown: no reservation is
+        left ahead of what was sent, so a restart counts nothing unsent as maybe seen."""
         return [
-            OffsetUpdate(part.index, part.ledger.committed, part.ledger.ranges())
+            OffsetUpdate(
+                part.index,
+                part.ledger.committed,
+                part.ledger.ranges(),
+                part.dispatched,
+                part.dispatched,
+            )
             for part in self._parts
         ]
 
@@ -402,8 +409,12 @@ class GroupMachine(DeliveryBook):
         self._pump(now)
         self._request_fetches()
         for p in sorted(self._dirty):
-            ledger = self._parts[p].ledger
-            self._out.append(OffsetUpdate(p, ledger.committed, ledger.ranges()))
+            part = self._parts[p]
+            ledger = part.ledger
+            update = OffsetUpdate(
+                p, ledger.committed, ledger.ranges(), part.dispatched, part.reserved
+            )
+            self._out.append(update)
         self._dirty.clear()
         out, self._out = self._out, []
         return out

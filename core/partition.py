@@ -121,8 +121,16 @@ class Partition:
         # (state, flow id) last written through; None forces the first write.
         self.announced: tuple[PartitionState, str | None] | None = None
         self.ledger = AckLedger(snapshot.committed_seq, snapshot.acked_above)
+        # Highest seq sent a first time; first sends up to ``reserved`` need no record
+        # (the reservation is durable). A reservation of a crashed run ends at the head
+        # the next run found (SqlStore.forget_consumers).
         self.dispatched = snapshot.dispatched_seq
+        self.reserved = max(snapshot.reserved_seq, snapshot.dispatched_seq)
         self.restored_dispatched = snapshot.dispatched_seq
+        self.restored_reserved = self.reserved
+        # Buffered seqs in (restored_dispatched, restored_reserved]: maybe seen before the
+        # restart; their recovered count never dead-letters them by itself.
+        self.maybe_seen: set[int] = set()
         self.records: dict[int, tuple[int, float | None]] = {
             record.seq: (record.delivery_count, record.first_delivery_time)
             for record in snapshot.deliveries

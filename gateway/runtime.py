@@ -5,13 +5,16 @@ synchronously — it is pure and fast — and queue the returned action lists. O
 task drains that queue in order, merging whatever has piled up into one step:
 
 1. ``RecordDispatch`` records are written (one group-committed write) *before* any
-   ``Deliver`` of the step is handed to a flow, so delivery counts survive a crash.
+   ``Deliver`` of the step is handed to a flow, so delivery counts survive a crash. A
+   step of first sends inside their partitions' reservations has none and sends at once.
 2. ``DeadLetter`` copies are written together with the newest offsets and the parked-key
    changes (``KeyParked``/``KeyReleased``) in one transaction;
    otherwise ``OffsetUpdate``\\ s (idempotent full state per partition) are kept in
    ``_pending_offsets`` (``RetryScheduled`` records, for inspection, in
-   ``_pending_retries``) and written by the periodic flush, which also runs in this task so
-   an older offset can never overwrite a newer one.
+   ``_pending_retries``) and written by the periodic flush. The flush is started by this
+   task and runs beside it, so a step's deliveries never wait for it; a later flush, a
+   dead letter or a dispatch record waits for it first, so an older offset can never
+   overwrite a newer one (nor an older reservation a newer one).
 3. Assignment and flow changes are written through; then deliveries and partition changes
    are handed to the flows' outputs in the order the machine produced them.
 4. ``Fetch`` starts a read from SQL whose result is fed back with ``machine.loaded``.
@@ -80,6 +83,7 @@ def _merge_dispatch(records: Iterable[RecordDispatch]) -> list[RecordDispatch]:
                 rec.partition,
                 max(old.dispatched_seq, rec.dispatched_seq),
                 old.redeliveries + rec.redeliveries,
+                max(old.reserved_seq, rec.reserved_seq),
             )
     return list(merged.values())
 
@@ -110,6 +114,7 @@ class GroupRuntime:
         self._wake = asyncio.Event()
         self._armed: float | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._flushing: asyncio.Task[None] | None = None
         self._drain_waiters: list[asyncio.Future[None]] = []
         self._closed = False
 
@@ -120,10 +125,11 @@ class GroupRuntime:
         self._spawn(self._timer_forever())
         self.submit(self.machine.tick(self._clock()))
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._task_done)
+        return task
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
@@ -243,6 +249,7 @@ class GroupRuntime:
                     flush = True
                 else:
                     await self._step(batch, flush=True)
+                    await self._flushed()
                     batch, flush = [], False
                     while self._drain_waiters:
                         self._drain_waiters.pop().set_result(None)
@@ -303,8 +310,10 @@ class GroupRuntime:
         name, group = self.queue.name, self.group.name
         if dispatch:
             records = _merge_dispatch(dispatch)
+            await self._flushed()
             await self._persist(lambda: self.store.record_dispatch(name, group, records))
         if letters or (flush and (self._pending_offsets or self._pending_retries)):
+            await self._flushed()
             offsets = list(self._pending_offsets.values())
             self._pending_offsets.clear()
             retries = list(self._pending_retries.values())
@@ -319,8 +328,10 @@ class GroupRuntime:
                 keys = []
                 self._hooks.dead_lettered(name, group, len(letters))
             else:
-                await self._persist(
-                    lambda: self.store.write_offsets(name, group, offsets, retries=retries)
+                self._flushing = self._spawn(
+                    self._persist(
+                        lambda: self.store.write_offsets(name, group, offsets, retries=retries)
+                    )
                 )
         if keys:
             await self._persist(lambda: self.store.write_key_changes(name, group, keys))
@@ -335,6 +346,15 @@ class GroupRuntime:
         self._send(sends)
         for fetch in fetches:
             self._spawn(self._fetch(fetch))
+
+    async def _flushed(self) -> None:
+        """Wait for the offset flush running beside the executor, if any."""
+        if self._flushing is not None:
+            flushing, self._flushing = self._flushing, None
+            # A failure other than storage's is a bug, logged by _task_done; it must not
+            # fail the step that waits here.
+            with contextlib.suppress(Exception):
+                await flushing
 
     def _send(self, sends: list[Deliver | PartitionsChanged]) -> None:
         run: list[Deliver] = []

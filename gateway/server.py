@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import gc
 import json
 import logging
 import os
@@ -324,6 +325,11 @@ class Gateway:
     async def serve_forever(self) -> None:
         """Start, run until SIGTERM/SIGINT, then stop gracefully."""
         await self.start()
+        # Everything alive now (modules, SQLAlchemy's caches, the broker) lives as long as
+        # the process: keep it out of the collector's full passes, which otherwise stall
+        # the event loop for tens of milliseconds (docs/performance.md).
+        gc.collect()
+        gc.freeze()
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -213,6 +213,7 @@ class AdminOps(StoreBase):
                 .values(
                     committed_seq=head,
                     dispatched_seq=head,
+                    reserved_seq=head,
                     acked_above=[],
                     acked_count=0,
                     updated_at=time.time(),
@@ -310,6 +311,7 @@ class AdminOps(StoreBase):
                     .values(
                         committed_seq=committed,
                         dispatched_seq=committed,
+                        reserved_seq=committed,
                         acked_above=[],
                         acked_count=0,
                         updated_at=now,
@@ -369,6 +371,7 @@ class AdminOps(StoreBase):
                 committed_seq=row.committed_seq,
                 acked_above=decode_ranges(row.acked_above),
                 dispatched_seq=row.dispatched_seq,
+                reserved_seq=row.reserved_seq,
                 deliveries=tuple(deliveries.get(row.partition, ())),
             )
         k = kg_parked_keys

@@ -2,10 +2,11 @@
 
 Callers ``submit`` an item and await its result. A single writer task takes everything
 pending (bounded by ``max_weight``, e.g. messages), waits ``linger`` seconds once for
-more when the batch is not full, and hands the batch to ``process``, which runs one
-transaction and returns one result or exception per item. Futures resolve only after
-``process`` returns, that is after COMMIT. While a batch commits, new calls pile up and
-form the next batch, so under load batches grow without any linger at all.
+more when the batch is not full and the writer was idle, and hands the batch to
+``process``, which runs one transaction and returns one result or exception per item.
+Futures resolve only after ``process`` returns, that is after COMMIT. While a batch
+commits, new calls pile up and form the next batch, which goes at once: its first
+callers have waited a commit already, so under load batches grow without any linger.
 """
 
 from __future__ import annotations
@@ -68,14 +69,17 @@ class GroupCommitter(Generic[T, R]):
         return batch
 
     async def _run(self) -> None:
+        busy = False  # the previous batch left callers waiting
         while True:
             await self._wakeup.wait()
             self._wakeup.clear()
             if not self._pending:
                 if self._closing:
                     return
+                busy = False
                 continue
-            if self._linger > 0 and self._pending_weight < self._max_weight and not self._closing:
+            full = self._pending_weight >= self._max_weight
+            if self._linger > 0 and not (busy or full or self._closing):
                 await asyncio.sleep(self._linger)
             batch = self._take()
             try:
@@ -97,5 +101,6 @@ class GroupCommitter(Generic[T, R]):
                     future.set_exception(outcome)
                 else:
                     future.set_result(outcome)
+            busy = bool(self._pending)
             if self._pending or self._closing:
                 self._wakeup.set()

@@ -1,9 +1,11 @@
 """Consumer state: dispatch records, offsets, dead letters, assignments and flows.
 
 ``record_dispatch`` is group-committed like appends (the broker awaits it before sending,
-DESIGN.md §4 crash semantics) and writes only two things: the partition's dispatched seq
-(never moving backwards) and the delivery records of redeliveries. ``write_offsets``
-takes full, idempotent ack state and drops the delivery records of settled seqs.
+DESIGN.md §4 crash semantics) and writes only two things: the partition's dispatched and
+reserved seqs (never moving backwards) and the delivery records of redeliveries.
+``write_offsets`` takes full, idempotent ack state and drops the delivery records of
+settled seqs; it moves dispatched_seq forwards only and sets reserved_seq as given (a
+reservation shrinks when its partition stops sending, docs/performance.md).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from storage.schema import (
     kg_groups,
     kg_parked_keys,
     kg_partition_assignments,
+    kg_partitions,
 )
 
 DISPATCH_BATCH: Final = 1000
@@ -75,6 +78,10 @@ _ADVANCE_DISPATCHED: Final = (
             (sa.bindparam("b_seq") > _o.c.dispatched_seq, sa.bindparam("b_seq")),
             else_=_o.c.dispatched_seq,
         ),
+        reserved_seq=sa.case(
+            (sa.bindparam("b_reserved") > _o.c.reserved_seq, sa.bindparam("b_reserved")),
+            else_=_o.c.reserved_seq,
+        ),
         updated_at=sa.bindparam("b_now"),
     )
 )
@@ -85,6 +92,11 @@ _WRITE_OFFSET: Final = (
         committed_seq=sa.bindparam("b_committed"),
         acked_above=sa.bindparam("b_ranges", type_=_o.c.acked_above.type),
         acked_count=sa.bindparam("b_count"),
+        dispatched_seq=sa.case(
+            (sa.bindparam("b_dispatched") > _o.c.dispatched_seq, sa.bindparam("b_dispatched")),
+            else_=_o.c.dispatched_seq,
+        ),
+        reserved_seq=sa.bindparam("b_reserved"),
         updated_at=sa.bindparam("b_now"),
     )
 )
@@ -152,7 +164,14 @@ class ConsumerOps(AdminOps):
         for queue, group, records in calls:
             for record in records:
                 key = {"b_queue": queue, "b_group": group, "b_partition": record.partition}
-                advances.append({**key, "b_seq": record.dispatched_seq, "b_now": now})
+                advances.append(
+                    {
+                        **key,
+                        "b_seq": record.dispatched_seq,
+                        "b_reserved": record.reserved_seq,
+                        "b_now": now,
+                    }
+                )
                 deliveries.extend(
                     {
                         "queue": queue,
@@ -225,6 +244,8 @@ class ConsumerOps(AdminOps):
                     "b_committed": update.committed_seq,
                     "b_ranges": encode_ranges(update.acked_above),
                     "b_count": ranges_count(update.acked_above),
+                    "b_dispatched": update.dispatched_seq,
+                    "b_reserved": update.reserved_seq,
                     "b_now": now,
                 }
             )
@@ -377,9 +398,19 @@ class ConsumerOps(AdminOps):
         """At a gateway's start: the flows of any earlier run, and the partitions they
         owned, are gone with that run's connections (a crash leaves their rows behind).
         Native group leases held under ``lease_owner`` are released; binds take them again.
+        Dispatch reservations end at the partition heads: nothing appended from now on can
+        have been sent by that run.
         """
-        g = kg_groups
+        g, o, p = kg_groups, kg_group_offsets, kg_partitions
+        head = (
+            sa.select(p.c.head_seq)
+            .where(p.c.queue == o.c.queue, p.c.partition == o.c.partition)
+            .scalar_subquery()
+        )
         async with self.transaction() as conn:
+            await conn.execute(
+                sa.update(o).where(o.c.reserved_seq > head).values(reserved_seq=head)
+            )
             await conn.execute(sa.delete(kg_flows))
             await conn.execute(sa.delete(kg_partition_assignments))
             await conn.execute(

@@ -80,6 +80,37 @@ async def test_sigkilled_gateway_redelivers_unacked_messages_with_counts_kept(
             assert extra is None, f"acked message {extra.payload!r} came back"
 
 
+async def test_a_crash_dead_letters_what_was_sent_at_the_limit_never_what_was_not(
+    db_url: str, tmp_path: Path
+) -> None:
+    only_native = ("--mqtt-port=off", "--amqp-port=off", "--stomp-port=off", "--http-port=off")
+    sent_seq = "SELECT MAX(dispatched_seq) FROM kg_group_offsets WHERE group_name = 'g'"
+    with serve(db_url, tmp_path, *only_native, name="first") as (proc, ports, _):
+        url = f"keygate://127.0.0.1:{ports['native']}"
+        async with Client(url) as client:
+            await client.declare_queue("orders", partitions=1, max_deliveries=1)
+            consumer = await client.subscribe("orders", group="g", window=1)
+            await client.publish("orders", b"seen", key="a")
+            assert (await consumer.receive(timeout=5)).payload == b"seen"
+            await eventually(lambda: _sql(db_url, sent_seq), timeout=10)
+            # The window is full: this one is stored inside the dispatch reservation but
+            # never sent when the gateway dies.
+            await client.publish("orders", b"unseen", key="b")
+            proc.kill()
+            proc.wait(10)
+            client.abort()
+    with serve(db_url, tmp_path, *only_native, name="second") as (_, ports, _):
+        url = f"keygate://127.0.0.1:{ports['native']}"
+        async with Client(url) as client:
+            consumer = await client.subscribe("orders", group="g", window=10)
+            unseen = await consumer.receive(timeout=5)
+            assert (unseen.payload, unseen.delivery_count) == (b"unseen", 1)
+            dead = await client.subscribe("orders.dlq", group="ops")
+            letter = await dead.receive(timeout=5)
+            assert letter.payload == b"seen"
+            assert letter.properties["x-delivery-count"] == 1
+
+
 async def test_a_backlog_larger_than_memory_is_paged_from_sql_in_order(db_url: str) -> None:
     gateway = await start_gateway(db_url, buffer_size=8)
     try:

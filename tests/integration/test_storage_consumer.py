@@ -83,6 +83,36 @@ async def test_dispatch_records_and_offsets_are_recovered_after_a_crash(
         await crashed.close()
 
 
+async def test_a_dispatch_reservation_survives_a_crash_and_ends_at_the_head_at_start(
+    db_url: str, make_message: MessageFactory
+) -> None:
+    crashed = await open_store(db_url)
+    await _queue_with_messages(crashed, make_message, 10)
+    await crashed.record_dispatch("orders", "billing", [RecordDispatch(3, 2, reserved_seq=40)])
+    # The ack flush carries the position sent since, without a record of its own.
+    await crashed.write_offsets("orders", "billing", [OffsetUpdate(3, 1, (), 5, 40)])
+    recovered = await open_store(db_url)
+    try:
+        mid_crash = (await recovered.load_group("orders", "billing")).partitions[3]
+        assert (mid_crash.dispatched_seq, mid_crash.reserved_seq) == (5, 40)
+        await recovered.forget_consumers("next-run")
+        at_start = (await recovered.load_group("orders", "billing")).partitions[3]
+        assert (at_start.dispatched_seq, at_start.reserved_seq) == (5, 10)
+    finally:
+        await recovered.close()
+        await crashed.close()
+
+
+async def test_an_ack_flush_shrinks_the_reservation_but_never_the_dispatched_seq(
+    store: SqlStore, make_message: MessageFactory
+) -> None:
+    await _queue_with_messages(store, make_message, 10)
+    await store.record_dispatch("orders", "billing", [RecordDispatch(3, 6, reserved_seq=30)])
+    await store.write_offsets("orders", "billing", [OffsetUpdate(3, 1, (), 4, 6)])
+    snapshot = (await store.load_group("orders", "billing")).partitions[3]
+    assert (snapshot.dispatched_seq, snapshot.reserved_seq) == (6, 6)
+
+
 async def test_settling_forgets_delivery_records(
     store: SqlStore, make_message: MessageFactory
 ) -> None:
@@ -199,7 +229,7 @@ async def test_purge_moves_every_group_to_the_head(
     await store.record_dispatch("orders", "billing", [RecordDispatch(3, 4, ((2, 2, NOW),))])
     assert await store.purge_queue("orders") == 4
     assert (await store.load_group("orders", "billing")).partitions[3] == PartitionSnapshot(
-        committed_seq=4, dispatched_seq=4
+        committed_seq=4, dispatched_seq=4, reserved_seq=4
     )
     assert await store.depth("orders") == (0, 0)
 

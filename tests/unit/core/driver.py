@@ -58,7 +58,11 @@ class Driver:
         self.assignment: dict[int, tuple[PartitionState, str | None]] = {}
         self.partitions: dict[str, frozenset[int]] = {}
         self.flows: dict[str, FlowChanged] = {}
+        # What storage holds: RecordDispatch moves both marks up; an OffsetUpdate moves
+        # dispatched up and sets the reservation as is (it may shrink).
         self.dispatched: dict[int, int] = defaultdict(int)
+        self.reserved: dict[int, int] = defaultdict(int)
+        self.first_sent: dict[int, int] = defaultdict(int)
         self.recorded: set[tuple[int, int, int]] = set()
         self.counter = 0
 
@@ -120,17 +124,22 @@ class Driver:
         owed_offsets: set[tuple[int, int]] = set()
         for action in actions:
             if isinstance(action, RecordDispatch):
-                assert action.dispatched_seq >= self.dispatched[action.partition]
-                self.dispatched[action.partition] = action.dispatched_seq
+                p = action.partition
+                assert action.dispatched_seq >= self.dispatched[p]
+                self.dispatched[p] = action.dispatched_seq
+                self.reserved[p] = max(self.reserved[p], action.reserved_seq)
                 for seq, count, _ in action.redeliveries:
                     self.recorded.add((action.partition, seq, count))
             elif isinstance(action, Deliver):
                 m = action.message
-                if action.delivery_count == 1 and m.seq > self.dispatched[m.partition]:
-                    raise AssertionError(f"Deliver of {m.seq} before its RecordDispatch")
-                if action.delivery_count > 1:
+                durable = max(self.dispatched[m.partition], self.reserved[m.partition])
+                if action.delivery_count == 1 and not action.redelivered:
+                    if m.seq > durable:
+                        raise AssertionError(f"Deliver of {m.seq} before its RecordDispatch")
+                    self.first_sent[m.partition] = max(self.first_sent[m.partition], m.seq)
+                else:  # a redelivery, or a recovered maybe-seen message capped at count 1
                     assert (m.partition, m.seq, action.delivery_count) in self.recorded
-                assert action.redelivered == (action.delivery_count > 1)
+                assert action.redelivered or action.delivery_count == 1
                 assert not self.settled(m.partition, m.seq), f"{m.seq} delivered after settle"
                 assert (m.partition, m.key) not in self.parked, f"{m.seq} of a parked key sent"
                 self.deliveries.append(action)
@@ -140,7 +149,12 @@ class Driver:
                 self.pending_fetches[action.partition] = action
                 self.rows_at_issue[action.partition] = len(self.store.get(action.partition, []))
             elif isinstance(action, OffsetUpdate):
-                self.offsets[action.partition] = action
+                p = action.partition
+                self.offsets[p] = action
+                self.dispatched[p] = max(self.dispatched[p], action.dispatched_seq)
+                self.reserved[p] = action.reserved_seq
+                # A shrinking reservation never uncovers a first send.
+                assert max(self.dispatched[p], self.reserved[p]) >= self.first_sent[p]
                 owed_offsets = {(p, s) for p, s in owed_offsets if not self.settled(p, s)}
             elif isinstance(action, DeadLetter):
                 self.dead.append(action)
