@@ -40,8 +40,11 @@ class FakeStore:
     async def record_dispatch(self, queue: str, group: str, records: Any) -> None:
         await self._write("dispatch")
 
-    async def write_offsets(self, queue: str, group: str, updates: Any) -> None:
+    async def write_offsets(self, queue: str, group: str, updates: Any, **kw: Any) -> None:
         await self._write("offsets")
+
+    async def write_key_changes(self, queue: str, group: str, keys: Any) -> None:
+        await self._write("keys")
 
     async def write_assignments(self, queue: str, group: str, changes: Any, **kw: Any) -> None:
         await self._write("assignments")
@@ -50,9 +53,10 @@ class FakeStore:
         await self._write("flows")
 
     async def read_for_delivery(
-        self, queue: str, partition: int, after: int, limit: int
+        self, queue: str, partition: int, after_seq: int, limit: int
     ) -> tuple[list[Message], frozenset[int]]:
-        found = [m for m in self.messages if m.partition == partition and m.seq > after][:limit]
+        found = [m for m in self.messages if m.partition == partition and m.seq > after_seq]
+        found = found[:limit]
         return found, frozenset(m.seq for m in found if m.payload == UNREADABLE)
 
     async def dead_letter(
@@ -101,7 +105,7 @@ def _runtime(store: FakeStore, **queue_settings: Any) -> GroupRuntime:
     queue = QueueConfig("q", **queue_settings)
     group = GroupConfig("q", "g")
     machine = GroupMachine(queue, group, now=0.0)
-    rt = GroupRuntime(store, machine, queue, group, Hooks(), clock=lambda: 0.0)  # type: ignore[arg-type]
+    rt = GroupRuntime(store, machine, queue, group, Hooks(), clock=lambda: 0.0)
     rt.start()
     return rt
 
