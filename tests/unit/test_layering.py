@@ -56,3 +56,24 @@ def test_core_does_no_io() -> None:
     for path in sorted((ROOT / "core").rglob("*.py")):
         io = _imports(path) & IO_MODULES
         assert not io, f"{path.relative_to(ROOT)} imports {io}"
+
+
+# The asyncio side of protocols/: listeners and their helpers. Everything else there is
+# sans-IO (codecs, connection state machines, mappings), testable with bytes alone.
+PROTOCOL_ADAPTERS = {
+    "protocols/_io.py",  # the shared outbox writer
+    "protocols/_limits.py",  # the byte budget a reader waits on
+    "protocols/sink.py",  # the Listener protocol's start() takes an ssl context
+    "protocols/amqp/flows.py",
+    "protocols/native/writer.py",
+    "protocols/stomp/pipeline.py",
+}
+
+
+def test_protocol_machines_do_no_io() -> None:
+    for path in sorted((ROOT / "protocols").rglob("*.py")):
+        name = str(path.relative_to(ROOT))
+        if path.name == "listener.py" or name in PROTOCOL_ADAPTERS:
+            continue
+        io = _imports(path) & IO_MODULES
+        assert not io, f"{name} imports {io}: I/O belongs in the listener"
