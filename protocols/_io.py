@@ -17,13 +17,33 @@ which is the back-pressure towards a consumer that reads slowly.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import socket
 from collections.abc import Callable, Sequence
 from typing import Final
 
 log = logging.getLogger("keygate.io")
 
 DEFAULT_HIGH: Final = 1024 * 1024
+# TCP keepalive on every accepted connection: a peer that vanished without a FIN or RST
+# (power loss, a dropped NAT entry) is found after about KEEPALIVE_IDLE + 3 probes, even
+# on a protocol whose heartbeats the client turned off, so it cannot hold its partitions.
+KEEPALIVE_IDLE: Final = 60
+KEEPALIVE_INTERVAL: Final = 10
+KEEPALIVE_PROBES: Final = 3
+
+
+def keep_alive(writer: asyncio.StreamWriter) -> None:
+    """Turn on TCP keepalive for an accepted connection (where the platform has it)."""
+    sock = writer.get_extra_info("socket")
+    if sock is None:
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, KEEPALIVE_IDLE)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, KEEPALIVE_INTERVAL)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, KEEPALIVE_PROBES)
 
 SettleWritten = Callable[[str, tuple[str, ...]], None]
 
@@ -118,4 +138,4 @@ class Outbox:
                 log.exception("auto-ack of flow %s failed", flow_id)
 
 
-__all__ = ["DEFAULT_HIGH", "Outbox", "SettleWritten"]
+__all__ = ["DEFAULT_HIGH", "Outbox", "SettleWritten", "keep_alive"]

@@ -39,7 +39,7 @@ from core.errors import (
     Unavailable,
 )
 from core.model import QueueConfig
-from protocols._io import Outbox
+from protocols._io import Outbox, keep_alive
 from protocols._limits import DEFAULT_LIMITS, Admission, ConnectionLimits
 from protocols._log import ConnectionLog
 from protocols.amqp import events as ev
@@ -420,6 +420,7 @@ class AmqpListener:
         self._server = None
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        keep_alive(writer)
         task = asyncio.current_task()
         assert task is not None
         connection = AmqpConnection(

@@ -38,6 +38,7 @@ from core.errors import (
     Unavailable,
 )
 from core.model import Publication
+from protocols._io import keep_alive
 from protocols._limits import DEFAULT_LIMITS, ByteBudget, ConnectionLimits, publication_bytes
 from protocols._log import ConnectionLog
 from protocols.mqtt.connection import (
@@ -496,6 +497,7 @@ class MqttListener:
         return task
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        keep_alive(writer)
         client = _Client(self, reader, writer)
         self._clients.add(client)
         try:

@@ -31,6 +31,7 @@ from core.errors import KeygateError, Unavailable
 from core.ingress import validate_client_name, validate_delay, validate_window
 from core.model import AckMode, Publication
 from protocols import sink
+from protocols._io import keep_alive
 from protocols._limits import DEFAULT_LIMITS, ByteBudget, ConnectionLimits
 from protocols._log import ConnectionLog
 from protocols.native.connection import ConnectionState, ServerConnection
@@ -436,6 +437,7 @@ class NativeListener:
         return int(self._server.sockets[0].getsockname()[1])
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        keep_alive(writer)
         session = _Session(self, reader, writer)
         self._sessions.add(session)
         try:

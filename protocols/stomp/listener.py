@@ -37,7 +37,7 @@ from core.actions import Deliver
 from core.errors import ConnectionLimitReached, KeygateError, StorageError, Unavailable
 from core.model import AckMode, Publication
 from protocols import sink as settles
-from protocols._io import Outbox
+from protocols._io import Outbox, keep_alive
 from protocols._limits import DEFAULT_LIMITS, ConnectionLimits
 from protocols._log import ConnectionLog
 from protocols.sink import BindRequest, Principal, Sink, peer_identity
@@ -464,6 +464,7 @@ class StompListener:
         return bound
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        keep_alive(writer)
         session = _Session(self, reader, writer)
         task = asyncio.current_task()
         assert task is not None
