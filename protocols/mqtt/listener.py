@@ -38,7 +38,7 @@ from core.errors import (
     Unavailable,
 )
 from core.model import Publication
-from protocols._io import keep_alive
+from protocols._io import Outbox, keep_alive
 from protocols._limits import DEFAULT_LIMITS, ByteBudget, ConnectionLimits, publication_bytes
 from protocols._log import ConnectionLog
 from protocols.mqtt.connection import (
@@ -57,7 +57,6 @@ from protocols.sink import Principal, Sink, peer_identity
 log = logging.getLogger(__name__)
 
 READ_CHUNK: Final = 64 * 1024
-WRITE_QUEUE: Final = 256
 # Room for the topic and properties around a payload of the sink's largest size.
 PACKET_OVERHEAD: Final = 64 * 1024
 # How long a closing connection waits for its in-flight publishes to finish.
@@ -112,7 +111,7 @@ class _Client:
         self.log = ConnectionLog(log, "mqtt", writer.get_extra_info("peername"))
         self.loop = asyncio.get_running_loop()
         self.done = asyncio.Event()
-        self._outq: asyncio.Queue[bytes | None] = asyncio.Queue(WRITE_QUEUE)
+        self._out = Outbox(writer)
         # Free places in the pipeline; taken before a publish starts, so a cancelled
         # reader never leaves a started publish outside the pipeline.
         self._slots = asyncio.Semaphore(listener.limits.receive_maximum)
@@ -123,8 +122,6 @@ class _Client:
         self._pipeline_grew = asyncio.Event()
         self._reader_task: asyncio.Task[None] | None = None
         self._graceful_shutdown = False
-        # Set once the socket failed: later bytes are dropped instead of queueing forever.
-        self._writer_gone = False
         # The session as kept by the sink (SQL), so it survives a restart or failover:
         # QoS 2 ids committed but not yet in the session (their PUBREC is on its way),
         # whether a row was written, and the saves in flight (in order, one at a time).
@@ -157,8 +154,7 @@ class _Client:
             for item in self._pipeline:
                 if item is not None:
                     item[1].cancel()
-            with contextlib.suppress(asyncio.QueueFull):
-                self._outq.put_nowait(None)
+            self._out.close()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(5.0):
                     await writer_task
@@ -176,37 +172,20 @@ class _Client:
         await self.done.wait()
 
     async def _flush(self) -> None:
+        """Hand the connection's bytes to the outbox, waiting while it is full (a peer that
+        does not read slows this connection down, not the gateway)."""
         data = self.conn.data_to_send()
-        if data and not self._writer_gone:
-            await self._outq.put(data)
+        if data:
+            await self._out.put(data)
 
     def _flush_nowait(self) -> None:
         """Flush without waiting: a peer that does not read must not stall a shutdown."""
-        data = self.conn.data_to_send()
-        if data:
-            with contextlib.suppress(asyncio.QueueFull):
-                self._outq.put_nowait(data)
+        self._out.push(self.conn.data_to_send())
 
     async def _write_loop(self) -> None:
-        try:
-            while (data := await self._outq.get()) is not None:
-                chunks, stop = [data], False
-                while not self._outq.empty():
-                    more = self._outq.get_nowait()
-                    if more is None:
-                        stop = True
-                        break
-                    chunks.append(more)
-                self.writer.write(b"".join(chunks))
-                await self.writer.drain()
-                if stop:
-                    return
-        except (ConnectionError, OSError):
-            self._writer_gone = True
-            while not self._outq.empty():
-                self._outq.get_nowait()  # wakes a producer blocked on a full queue
-            if self._reader_task is not None:
-                self._reader_task.cancel()
+        await self._out.run()
+        if self._out.broken and self._reader_task is not None:
+            self._reader_task.cancel()
 
     async def _read_loop(self) -> None:
         conn = self.conn
