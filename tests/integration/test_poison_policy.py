@@ -12,9 +12,11 @@ import aiohttp
 import pytest
 import sqlalchemy as sa
 
+from core.errors import QueueNotFound
 from gateway.cli import main
 from gateway.client import Client, Consumer
 from gateway.server import Gateway
+from storage.store import SqlStore
 from tests.integration.conftest import native_url, start_gateway
 from tests.support.consume import take
 from tests.support.wait import eventually
@@ -176,3 +178,46 @@ async def test_kg_key_status_shows_parked_redelivered_and_waiting_keys(gateway: 
             ("c", "retry", None, 2, 1),
             ("d", "retry", None, 1, 1),
         ]
+
+
+async def test_dead_letter_key_moves_stored_messages_the_group_has_not_read_yet(
+    db_url: str,
+) -> None:
+    """With a load buffer of 4, most of key a is still only in storage when its head is
+    dead-lettered: all of it reaches the DLQ in publish order, in that one transaction."""
+    gateway = await start_gateway(db_url, buffer_size=4)
+    try:
+        assert gateway.broker is not None
+        store = gateway.broker.store
+        async with Client(native_url(gateway)) as client:
+            await client.declare_queue(
+                "orders", partitions=1, max_deliveries=1, on_dead_letter="dead_letter_key"
+            )
+            audit = await client.subscribe("orders", group="audit", start="earliest")
+            names = ["a1", "b1"] + [f"a{i}" for i in range(2, 13)] + ["b2", "b3"]
+            for name in names:
+                await client.publish("orders", name.encode(), key=name[0])
+            consumer = await client.subscribe("orders", group="g", window=1, start="earliest")
+            first = await consumer.receive(timeout=10)
+            assert first.payload == b"a1"
+            await consumer.reject(first)
+
+            depth = await eventually(lambda: _dlq_depth(store))
+            assert depth == 12  # never a part of the key: one transaction
+            assert await _payloads(consumer, 3) == [b"b1", b"b2", b"b3"]
+            await client.publish("orders", b"a13", key="a")
+            assert await _payloads(consumer, 1) == [b"a13"]
+            assert await _dead_letters(client, 12) == [(b"a1", "rejected")] + [
+                (f"a{i}".encode(), "key-dead-lettered") for i in range(2, 13)
+            ]
+            # The other group of the queue still gets every message, in order.
+            assert await _payloads(audit, len(names) + 1) == [n.encode() for n in names] + [b"a13"]
+    finally:
+        await gateway.stop()
+
+
+async def _dlq_depth(store: SqlStore) -> int:
+    try:
+        return (await store.depth("orders.dlq"))[0]
+    except QueueNotFound:
+        return 0
