@@ -1,4 +1,4 @@
-"""Reading the inspection views (storage.schema.VIEWS) for the admin API: the same rows a
+"""Reading the inspection views (storage.views.VIEWS) for the admin API: the same rows a
 user gets with plain SQL, as dicts."""
 
 from __future__ import annotations

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Any
 
 import aiohttp
 import pytest
 import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from core.errors import QueueNotFound
 from gateway.cli import main
@@ -221,3 +223,48 @@ async def _dlq_depth(store: SqlStore) -> int:
         return (await store.depth("orders.dlq"))[0]
     except QueueNotFound:
         return 0
+
+
+async def test_kg_key_status_shows_a_key_held_by_strict_order(gateway: Gateway) -> None:
+    assert gateway.store is not None
+    engine = gateway.store.engine
+    async with Client(native_url(gateway)) as client:
+        await client.declare_queue("orders", partitions=1)
+        for name in ("a1", "b1", "a2", "b2"):
+            await client.publish("orders", name.encode(), key=name[0])
+        consumer = await client.subscribe("orders", group="g", window=2, key_order="strict")
+        a1 = await consumer.receive(timeout=10)
+        b1 = await consumer.receive(timeout=10)
+        assert (a1.payload, b1.payload) == (b"a1", b"b1")
+        # b1 acked above the unacked a1; b2 follows it; a2 waits behind a1.
+        await consumer.acknowledge(b1)
+        b2 = await consumer.receive(timeout=10)
+        assert b2.payload == b"b2"
+
+        async def rows() -> list[tuple[Any, ...]] | None:
+            query = sa.text(
+                "SELECT key, reason, detail, message_id, attempts, messages, blocked_since "
+                "FROM kg_key_status WHERE queue = 'orders' AND group_name = 'g'"
+            )
+            async with engine.connect() as conn:
+                found = [tuple(r) for r in await conn.execute(query)]
+            return found if len(found) == 1 else None  # b waits too until b1's ack is flushed
+
+        [(key, reason, detail, message_id, attempts, messages, since)] = await eventually(rows)
+        assert (key, reason, detail, message_id, attempts, messages) == (
+            "a",
+            "strict",
+            None,
+            a1.message_id,
+            1,
+            None,
+        )
+        assert a1.publish_time <= since <= time.time()
+        await consumer.acknowledge(a1)
+        assert await _payloads(consumer, 1) == [b"a2"]
+        await eventually(lambda: _no_rows(engine))
+
+
+async def _no_rows(engine: AsyncEngine) -> bool:
+    async with engine.connect() as conn:
+        return not list(await conn.execute(sa.text("SELECT * FROM kg_key_status")))
