@@ -8,7 +8,8 @@ three rules:
    the same list is sent (so delivery counts survive a crash, DESIGN.md §4). A first
    delivery inside the partition's durable reservation comes with no record.
 2. ``DeadLetter`` and the ``OffsetUpdate`` that settles it are written in one transaction,
-   with the ``KeyParked`` / ``KeyReleased`` changes of the same list.
+   with the ``KeyParked`` / ``KeyReleased`` changes and the ``DeadLetterKey`` moves of the
+   same list (each followed, in its list, by an ``OffsetUpdate`` of its partition).
 3. ``OffsetUpdate`` is idempotent full state for one (group, partition): the owner may
    keep only the newest one per partition and flush in batches.
 """
@@ -94,6 +95,22 @@ class DeadLetter:
     reason: DeadLetterReason
     delivery_count: int
     first_delivery_time: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetterKey:
+    """The rest of a dead-lettered key that is not in memory (on_dead_letter =
+    dead_letter_key): every message of ``key`` stored in ``partition`` with a seq above
+    ``after_seq`` and not settled follows it to the dead-letter queue (reason
+    key-dead-lettered, in seq order, after the list's DeadLetters) and is settled — its seq
+    merged into the partition's OffsetUpdate of the same transaction. A message the group's
+    ``tags`` filter out is settled without a copy. The owner then reports the settled seqs
+    with ``GroupMachine.key_dead_lettered``."""
+
+    partition: int
+    key: str
+    after_seq: int
+    tags: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,6 +202,7 @@ Action = (
     | RecordDispatch
     | OffsetUpdate
     | DeadLetter
+    | DeadLetterKey
     | RetryScheduled
     | KeyParked
     | KeyReleased

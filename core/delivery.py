@@ -27,10 +27,12 @@ dead-lettered unseen.
 Poison policy (QueueConfig.on_dead_letter). When a message of key K is dead-lettered for
 failing (max deliveries, rejected; not expiry), ``park_key`` parks K in its partition: its
 later messages (buffered or waiting for retry) are held back until ``release_key``;
-``dead_letter_key`` makes every message of K published up to that moment follow it to
-the dead-letter queue in seq order — those waiting in memory at once, in the same action
-list (so one transaction), those not read yet as they are read, and those in flight if
-they come back unsettled.
+``dead_letter_key`` makes every stored message of K follow it to the dead-letter queue
+in seq order, in the same action list (so one transaction): those waiting in memory as
+DeadLetters, those after the cursor as one ``DeadLetterKey`` that storage carries out;
+K is held until ``key_dead_lettered`` reports the seqs moved (messages of K read
+meanwhile wait: storage moved them, or they were stored after and flow). Those in flight
+follow if they come back unsettled.
 
 Known limit: a buffer full of held-back, parked or scheduled messages delays later messages
 of other keys of that partition until it drains (or the partition is re-read).
@@ -45,6 +47,7 @@ from typing import Final
 from core.actions import (
     Action,
     DeadLetter,
+    DeadLetterKey,
     Deliver,
     Dropped,
     Fetch,
@@ -69,7 +72,7 @@ from core.model import (
     PartitionState,
     QueueConfig,
 )
-from core.partition import Flow, Partition, Retry, Sent, property_text
+from core.partition import Flow, Partition, Retry, Sent, has_tags
 
 # Seqs a first-send record reserves beyond the highest one sent.
 DISPATCH_AHEAD: Final = 1024
@@ -147,10 +150,7 @@ class DeliveryBook:
             count, first_time = prior if prior is not None else (0, None)
             self._dead_letter(part, message, DeadLetterReason.UNDELIVERABLE, count, first_time)
             return
-        if self._group.tags and not all(
-            key in message.properties and property_text(message.properties[key]) == value
-            for key, value in self._group.tags.items()
-        ):
+        if self._group.tags and not has_tags(message, self._group.tags.items()):
             self._out.append(Dropped(message, "filtered"))
             self._settle(part, seq)
             return
@@ -158,15 +158,22 @@ class DeliveryBook:
             count, first_time = prior if prior is not None else (0, None)
             self._dead_letter(part, message, DeadLetterReason.KEY_DEAD_LETTERED, count, first_time)
             return
+        # A message storage may be moving waits for its report, whatever becomes of it.
+        moving = message.key is not None and part.key_moves[message.key] > 0
         if prior is not None:
             # A parked key's messages wait for an operator who asked for them to flow:
             # their next delivery decides (recovery may count one it never had).
             over = self._queue.max_deliveries and prior[0] >= self._queue.max_deliveries
-            if over and message.key not in part.parked and seq not in part.maybe_seen:
+            if (
+                over
+                and message.key not in part.parked
+                and seq not in part.maybe_seen
+                and not moving
+            ):
                 self._dead_letter(part, message, DeadLetterReason.MAX_DELIVERIES, *prior)
                 return
             part.prior[seq] = prior
-        if message.expire_at is not None and message.expire_at <= now:
+        if message.expire_at is not None and message.expire_at <= now and not moving:
             self._expire(part, message, prior)
             return
         part.buffer[seq] = message
@@ -207,16 +214,16 @@ class DeliveryBook:
         key = message.key
         if key is None or key not in part.draining:
             return False
-        if message.publish_time <= part.draining[key]:
+        if message.seq <= part.draining[key]:
             return True
         if not part.inflight_keys[key]:
-            del part.draining[key]  # read past everything stored back then
+            del part.draining[key]  # none of those in flight back then is left
         return False
 
     def _drain_key(self, part: Partition, key: str) -> None:
-        """Dead-letter the key's messages published up to now, in seq order: the waiting
-        ones at once, the rest as they are read or come back unsettled."""
-        part.draining[key] = max(part.draining.get(key, self._now), self._now)
+        """Dead-letter the key's stored messages, in seq order: the waiting and the stored
+        ones at once, those in flight if they come back unsettled."""
+        part.draining[key] = part.cursor
         waiting = [seq for seq, entry in part.retry.items() if entry.message.key == key]
         waiting += [seq for seq, message in part.buffer.items() if message.key == key]
         for seq in sorted(waiting):
@@ -228,11 +235,29 @@ class DeliveryBook:
                 message = part.buffer.pop(seq)
                 count, first_time = part.prior.pop(seq, (0, None))
             self._dead_letter(part, message, DeadLetterReason.KEY_DEAD_LETTERED, count, first_time)
+        part.key_moves[key] += 1
+        tags = tuple(sorted((self._group.tags or {}).items()))
+        self._out.append(DeadLetterKey(part.index, key, part.cursor, tags))
+        self._dirty.add(part.index)  # storage merges the moved seqs into this update
+        self._fetch_check.add(part.index)
+
+    def _key_moved(self, part: Partition, key: str, seqs: Iterable[int]) -> None:
+        """Storage carried out a DeadLetterKey: the seqs it moved are settled; the key's
+        messages read meanwhile that it did not move (stored after) flow."""
+        for seq in seqs:
+            part.records.pop(seq, None)
+            part.prior.pop(seq, None)
+            part.buffer.pop(seq, None)
+            self._settle(part, seq)
+        part.key_moves[key] -= 1
+        if part.key_moves[key] <= 0:
+            del part.key_moves[key]
+        self._work.add(part.index)
         self._fetch_check.add(part.index)
 
     def _release(self, key: str, *, skip: bool) -> None:
         """Un-park the key in every partition it is parked in; with ``skip`` its messages
-        published until now are dead-lettered first."""
+        stored until now are dead-lettered first."""
         for part in self._parts:
             if part.parked.pop(key, None) is None:
                 continue
@@ -256,9 +281,13 @@ class DeliveryBook:
             self._settle(part, message.seq)
 
     def _expire_waiting(self, part: Partition, seq: int) -> None:
-        """TTL timer: expire the message if it is still waiting (buffered or for retry)."""
-        if seq in part.buffer:
-            message = part.buffer.pop(seq)
+        """TTL timer: expire the message if it is still waiting (buffered or for retry);
+        one storage may be moving is expired by the pump once it knows."""
+        message = part.buffer.get(seq)
+        if message is not None and message.key is not None and part.key_moves[message.key]:
+            return
+        if message is not None:
+            del part.buffer[seq]
             self._expire(part, message, part.prior.pop(seq, None))
             self._fetch_check.add(part.index)
         elif seq in part.retry:
@@ -382,7 +411,7 @@ class DeliveryBook:
             return False
         if key in held_back or part.retry_keys[key] or key in part.parked:
             return True
-        if part.handoff_keys[key]:
+        if part.handoff_keys[key] or part.key_moves[key]:
             return True
         return self._group.key_order is KeyOrder.STRICT and part.inflight_keys[key] > 0
 

@@ -299,12 +299,21 @@ class GroupMachine(DeliveryBook):
 
     def release_key(self, now: float, key: str, *, skip: bool = False) -> list[Action]:
         """Let a parked key flow again (on_dead_letter = park_key), from its oldest held
-        message; with ``skip`` its messages published until now are dead-lettered instead.
+        message; with ``skip`` its messages stored until now are dead-lettered instead.
         Raises KeyNotParked if the key is parked in no partition."""
         if not any(key in part.parked for part in self._parts):
             raise KeyNotParked(self._queue.name, self._group.name, key)
         self._begin(now)
         self._release(key, skip=skip)
+        return self._finish(now)
+
+    def key_dead_lettered(
+        self, now: float, partition: int, key: str, seqs: Iterable[int]
+    ) -> list[Action]:
+        """The owner carried out a ``DeadLetterKey`` of the key in the partition: ``seqs``
+        are the messages it moved to the dead-letter queue and settled."""
+        self._begin(now)
+        self._key_moved(self._part(partition), key, seqs)
         return self._finish(now)
 
     def tick(self, now: float) -> list[Action]:

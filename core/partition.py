@@ -4,6 +4,7 @@ status views it hands out. Internal to core.group except the status dataclasses.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from core.actions import ParkedKey, PartitionSnapshot
@@ -144,10 +145,13 @@ class Partition:
         self.retry: dict[int, Retry] = {}
         self.retry_keys: Counter[str] = Counter()
         self.inflight_keys: Counter[str] = Counter()
-        # on_dead_letter: keys waiting for a release; keys whose messages published up to
-        # the given time follow their dead letter (dead_letter_key, release with skip).
+        # on_dead_letter: keys waiting for a release; keys whose messages up to the given
+        # seq (in flight then) follow their dead letter (dead_letter_key, release --skip);
+        # keys whose stored messages storage is moving (DeadLetterKey): held until it
+        # reports which it moved.
         self.parked: dict[str, ParkedKey] = {}
-        self.draining: dict[str, float] = {}
+        self.draining: dict[str, int] = {}
+        self.key_moves: Counter[str] = Counter()
         # Highest seq loaded into memory (or skipped as settled); loads continue after it.
         self.cursor = self.ledger.committed
         self.known = self.cursor
@@ -172,6 +176,14 @@ class Partition:
         if self.buffer:
             times.append(next(iter(self.buffer.values())).publish_time)
         return min(times, default=None)
+
+
+def has_tags(message: Message, tags: Iterable[tuple[str, str]]) -> bool:
+    """Whether the message carries every (property, value) of a group's tag filter."""
+    return all(
+        name in message.properties and property_text(message.properties[name]) == value
+        for name, value in tags
+    )
 
 
 def property_text(value: PropertyValue) -> str:

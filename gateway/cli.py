@@ -313,7 +313,7 @@ def build_parser() -> argparse.ArgumentParser:
     how.add_argument(
         "--skip",
         action="store_true",
-        help="dead-letter the key's messages published until now, then let it flow",
+        help="dead-letter the key's messages stored until now, then let it flow",
     )
     _admin_api(key)
     key.set_defaults(func=key_command, skip=False)

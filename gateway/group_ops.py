@@ -81,7 +81,7 @@ async def release_key(
     broker: Broker, queue: str, name: str, key: str, *, skip: bool = False
 ) -> list[int]:
     """Let a parked key of the group flow again (on_dead_letter = park_key); with
-    ``skip`` its messages published until now are dead-lettered first. Loads the group
+    ``skip`` its messages stored until now are dead-lettered first. Loads the group
     if it is not running here. Returns the partitions the key was parked in; raises
     GroupNotFound, KeyNotParked."""
     runtime = await broker.groups.load(await broker.store.get_group(queue, name))

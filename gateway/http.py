@@ -311,7 +311,12 @@ class AdminServer:
 
     async def _metrics(self, request: web.Request) -> web.Response:
         self.broker.access.check_monitor(_principal(request), "*")
-        return web.Response(body=self.broker.metrics.render(), content_type="text/plain")
+        metrics = self.broker.metrics
+        try:
+            await metrics.refresh_oldest(self.broker.store.oldest_waiting)
+        except KeygateError as e:
+            log.warning("/metrics: oldest message ages not refreshed (%s)", e)
+        return web.Response(body=metrics.render(), content_type="text/plain")
 
     async def _list(self, request: web.Request) -> web.Response:
         principal = _principal(request)

@@ -1,10 +1,11 @@
 """Prometheus metrics. Counters are updated on the hot path; per-queue and per-group gauges
-are computed at scrape time from the store's cached depths and the live state machines."""
+are computed at scrape time from the store's cached depths and the live state machines,
+and the per-queue oldest message age from one SQL query per scrape (``refresh_oldest``)."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields, is_dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -45,10 +46,12 @@ class _ScrapeCollector(Collector):
         queues: Callable[[], Iterable[QueueGauge]],
         groups: Callable[[], Iterable[GroupGauge]],
         clock: Callable[[], float],
+        oldest: Callable[[], Mapping[str, float] | None],
     ) -> None:
         self._queues = queues
         self._groups = groups
         self._clock = clock
+        self._oldest = oldest
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         q = ["queue"]
@@ -64,10 +67,22 @@ class _ScrapeCollector(Collector):
                 "keygate_queue_dead_letter_messages", "Messages in the dead-letter queue", labels=q
             ),
         }
+        age = GaugeMetricFamily(
+            "keygate_queue_oldest_message_age_seconds",
+            "Age of the oldest message some group of the queue has not settled (no group: the "
+            "oldest stored); 0 when none waits",
+            labels=q,
+        )
+        now = self._clock()
+        waiting = self._oldest()  # None: not known (the last read failed)
         for queue in self._queues():
             for name, family in queue_families.items():
                 family.add_metric([queue.queue], getattr(queue, name))
+            if waiting is not None:
+                published = waiting.get(queue.queue, now)
+                age.add_metric([queue.queue], max(0.0, now - published))
         yield from queue_families.values()
+        yield age
         g = ["queue", "group"]
         group_families = {
             "backlog": GaugeMetricFamily(
@@ -93,7 +108,6 @@ class _ScrapeCollector(Collector):
             "Age of the oldest loaded message the group has not settled",
             labels=g,
         )
-        now = self._clock()
         for group in self._groups():
             for name, family in group_families.items():
                 family.add_metric([group.queue, group.group], getattr(group, name))
@@ -136,6 +150,8 @@ class _ListenerCollector(Collector):
 
 class Metrics:
     def __init__(self) -> None:
+        # Queue -> publish time of its oldest message not settled by every group.
+        self._oldest: Mapping[str, float] | None = None
         self.registry = CollectorRegistry()
         r = self.registry
         self.published = Counter(
@@ -186,7 +202,13 @@ class Metrics:
         clock: Callable[[], float],
     ) -> None:
         """Export per-queue and per-group gauges computed from ``queues`` and ``groups``."""
-        self.registry.register(_ScrapeCollector(queues, groups, clock))
+        self.registry.register(_ScrapeCollector(queues, groups, clock, lambda: self._oldest))
+
+    async def refresh_oldest(self, read: Callable[[], Awaitable[Mapping[str, float]]]) -> None:
+        """Re-read the per-queue oldest waiting message (before a scrape); if the read
+        fails, the gauge is left out of the scrape rather than show a stale age."""
+        self._oldest = None
+        self._oldest = await read()
 
     def watch_connections(self, per_protocol: Mapping[str, int]) -> None:
         """Export the open connections by protocol (shared by every listener)."""

@@ -245,7 +245,7 @@ def openapi_document(version: str) -> dict[str, Any]:
                 "post": _op(
                     "Let a key parked after a dead letter flow again (admin; on_dead_letter = "
                     "park_key): from its oldest held message, or with skip its messages "
-                    "published until now are dead-lettered first",
+                    "stored until now are dead-lettered first",
                     _ok("The partitions the key was parked in", _OBJECT),
                     **_body({"type": "object", "properties": {"skip": {"type": "boolean"}}}),
                 ),

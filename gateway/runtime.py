@@ -7,8 +7,9 @@ task drains that queue in order, merging whatever has piled up into one step:
 1. ``RecordDispatch`` records are written (one group-committed write) *before* any
    ``Deliver`` of the step is handed to a flow, so delivery counts survive a crash. A
    step of first sends inside their partitions' reservations has none and sends at once.
-2. ``DeadLetter`` copies are written together with the newest offsets and the parked-key
-   changes (``KeyParked``/``KeyReleased``) in one transaction;
+2. ``DeadLetter`` copies are written together with the newest offsets, the parked-key
+   changes (``KeyParked``/``KeyReleased``) and the ``DeadLetterKey`` moves in one
+   transaction (the seqs moved go back to the machine at once, ``key_dead_lettered``);
    otherwise ``OffsetUpdate``\\ s (idempotent full state per partition) are kept in
    ``_pending_offsets`` (``RetryScheduled`` records, for inspection, in
    ``_pending_retries``) and written by the periodic flush. The flush is started by this
@@ -40,6 +41,7 @@ from core.actions import (
     Action,
     AssignmentChanged,
     DeadLetter,
+    DeadLetterKey,
     Deliver,
     Dropped,
     Fetch,
@@ -92,7 +94,10 @@ class GroupStore(Protocol):
         now: float,
         keys: Sequence[KeyParked | KeyReleased] = (),
         retries: Sequence[RetryScheduled] = (),
-    ) -> None: ...
+        moves: Sequence[DeadLetterKey] = (),
+    ) -> list[list[int]]:
+        """Returns, per move, the seqs it moved."""
+        ...
 
     async def write_key_changes(
         self, queue: str, group: str, keys: Sequence[KeyParked | KeyReleased]
@@ -325,6 +330,7 @@ class GroupRuntime:
     async def _carry_out(self, actions: list[Action], *, flush: bool) -> None:
         dispatch: list[RecordDispatch] = []
         letters: list[DeadLetter] = []
+        moves: list[DeadLetterKey] = []
         keys: list[KeyParked | KeyReleased] = []
         assignments: list[AssignmentChanged] = []
         flows: list[FlowChanged] = []
@@ -342,6 +348,8 @@ class GroupRuntime:
                     dispatch.append(action)
                 case DeadLetter():
                     letters.append(action)
+                case DeadLetterKey():
+                    moves.append(action)
                 case KeyParked() | KeyReleased():
                     keys.append(action)
                 case AssignmentChanged():
@@ -357,21 +365,15 @@ class GroupRuntime:
             records = _merge_dispatch(dispatch)
             await self._flushed()
             await self._persist(lambda: self.store.record_dispatch(name, group, records))
-        if letters or (flush and (self._pending_offsets or self._pending_retries)):
+        if letters or moves or (flush and (self._pending_offsets or self._pending_retries)):
             await self._flushed()
             offsets = list(self._pending_offsets.values())
             self._pending_offsets.clear()
             retries = list(self._pending_retries.values())
             self._pending_retries.clear()
-            if letters:
-                now = self._clock()
-                await self._persist(
-                    lambda: self.store.dead_letter(
-                        name, group, letters, offsets, now=now, keys=keys, retries=retries
-                    )
-                )
+            if letters or moves:
+                await self._dead_letter(letters, moves, offsets, keys, retries)
                 keys = []
-                self._hooks.dead_lettered(name, group, len(letters))
             else:
                 self._flushing = self._spawn(
                     self._persist(
@@ -400,6 +402,29 @@ class GroupRuntime:
             # fail the step that waits here.
             with contextlib.suppress(Exception):
                 await flushing
+
+    async def _dead_letter(
+        self,
+        letters: list[DeadLetter],
+        moves: list[DeadLetterKey],
+        offsets: list[OffsetUpdate],
+        keys: list[KeyParked | KeyReleased],
+        retries: list[RetryScheduled],
+    ) -> None:
+        name, group, now = self.queue.name, self.group.name, self._clock()
+        moved: list[list[int]] = []
+
+        async def write() -> None:
+            moved[:] = await self.store.dead_letter(
+                name, group, letters, offsets, now=now, keys=keys, retries=retries, moves=moves
+            )
+
+        await self._persist(write)
+        # At once, so no offset of the machine's older state is written after this one.
+        for move, seqs in zip(moves, moved, strict=True):
+            actions = self.machine.key_dead_lettered(self._clock(), move.partition, move.key, seqs)
+            self.submit(actions)
+        self._hooks.dead_lettered(name, group, len(letters) + sum(map(len, moved)))
 
     def _send(self, sends: list[Deliver | PartitionsChanged]) -> None:
         run: list[Deliver] = []

@@ -21,6 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from core.actions import (
     AssignmentChanged,
     DeadLetter,
+    DeadLetterKey,
     FlowChanged,
     KeyParked,
     KeyReleased,
@@ -28,6 +29,7 @@ from core.actions import (
     RecordDispatch,
     RetryScheduled,
 )
+from core.ledger import AckLedger
 from core.model import (
     DEAD_LETTER_REASON,
     DELIVERY_COUNT,
@@ -36,19 +38,22 @@ from core.model import (
     ORIGINAL_PARTITION,
     ORIGINAL_QUEUE,
     ORIGINAL_SEQ,
+    DeadLetterReason,
     FlowState,
     Message,
     PropertyValue,
 )
+from core.partition import has_tags
 from storage.admin import AdminOps
 from storage.base import Allocation, upsert
 from storage.batcher import GroupCommitter
-from storage.codec import encode_ranges, ranges_count
+from storage.codec import encode_ranges, ranges_count, salvage_message
 from storage.schema import (
     kg_deliveries,
     kg_flows,
     kg_group_offsets,
     kg_groups,
+    kg_messages,
     kg_parked_keys,
     kg_partition_assignments,
     kg_partitions,
@@ -265,9 +270,12 @@ class ConsumerOps(AdminOps):
         now: float,
         keys: Sequence[KeyChange] = (),
         retries: Sequence[RetryScheduled] = (),
-    ) -> None:
+        moves: Sequence[DeadLetterKey] = (),
+    ) -> list[list[int]]:
         """Append copies to the dead-letter queue and write ``offsets`` and the parked-key
-        changes ``keys``, in one transaction.
+        changes ``keys``, in one transaction. Each of ``moves`` adds the stored messages of
+        its key it names (after ``letters``) and settles them in ``offsets``, which must
+        hold an update of its partition; returns the seqs each move settled.
 
         Dead letters bypass the DLQ's max_depth: refusing them would leave the message
         unsettled forever. With no DLQ configured the letters are dropped.
@@ -278,6 +286,12 @@ class ConsumerOps(AdminOps):
             allocation = Allocation({})
             created = []
             async with self.transaction() as conn:
+                moved: list[list[int]] = []
+                if moves:
+                    followers, offsets, moved = await self._key_moves(
+                        conn, queue, group, moves, offsets
+                    )
+                    letters = [*letters, *followers]
                 copies: list[Message] = []
                 if dlq is not None and letters:
                     created = await self._ensure_dlq(conn, config)
@@ -293,6 +307,58 @@ class ConsumerOps(AdminOps):
             for created_queue in created:
                 self._remember(created_queue)
             self.committed(allocation, copies)
+            return moved
+
+    async def _key_moves(
+        self,
+        conn: AsyncConnection,
+        queue: str,
+        group: str,
+        moves: Sequence[DeadLetterKey],
+        offsets: Sequence[OffsetUpdate],
+    ) -> tuple[list[DeadLetter], list[OffsetUpdate], list[list[int]]]:
+        """The dead letters of ``moves`` (stored messages not settled in ``offsets``, in
+        seq order, with their delivery records), the offsets with them settled, and the
+        settled seqs of each move."""
+        latest = {update.partition: update for update in offsets}
+        letters: list[DeadLetter] = []
+        moved: list[list[int]] = []
+        m = kg_messages
+        for move in moves:
+            update = latest[move.partition]  # KeyError: the machine broke its contract
+            ledger = AckLedger(update.committed_seq, update.acked_above)
+            query = (
+                sa.select(m, _d.c.delivery_count, _d.c.first_delivery_time)
+                .outerjoin(
+                    _d,
+                    sa.and_(
+                        _d.c.queue == m.c.queue,
+                        _d.c.group_name == group,
+                        _d.c.partition == m.c.partition,
+                        _d.c.seq == m.c.seq,
+                    ),
+                )
+                .where(
+                    m.c.queue == queue,
+                    m.c.partition == move.partition,
+                    m.c.key == move.key,
+                    m.c.seq > move.after_seq,
+                )
+                .order_by(m.c.seq)
+            )
+            seqs: list[int] = []
+            for row in (await conn.execute(query)).mappings():
+                message, _ = salvage_message(row)
+                if not ledger.settle(message.seq):
+                    continue  # settled before
+                seqs.append(message.seq)
+                if has_tags(message, move.tags):
+                    count = row["delivery_count"] or 0
+                    reason = DeadLetterReason.KEY_DEAD_LETTERED
+                    letters.append(DeadLetter(message, reason, count, row["first_delivery_time"]))
+            latest[move.partition] = OffsetUpdate(move.partition, ledger.committed, ledger.ranges())
+            moved.append(seqs)
+        return letters, list(latest.values()), moved
 
     async def write_key_changes(self, queue: str, group: str, keys: Sequence[KeyChange]) -> None:
         """Park and release keys (kg_parked_keys), in order."""

@@ -1,4 +1,4 @@
-"""Reading the inspection views (storage.schema.VIEWS) for the admin API: the same rows a
+"""Reading the inspection views (storage.views.VIEWS) for the admin API: the same rows a
 user gets with plain SQL, as dicts."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import sqlalchemy as sa
 
 from core.errors import QueueNotFound
 from storage.base import StoreBase
-from storage.schema import kg_messages
+from storage.schema import kg_group_offsets, kg_messages, kg_partitions
 
 _QUEUE_STATS: Final = sa.text(
     "SELECT depth, bytes, in_flight, dead_letters FROM kg_queue_stats WHERE queue = :queue"
@@ -25,7 +25,44 @@ _KEY_STATUS: Final = sa.text(
 _BROWSE_COLUMNS: Final = [c for c in kg_messages.columns if c.name != "queue"]
 
 
+def _oldest_waiting() -> sa.Select[Any]:
+    """Per queue, the oldest publish time of the first message of each partition after the
+    lowest committed seq of the queue's groups (with no group, the first stored)."""
+    p, m, o = kg_partitions, kg_messages, kg_group_offsets
+    after = kg_messages.alias("after")
+    settled = (
+        sa.select(sa.func.coalesce(sa.func.min(o.c.committed_seq), 0))
+        .where(o.c.queue == p.c.queue, o.c.partition == p.c.partition)
+        .correlate(p)
+        .scalar_subquery()
+    )
+    first = (
+        sa.select(sa.func.min(after.c.seq))
+        .where(
+            after.c.queue == p.c.queue, after.c.partition == p.c.partition, after.c.seq > settled
+        )
+        .correlate(p)
+        .scalar_subquery()
+    )
+    return (
+        sa.select(p.c.queue, sa.func.min(m.c.publish_time))
+        .select_from(p)
+        .join(m, sa.and_(m.c.queue == p.c.queue, m.c.partition == p.c.partition, m.c.seq == first))
+        .group_by(p.c.queue)
+    )
+
+
+_OLDEST_WAITING: Final = _oldest_waiting()
+
+
 class InspectionOps(StoreBase):
+    async def oldest_waiting(self) -> dict[str, float]:
+        """Per queue with one, the publish time of its oldest message that some group has
+        not settled (of a queue without groups: its oldest stored message). Per partition
+        it is the first message after the lowest committed seq: an index lookup each."""
+        async with self.transaction(fenced=False) as conn:
+            return {queue: time for queue, time in await conn.execute(_OLDEST_WAITING)}
+
     async def queue_stats(self, queue: str) -> dict[str, int]:
         """``kg_queue_stats`` of one queue: depth, bytes, in_flight, dead_letters."""
         async with self.transaction() as conn:

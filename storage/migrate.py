@@ -1,6 +1,6 @@
 """Apply keygate's Alembic migrations (shipped in ``storage/migrations``) to a database.
 
-Tables come from the migration scripts; the views (storage.schema.VIEWS) are derived
+Tables come from the migration scripts; the views (storage.views.VIEWS) are derived
 objects, dropped and recreated after every upgrade to head so they always match the code.
 Two gateways starting against one PostgreSQL serialise on an advisory lock, so the
 schema is migrated once.
@@ -16,7 +16,7 @@ from alembic import command
 from alembic.config import Config
 
 from storage.engine import sync_engine
-from storage.schema import create_views, drop_views
+from storage.views import create_views, drop_views
 
 SCRIPT_LOCATION: Final = "storage:migrations"
 # pg_advisory_xact_lock key: "keygate" in ASCII, as a bigint.

@@ -1,8 +1,11 @@
 """The gauges an SRE alerts on, scraped from /metrics while a consumer works, on SQLite and
-PostgreSQL: depth, bytes, in-flight and dead letters per queue; lag, owners and the age of
-the oldest unsettled message per group; publish-to-delivery latency; the lease role."""
+PostgreSQL: depth, bytes, in-flight, dead letters and oldest message age per queue; lag,
+owners and the age of the oldest unsettled message per group; publish-to-delivery latency;
+the lease role."""
 
 from __future__ import annotations
+
+import time
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
@@ -62,3 +65,32 @@ async def test_queue_and_group_gauges_follow_a_consumer(gateway: Gateway) -> Non
             )
 
         await eventually(settled)
+
+
+async def test_oldest_message_age_per_queue_follows_its_slowest_group(gateway: Gateway) -> None:
+    def age(samples: Samples) -> float | None:
+        return _value(samples, "keygate_queue_oldest_message_age_seconds", queue="orders")
+
+    async with Client(native_url(gateway)) as client:
+        await client.declare_queue("orders", partitions=2)
+        await client.publish("orders", b"1", key="a")
+        await client.publish("orders", b"2", key="b")
+        assert age(await _scrape(gateway)) is not None  # no group yet: stored messages wait
+        billing = await client.subscribe("orders", group="billing", window=2)
+        received = [await billing.receive(timeout=10) for _ in range(2)]
+        oldest = min(m.publish_time for m in received)
+        before = time.time()
+        assert (age(await _scrape(gateway)) or -1) >= before - oldest
+
+        await billing.acknowledge(received[0])
+        await billing.acknowledge(received[1])
+
+        async def nothing_waits() -> bool:
+            return age(await _scrape(gateway)) == 0
+
+        await eventually(nothing_waits)
+        # A second group that has settled nothing makes the same messages wait again.
+        audit = await client.subscribe("orders", group="audit", start="earliest")
+        await audit.close()
+        before = time.time()
+        assert (age(await _scrape(gateway)) or -1) >= before - oldest

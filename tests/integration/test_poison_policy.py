@@ -6,16 +6,20 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Any
 
 import aiohttp
 import pytest
 import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncEngine
 
+from core.errors import QueueNotFound
 from gateway.cli import main
 from gateway.client import Client, Consumer
 from gateway.inspect import inspect_queue
 from gateway.server import Gateway
+from storage.store import SqlStore
 from tests.integration.conftest import native_url, start_gateway
 from tests.support.consume import take
 from tests.support.wait import eventually
@@ -181,3 +185,91 @@ async def test_kg_key_status_shows_parked_redelivered_and_waiting_keys(gateway: 
         (group,) = (await inspect_queue(gateway.broker, "orders"))["groups"]
         shown = [(k["key"], k["reason"], k["attempts"]) for k in group["keys"]]
         assert shown == [("a", "parked", None), ("c", "retry", 2), ("d", "retry", 1)]
+
+
+async def test_dead_letter_key_moves_stored_messages_the_group_has_not_read_yet(
+    db_url: str,
+) -> None:
+    """With a load buffer of 4, most of key a is still only in storage when its head is
+    dead-lettered: all of it reaches the DLQ in publish order, in that one transaction."""
+    gateway = await start_gateway(db_url, buffer_size=4)
+    try:
+        assert gateway.broker is not None
+        store = gateway.broker.store
+        async with Client(native_url(gateway)) as client:
+            await client.declare_queue(
+                "orders", partitions=1, max_deliveries=1, on_dead_letter="dead_letter_key"
+            )
+            audit = await client.subscribe("orders", group="audit", start="earliest")
+            names = ["a1", "b1"] + [f"a{i}" for i in range(2, 13)] + ["b2", "b3"]
+            for name in names:
+                await client.publish("orders", name.encode(), key=name[0])
+            consumer = await client.subscribe("orders", group="g", window=1, start="earliest")
+            first = await consumer.receive(timeout=10)
+            assert first.payload == b"a1"
+            await consumer.reject(first)
+
+            depth = await eventually(lambda: _dlq_depth(store))
+            assert depth == 12  # never a part of the key: one transaction
+            assert await _payloads(consumer, 3) == [b"b1", b"b2", b"b3"]
+            await client.publish("orders", b"a13", key="a")
+            assert await _payloads(consumer, 1) == [b"a13"]
+            assert await _dead_letters(client, 12) == [(b"a1", "rejected")] + [
+                (f"a{i}".encode(), "key-dead-lettered") for i in range(2, 13)
+            ]
+            # The other group of the queue still gets every message, in order.
+            assert await _payloads(audit, len(names) + 1) == [n.encode() for n in names] + [b"a13"]
+    finally:
+        await gateway.stop()
+
+
+async def _dlq_depth(store: SqlStore) -> int:
+    try:
+        return (await store.depth("orders.dlq"))[0]
+    except QueueNotFound:
+        return 0
+
+
+async def test_kg_key_status_shows_a_key_held_by_strict_order(gateway: Gateway) -> None:
+    assert gateway.store is not None
+    engine = gateway.store.engine
+    async with Client(native_url(gateway)) as client:
+        await client.declare_queue("orders", partitions=1)
+        for name in ("a1", "b1", "a2", "b2"):
+            await client.publish("orders", name.encode(), key=name[0])
+        consumer = await client.subscribe("orders", group="g", window=2, key_order="strict")
+        a1 = await consumer.receive(timeout=10)
+        b1 = await consumer.receive(timeout=10)
+        assert (a1.payload, b1.payload) == (b"a1", b"b1")
+        # b1 acked above the unacked a1; b2 follows it; a2 waits behind a1.
+        await consumer.acknowledge(b1)
+        b2 = await consumer.receive(timeout=10)
+        assert b2.payload == b"b2"
+
+        async def rows() -> list[tuple[Any, ...]] | None:
+            query = sa.text(
+                "SELECT key, reason, detail, message_id, attempts, messages, blocked_since "
+                "FROM kg_key_status WHERE queue = 'orders' AND group_name = 'g'"
+            )
+            async with engine.connect() as conn:
+                found = [tuple(r) for r in await conn.execute(query)]
+            return found if len(found) == 1 else None  # b waits too until b1's ack is flushed
+
+        [(key, reason, detail, message_id, attempts, messages, since)] = await eventually(rows)
+        assert (key, reason, detail, message_id, attempts, messages) == (
+            "a",
+            "strict",
+            None,
+            a1.message_id,
+            1,
+            None,
+        )
+        assert a1.publish_time <= since <= time.time()
+        await consumer.acknowledge(a1)
+        assert await _payloads(consumer, 1) == [b"a2"]
+        await eventually(lambda: _no_rows(engine))
+
+
+async def _no_rows(engine: AsyncEngine) -> bool:
+    async with engine.connect() as conn:
+        return not list(await conn.execute(sa.text("SELECT * FROM kg_key_status")))

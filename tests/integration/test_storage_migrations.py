@@ -10,7 +10,8 @@ from alembic.script import ScriptDirectory
 
 from storage import migrate, migrate_sync, sync_engine
 from storage.migrate import alembic_config
-from storage.schema import VIEWS, metadata
+from storage.schema import metadata
+from storage.views import VIEWS
 
 
 def test_migrating_an_empty_database_gives_exactly_the_metadata(db_url: str) -> None:

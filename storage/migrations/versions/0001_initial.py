@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
-from storage.schema import drop_views
+from storage.views import drop_views
 
 revision = '0001'
 down_revision = None

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-from storage.schema import drop_views
+from storage.views import drop_views
 
 revision = "0004"
 down_revision = "0005"

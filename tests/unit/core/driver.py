@@ -1,6 +1,6 @@
 """A fake owner for GroupMachine tests: executes actions against an in-memory store and
-checks the action contract (RecordDispatch before Deliver, DeadLetter then OffsetUpdate,
-one Fetch at a time per partition)."""
+checks the action contract (RecordDispatch before Deliver, DeadLetter and DeadLetterKey
+then OffsetUpdate, one Fetch at a time per partition)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from core.actions import (
     Action,
     AssignmentChanged,
     DeadLetter,
+    DeadLetterKey,
     Deliver,
     Dropped,
     Fetch,
@@ -24,7 +25,15 @@ from core.actions import (
     RecordDispatch,
 )
 from core.group import GroupMachine
-from core.model import AckMode, GroupConfig, Message, PartitionState, QueueConfig
+from core.model import (
+    AckMode,
+    DeadLetterReason,
+    GroupConfig,
+    Message,
+    PartitionState,
+    QueueConfig,
+)
+from core.partition import has_tags
 
 
 class Driver:
@@ -46,6 +55,9 @@ class Driver:
         self.store: dict[int, list[Message]] = store if store is not None else defaultdict(list)
         self.auto_fetch = auto_fetch
         self.pending_fetches: dict[int, Fetch] = {}
+        # DeadLetterKey moves not carried out yet (without auto_fetch: the machine runs on
+        # while the owner's transaction is under way).
+        self.pending_moves: list[DeadLetterKey] = []
         # Rows of the partition when each pending Fetch was issued: a real query's snapshot
         # is taken somewhere between issue and answer, so it may miss later commits.
         self.rows_at_issue: dict[int, int] = {}
@@ -107,8 +119,26 @@ class Driver:
         return self.call(self.machine.tick)
 
     def answer_fetches(self) -> None:
-        while self.pending_fetches:
-            self.answer_one()
+        while self.pending_fetches or self.pending_moves:
+            if self.pending_moves:
+                self.answer_move()
+            else:
+                self.answer_one()
+
+    def answer_move(self) -> None:
+        """Carry out the oldest DeadLetterKey as storage does, in one transaction."""
+        move = self.pending_moves.pop(0)
+        moved = [
+            m
+            for m in self.store.get(move.partition, [])
+            if m.key == move.key and m.seq > move.after_seq and not self.settled(m.partition, m.seq)
+        ]
+        for m in moved:
+            if has_tags(m, move.tags):
+                self.dead.append(DeadLetter(m, DeadLetterReason.KEY_DEAD_LETTERED, 0, None))
+        seqs = [m.seq for m in moved]
+        actions = self.machine.key_dead_lettered(self.now, move.partition, move.key, seqs)
+        self.run(actions, nested=True)
 
     def answer_one(self, *, stale: bool = False) -> None:
         """Answer the oldest Fetch; ``stale`` answers from the rows committed before it was
@@ -155,10 +185,17 @@ class Driver:
                 self.reserved[p] = action.reserved_seq
                 # A shrinking reservation never uncovers a first send.
                 assert max(self.dispatched[p], self.reserved[p]) >= self.first_sent[p]
-                owed_offsets = {(p, s) for p, s in owed_offsets if not self.settled(p, s)}
+                owed_offsets = {
+                    (q, s)
+                    for q, s in owed_offsets
+                    if (q != p if s == -1 else not self.settled(q, s))
+                }
             elif isinstance(action, DeadLetter):
                 self.dead.append(action)
                 owed_offsets.add((action.message.partition, action.message.seq))
+            elif isinstance(action, DeadLetterKey):
+                self.pending_moves.append(action)
+                owed_offsets.add((action.partition, -1))
             elif isinstance(action, KeyParked):
                 assert owed_offsets, "KeyParked without its DeadLetter"
                 self.parked[action.parked.partition, action.parked.key] = action.parked

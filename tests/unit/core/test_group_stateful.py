@@ -181,6 +181,11 @@ class GroupMachineRules(RuleBasedStateMachine):
     def answer_fetch(self, stale: bool) -> None:
         self.d.answer_one(stale=stale)
 
+    @precondition(lambda self: bool(self.d.pending_moves))
+    @rule()
+    def answer_move(self) -> None:
+        self.d.answer_move()
+
     # -- invariants ---------------------------------------------------------------------------
 
     @invariant()

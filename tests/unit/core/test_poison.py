@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from core.actions import GroupSnapshot, ParkedKey, PartitionSnapshot
+from core.actions import DeadLetterKey, GroupSnapshot, ParkedKey, PartitionSnapshot
 from core.errors import InvalidArgument, KeyNotParked
 from core.group import GroupMachine
 from core.model import DeadLetterReason, GroupConfig, Message, QueueConfig
@@ -152,10 +152,39 @@ def test_dead_letter_key_also_takes_messages_not_read_yet() -> None:
     rest = [_publish(d, "k") for _ in range(4)]
     d.bind("a", window=1)
     d.now = 1.0
-    _reject(d, "a", bad)
-    d.answer_fetches()
+    d.unacked["a"].pop(bad.message_id)
+    actions = d.call(d.machine.reject, "a", [bad.message_id])
+    # Three were read, two only stored: one action list (one transaction) moves them all.
+    kinds = [type(a).__name__ for a in actions if "DeadLetter" in type(a).__name__]
+    assert kinds == ["DeadLetter"] * 3 + ["DeadLetterKey"]
     assert [x.message for x in d.dead] == [bad, *rest]
     assert d.settled(0, 5)
+    d.now = 2.0
+    fresh = _publish(d, "k")
+    assert d.received("a") == [bad, fresh]
+
+
+def test_a_key_being_moved_waits_for_the_report_of_what_storage_moved() -> None:
+    d = make(on_dead_letter="dead_letter_key")
+    d.machine = GroupMachine(d.queue, GROUP, now=0.0, buffer_size=2)
+    bad, first, second = _publish(d, "k"), _publish(d, "j"), _publish(d, "j")
+    rest, other = _publish(d, "k"), _publish(d, "j")
+    d.bind("a", window=1)
+    actions = d.machine.reject(d.now, "a", [bad.message_id])
+    move = next(a for a in actions if isinstance(a, DeadLetterKey))
+    assert (move.partition, move.key, move.after_seq) == (0, "k", second.seq)
+    # The owner reads on before storage reports: rest (moved) and late (stored after the
+    # move's transaction) are held meanwhile; other keys flow.
+    d.run([a for a in actions if not isinstance(a, DeadLetterKey)])
+    late = _publish(d, "k")
+    d.ack("a", first)
+    d.ack("a", second)
+    d.ack("a", other)
+    assert d.received("a") == [bad, first, second, other]
+    d.run(d.machine.key_dead_lettered(d.now, 0, "k", [rest.seq]))
+    assert d.settled(0, rest.seq)
+    assert d.received("a") == [bad, first, second, other, late]
+    assert [x.message for x in d.dead] == [bad]
 
 
 def test_dead_letter_key_takes_an_in_flight_message_that_comes_back() -> None:

@@ -61,9 +61,10 @@ class FakeStore:
 
     async def dead_letter(
         self, queue: str, group: str, letters: Any, offsets: Any, **kw: Any
-    ) -> None:
+    ) -> list[list[int]]:
         await self._write(f"dead_letter+{len(offsets)}offsets")
         self.letters.extend(letters)
+        return [[] for _ in kw.get("moves", ())]
 
 
 # Payloads the fakes treat as a row that cannot be read back / a message that cannot be
