@@ -282,11 +282,28 @@ class Broker(ProtocolState):
             out.append(message)
         return out
 
-    async def publish(self, principal: Principal, publication: Publication) -> Receipt:
-        return (await self.publish_many(principal, [publication]))[0]
+    async def publish(
+        self,
+        principal: Principal,
+        publication: Publication,
+        *,
+        qos2_packet_id: int | None = None,
+    ) -> Receipt:
+        qos2 = None
+        if qos2_packet_id is not None and principal.client_id is not None:
+            qos2 = (principal.client_id, qos2_packet_id)
+        return (await self._publish(principal, [publication], qos2))[0]
 
     async def publish_many(
         self, principal: Principal, publications: Sequence[Publication]
+    ) -> list[Receipt]:
+        return await self._publish(principal, publications, None)
+
+    async def _publish(
+        self,
+        principal: Principal,
+        publications: Sequence[Publication],
+        qos2: tuple[str, int] | None,
     ) -> list[Receipt]:
         if self._closing:
             raise Unavailable("the gateway is shutting down")
@@ -299,7 +316,7 @@ class Broker(ProtocolState):
         flat = [m for batch in batches for m in batch]
         self._appends_in_flight += len(flat)
         try:
-            stored = await self.store.append(flat, now=now)
+            stored = await self.store.append(flat, now=now, qos2=qos2)
         except KeygateError as e:
             self.metrics.rejected.labels(e.code).inc()
             raise

@@ -21,11 +21,12 @@ class ProtocolState:
     async def mqtt_session(self, client_id: str) -> set[int] | None:
         return await self.store.mqtt_session(client_id, now=self.clock())
 
-    async def save_mqtt_session(
-        self, client_id: str, qos2_waiting: frozenset[int], *, expires_in: float | None
-    ) -> None:
+    async def save_mqtt_session(self, client_id: str, *, expires_in: float | None) -> None:
         expires_at = None if expires_in is None else self.clock() + expires_in
-        await self.store.save_mqtt_session(client_id, qos2_waiting, expires_at=expires_at)
+        await self.store.save_mqtt_session(client_id, expires_at=expires_at)
+
+    async def mqtt_released(self, client_id: str, packet_ids: frozenset[int]) -> None:
+        await self.store.mqtt_released(client_id, packet_ids)
 
     async def drop_mqtt_session(self, client_id: str) -> None:
         await self.store.drop_mqtt_session(client_id)

@@ -185,8 +185,18 @@ class Sink(Protocol):
         """Whether the principal may create and delete queues and exchanges."""
         ...
 
-    async def publish(self, principal: Principal, publication: Publication) -> Receipt:
+    async def publish(
+        self,
+        principal: Principal,
+        publication: Publication,
+        *,
+        qos2_packet_id: int | None = None,
+    ) -> Receipt:
         """Route, store and commit one publication; return only after commit.
+
+        ``qos2_packet_id``: an MQTT QoS 2 PUBLISH; its packet id is recorded as received
+        in the MQTT session of ``principal.client_id`` in the same transaction, so a
+        PUBLISH re-sent after a failover is answered, not stored twice.
 
         Raises NoRoute (topic matched nothing, or unknown queue as QueueNotFound),
         MessageTooLarge, QueueFull, PermissionDenied, StorageError.
@@ -268,11 +278,16 @@ class Sink(Protocol):
         when no such session is stored."""
         ...
 
-    async def save_mqtt_session(
-        self, client_id: str, qos2_waiting: frozenset[int], *, expires_in: float | None
-    ) -> None:
-        """Store an MQTT session: ``expires_in`` None while its client is connected, else
-        the seconds it outlives its connection."""
+    async def save_mqtt_session(self, client_id: str, *, expires_in: float | None) -> None:
+        """Store that an MQTT session exists: ``expires_in`` None while its client is
+        connected, else the seconds it outlives its connection. Its QoS 2 packet ids are
+        recorded with the publish (``publish(..., qos2_packet_id=)``) and released with
+        ``mqtt_released``."""
+        ...
+
+    async def mqtt_released(self, client_id: str, packet_ids: frozenset[int]) -> None:
+        """PUBREL: the stored session no longer waits for these packet ids; returns once
+        that is committed (then PUBCOMP may go out)."""
         ...
 
     async def drop_mqtt_session(self, client_id: str) -> None:

@@ -9,7 +9,10 @@ lease cannot overwrite the new active gateway's sessions.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from storage.base import StoreBase, upsert
 from storage.schema import kg_amqp_exchanges, kg_mqtt_sessions
@@ -51,19 +54,42 @@ class ProtocolStateOps(StoreBase):
             text = (await conn.execute(query)).scalar_one_or_none()
         return None if text is None else _decode_ids(text)
 
-    async def save_mqtt_session(
-        self, client_id: str, qos2_waiting: frozenset[int], *, expires_at: float | None
-    ) -> None:
-        """Store the session (``expires_at`` None while its client is connected)."""
+    async def save_mqtt_session(self, client_id: str, *, expires_at: float | None) -> None:
+        """Store that the session exists and when it expires (None while its client is
+        connected). Its packet ids change only through ``change_qos2``."""
         s = kg_mqtt_sessions
-        row = {
-            "client_id": client_id,
-            "qos2_waiting": _encode_ids(qos2_waiting),
-            "expires_at": expires_at,
-        }
+        row = {"client_id": client_id, "qos2_waiting": "", "expires_at": expires_at}
         async with self.transaction() as conn:
-            stmt = upsert(conn, s, ("client_id",), ("qos2_waiting", "expires_at"))
-            await conn.execute(stmt, [row])
+            await conn.execute(upsert(conn, s, ("client_id",), ("expires_at",)), [row])
+
+    async def mqtt_released(self, client_id: str, packet_ids: frozenset[int]) -> None:
+        """PUBREL: the session no longer waits for these QoS 2 packet ids."""
+        async with self.transaction() as conn:
+            await self.change_qos2(conn, client_id, remove=packet_ids)
+
+    async def change_qos2(
+        self,
+        conn: AsyncConnection,
+        client_id: str,
+        *,
+        add: Iterable[int] = (),
+        remove: Iterable[int] = (),
+    ) -> None:
+        """Add and remove packet ids of a session in ``conn``'s transaction: changes, never
+        a whole set written over another (a publish's add and a PUBREL's removal commit in
+        either order and both hold). The row is locked while it changes (PostgreSQL)."""
+        s = kg_mqtt_sessions
+        query = sa.select(s.c.qos2_waiting).where(s.c.client_id == client_id).with_for_update()
+        text = (await conn.execute(query)).scalar_one_or_none()
+        if text is None:
+            ids = set(add)
+            if ids:
+                row = {"client_id": client_id, "qos2_waiting": _encode_ids(frozenset(ids))}
+                await conn.execute(sa.insert(s).values(expires_at=None, **row))
+            return
+        ids = (_decode_ids(text) | set(add)) - set(remove)
+        stmt = sa.update(s).where(s.c.client_id == client_id)
+        await conn.execute(stmt.values(qos2_waiting=_encode_ids(frozenset(ids))))
 
     async def drop_mqtt_session(self, client_id: str) -> None:
         s = kg_mqtt_sessions

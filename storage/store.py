@@ -57,7 +57,15 @@ DEFAULT_LINGER: Final = 0.001
 # kg_dedup.producer is VARCHAR(500).
 _DEDUP_PRODUCER_LENGTH: Final = 500
 
-AppendCall = tuple[Sequence[Message], float]
+@dataclasses.dataclass(frozen=True, slots=True)
+class AppendCall:
+    """One ``append``: its messages, the time, and an MQTT QoS 2 packet id to record as
+    received in the client's session in the same transaction ((client id, packet id))."""
+
+    messages: Sequence[Message]
+    now: float
+    qos2: tuple[str, int] | None = None
+
 DedupKey = tuple[str, str, str]
 
 
@@ -110,15 +118,19 @@ class SqlStore(InspectionOps, LeaseOps, ProtocolStateOps, ConsumerOps):
         await self.dispatcher.close()
         await self.engine.dispose()
 
-    async def append(self, messages: Sequence[Message], *, now: float) -> list[Message]:
+    async def append(
+        self, messages: Sequence[Message], *, now: float, qos2: tuple[str, int] | None = None
+    ) -> list[Message]:
         """Store ``messages`` (all or none); return them as stored, with seqs, after COMMIT.
 
         A message whose (publisher, producer, dedup id) was stored within the queue's dedup
         window is not stored again: the originally stored message is returned in its place.
+        ``qos2`` (client id, packet id): the MQTT session records the packet id as received
+        in the same transaction, so a QoS 2 PUBLISH re-sent after a failover is known.
         """
         if not messages:
             return []
-        return await self.appender.submit((messages, now), len(messages))
+        return await self.appender.submit(AppendCall(messages, now, qos2), len(messages))
 
     def _check(self, messages: Sequence[Message], pending: dict[str, list[int]]) -> None:
         added: dict[str, list[int]] = {}
@@ -154,9 +166,9 @@ class SqlStore(InspectionOps, LeaseOps, ProtocolStateOps, ConsumerOps):
             outcomes: list[list[Message] | BaseException] = []
             accepted: list[int] = []
             pending: dict[str, list[int]] = {}
-            for index, (messages, _) in enumerate(calls):
+            for index, call in enumerate(calls):
                 try:
-                    self._check(messages, pending)
+                    self._check(call.messages, pending)
                 except KeygateError as e:
                     outcomes.append(e)
                 else:
@@ -172,7 +184,7 @@ class SqlStore(InspectionOps, LeaseOps, ProtocolStateOps, ConsumerOps):
     async def _commit_appends(self, calls: list[AppendCall]) -> list[list[Message] | BaseException]:
         """Write ``calls`` in one transaction. If it fails for a reason other than an
         unreachable database, retry each half on its own, so only the bad call fails."""
-        touched = {(m.queue, m.partition) for messages, _ in calls for m in messages}
+        touched = {(m.queue, m.partition) for call in calls for m in call.messages}
         try:
             async with self.transaction() as conn:
                 allocation = await self.lock_heads(conn, touched)
@@ -183,7 +195,7 @@ class SqlStore(InspectionOps, LeaseOps, ProtocolStateOps, ConsumerOps):
             if len(calls) == 1:
                 if isinstance(e, StorageError):
                     return [e]
-                _log.exception("append of %d message(s) failed", len(calls[0][0]))
+                _log.exception("append of %d message(s) failed", len(calls[0].messages))
                 return [StorageError("storage error")]
             half = len(calls) // 2
             return [
@@ -200,9 +212,10 @@ class SqlStore(InspectionOps, LeaseOps, ProtocolStateOps, ConsumerOps):
         results: list[list[Message]] = []
         new: list[Message] = []
         dedup_rows = []
-        for messages, now in calls:
+        for call in calls:
             result = []
-            for message in messages:
+            now = call.now
+            for message in call.messages:
                 key = _dedup_key(message)
                 if key is not None and key in seen:
                     result.append(seen[key])
@@ -233,6 +246,10 @@ class SqlStore(InspectionOps, LeaseOps, ProtocolStateOps, ConsumerOps):
             keys = ("queue", "producer", "dedup_id")
             changed = ("message_id", "partition", "seq", "expires_at")
             await conn.execute(upsert(conn, kg_dedup, keys, changed), dedup_rows)
+        for call in calls:
+            if call.qos2 is not None:
+                client_id, packet_id = call.qos2
+                await self.change_qos2(conn, client_id, add=(packet_id,))
         return results, new
 
     async def _find_duplicates(
@@ -240,14 +257,14 @@ class SqlStore(InspectionOps, LeaseOps, ProtocolStateOps, ConsumerOps):
     ) -> dict[DedupKey, Message]:
         """Messages already stored under the dedup keys of ``calls`` (unexpired)."""
         wanted: dict[DedupKey, Message] = {}
-        for messages, _ in calls:
-            for message in messages:
+        for call in calls:
+            for message in call.messages:
                 key = _dedup_key(message)
                 if key is not None and self.queues[message.queue].dedup_window > 0:
                     wanted.setdefault(key, message)
         if not wanted:
             return {}
-        now = min(now for _, now in calls)
+        now = min(call.now for call in calls)
         d, m = kg_dedup, kg_messages
         rows = await conn.execute(
             sa.select(d.c.queue, d.c.producer, d.c.dedup_id, d.c.message_id, d.c.partition, d.c.seq)

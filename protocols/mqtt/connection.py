@@ -93,6 +93,19 @@ class PublishRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class ReleaseRequest:
+    """PUBREL of a stored QoS 2 message: make the release durable (the stored session no
+    longer waits for ``packet_id``), then call ``released`` to send the PUBCOMP. Until
+    then a re-sent PUBLISH with that id would still be taken as the same message, which
+    is right: the client reuses an id only after PUBCOMP."""
+
+    packet_id: int
+
+
+Request = ConnectRequest | PublishRequest | ReleaseRequest
+
+
+@dataclass(frozen=True, slots=True)
 class Limits:
     """What this server advertises and enforces."""
 
@@ -152,7 +165,7 @@ class ServerConnection:
         self.last_received = now
         self.codec.receive_data(data)
 
-    def next_event(self) -> ConnectRequest | PublishRequest | None:
+    def next_event(self) -> Request | None:
         """The next thing for the listener to do, or None (need more data, or waiting)."""
         while self.state in (State.AWAIT_CONNECT, State.CONNECTED):
             try:
@@ -285,7 +298,7 @@ class ServerConnection:
 
     # ---- packets after CONNECT ---------------------------------------------------------
 
-    def _handle(self, packet: Packet) -> ConnectRequest | PublishRequest | None:
+    def _handle(self, packet: Packet) -> Request | None:
         if self.state is State.AWAIT_CONNECT:
             if not isinstance(packet, Connect):
                 raise MqttProtocolError("the first packet must be CONNECT")
@@ -294,7 +307,7 @@ class ServerConnection:
             case Publish():
                 return self._on_publish(packet)
             case PubRel():
-                self._on_pubrel(packet)
+                return self._on_pubrel(packet)
             case PingReq():
                 self._send(PingResp())
             case Subscribe():
@@ -423,21 +436,30 @@ class ServerConnection:
         ack = PubAck if qos == 1 else PubRec
         self._send(ack(packet_id, reason, props))
 
-    def _on_pubrel(self, packet: PubRel) -> None:
+    def _on_pubrel(self, packet: PubRel) -> ReleaseRequest | None:
         assert self.session is not None
         packet_id = packet.packet_id
-        self._inflight.discard(packet_id)
         if packet_id in self.session.qos2_received:
+            return ReleaseRequest(packet_id)
+        self._inflight.discard(packet_id)
+        self._send(PubComp(packet_id, ReasonCode.PACKET_IDENTIFIER_NOT_FOUND))
+        return None
+
+    def released(self, packet_id: int) -> None:
+        """The release of ``packet_id`` is durable: forget it and send the PUBCOMP."""
+        if self.session is not None:
             self.session.qos2_received.discard(packet_id)
+        self._inflight.discard(packet_id)
+        if self.state is not State.CLOSED:
             self._send(PubComp(packet_id))
-        else:
-            self._send(PubComp(packet_id, ReasonCode.PACKET_IDENTIFIER_NOT_FOUND))
 
 
 __all__ = [
     "ConnectRequest",
     "Limits",
     "PublishRequest",
+    "ReleaseRequest",
+    "Request",
     "ServerConnection",
     "State",
 ]

@@ -7,10 +7,41 @@ DISCONNECT with ``reason_code`` (MQTT 5, after a successful CONNECT) or a closed
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Final
 
-from core.errors import ProtocolError
+from core.errors import (
+    KeygateError,
+    MessageTooLarge,
+    NoRoute,
+    NotFound,
+    PermissionDenied,
+    ProtocolError,
+    QueueFull,
+    StorageError,
+    Unavailable,
+)
 from protocols.mqtt.packets import ReasonCode
+
+# A publish the sink refused: the PUBACK/PUBREC reason, first match wins; any other
+# KeygateError is 0x83.
+_PUBLISH_REASONS: Final[tuple[tuple[type[KeygateError], ReasonCode], ...]] = (
+    (StorageError, ReasonCode.UNSPECIFIED_ERROR),  # not stored: the client may retry
+    (Unavailable, ReasonCode.UNSPECIFIED_ERROR),
+    (NoRoute, ReasonCode.NO_MATCHING_SUBSCRIBERS),
+    (NotFound, ReasonCode.NO_MATCHING_SUBSCRIBERS),
+    (PermissionDenied, ReasonCode.NOT_AUTHORIZED),
+    (QueueFull, ReasonCode.QUOTA_EXCEEDED),
+    # PUBACK has no 0x95 (§3.4.2.1): 0x83 is "valid but not accepted", with the reason.
+    (MessageTooLarge, ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR),
+)
+
+
+def publish_reason(error: KeygateError) -> ReasonCode:
+    """The MQTT reason code for a publish the gateway did not store."""
+    return next(
+        (code for cls, code in _PUBLISH_REASONS if isinstance(error, cls)),
+        ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR,
+    )
 
 
 class MqttProtocolError(ProtocolError):
@@ -51,4 +82,5 @@ __all__ = [
     "MqttProtocolError",
     "PacketTooLarge",
     "UnsupportedProtocolVersion",
+    "publish_reason",
 ]

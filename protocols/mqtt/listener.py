@@ -29,11 +29,7 @@ from core.errors import (
     AuthError,
     ConnectionLimitReached,
     KeygateError,
-    MessageTooLarge,
-    NoRoute,
-    NotFound,
     PermissionDenied,
-    QueueFull,
     StorageError,
     Unavailable,
 )
@@ -45,12 +41,14 @@ from protocols.mqtt.connection import (
     ConnectRequest,
     Limits,
     PublishRequest,
+    ReleaseRequest,
     ServerConnection,
     State,
 )
-from protocols.mqtt.errors import MqttProtocolError
+from protocols.mqtt.errors import MqttProtocolError, publish_reason
 from protocols.mqtt.packets import ReasonCode
 from protocols.mqtt.session import SessionStore
+from protocols.mqtt.stored_session import StoredSession
 from protocols.mqtt.wire import MAX_VBI
 from protocols.sink import Principal, Sink, peer_identity
 
@@ -84,17 +82,6 @@ class _Outcome:
     detail: str | None = None
 
 
-# Permanent refusals, first match wins; any other KeygateError is 0x83.
-_REJECTIONS: Final[tuple[tuple[type[KeygateError], ReasonCode], ...]] = (
-    (NoRoute, ReasonCode.NO_MATCHING_SUBSCRIBERS),
-    (NotFound, ReasonCode.NO_MATCHING_SUBSCRIBERS),
-    (PermissionDenied, ReasonCode.NOT_AUTHORIZED),
-    (QueueFull, ReasonCode.QUOTA_EXCEEDED),
-    # PUBACK has no 0x95 (§3.4.2.1): 0x83 is "valid but not accepted", with the reason.
-    (MessageTooLarge, ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR),
-)
-
-
 class _Client:
     def __init__(
         self,
@@ -122,13 +109,8 @@ class _Client:
         self._pipeline_grew = asyncio.Event()
         self._reader_task: asyncio.Task[None] | None = None
         self._graceful_shutdown = False
-        # The session as kept by the sink (SQL), so it survives a restart or failover:
-        # QoS 2 ids committed but not yet in the session (their PUBREC is on its way),
-        # whether a row was written, and the saves in flight (in order, one at a time).
-        self._stored_qos2: set[int] = set()
-        self._session_saved = False
-        self._save_lock = asyncio.Lock()
-        self._saves: set[asyncio.Task[None]] = set()
+        # The session as kept by the sink (SQL), so it survives a restart or failover.
+        self._stored = StoredSession(listener.sink, self.log, self._released, self._abort)
 
     async def serve(self) -> None:
         """Run the connection to its end; never raises for peer behaviour."""
@@ -136,6 +118,7 @@ class _Client:
         stats.connections += 1
         writer_task = asyncio.create_task(self._write_loop())
         acker_task = asyncio.create_task(self._ack_loop())
+        releaser_task = asyncio.create_task(self._stored.run_releases())
         self._reader_task = asyncio.create_task(self._read_loop())
         try:
             with contextlib.suppress(asyncio.CancelledError):
@@ -149,7 +132,7 @@ class _Client:
             self._flush_nowait()
             await self._finish_session()
         finally:
-            for task in (self._reader_task, acker_task):
+            for task in (self._reader_task, acker_task, releaser_task):
                 task.cancel()
             for item in self._pipeline:
                 if item is not None:
@@ -201,15 +184,13 @@ class _Client:
                     break
                 if not data:
                     break
-                waiting = self._qos2_waiting()
                 conn.receive_data(data, self.loop.time())
-                if waiting - self._qos2_waiting():  # PUBRELs released some: store that
-                    task = asyncio.create_task(self._save_session())
-                    self._saves.add(task)
-                    task.add_done_callback(self._saves.discard)
                 while (event := conn.next_event()) is not None:
                     if isinstance(event, ConnectRequest):
                         await self._on_connect(event)
+                    elif isinstance(event, ReleaseRequest):
+                        self._stored.release(event.packet_id)
+
                     else:
                         await self._slots.acquire()
                         await self._unconfirmed.acquire(publication_bytes(event.publication))
@@ -270,11 +251,7 @@ class _Client:
             return
         await listener.take_over(request.client_id, self)
         try:
-            if connect.clean_start:
-                await listener.sink.drop_mqtt_session(request.client_id)
-                stored = None
-            else:
-                stored = await listener.sink.mqtt_session(request.client_id)
+            stored = await self._stored.load(request.client_id, clean_start=connect.clean_start)
         except KeygateError as e:
             self.log.warning("mqtt %s: cannot load the session: %s", request.client_id, e.message)
             self.conn.refuse(ReasonCode.SERVER_UNAVAILABLE)
@@ -285,7 +262,7 @@ class _Client:
         if stored is not None and not present:
             # Kept in SQL by an earlier run or another gateway (restart, failover).
             session.qos2_received |= stored
-            present = self._session_saved = True
+            present = True
         self.conn.accept(session, present, request.client_id)
 
     def _start_publish(self, request: PublishRequest) -> asyncio.Task[_Outcome]:
@@ -295,51 +272,33 @@ class _Client:
         return asyncio.create_task(self._publish(self.principal, request.publication))
 
     async def _publish_qos2(self, principal: Principal, request: PublishRequest) -> _Outcome:
-        """Store, then record the packet id in the stored session before the PUBREC goes
-        out, so a PUBLISH re-sent to another gateway after a failover is not stored again."""
-        outcome = await self._publish(principal, request.publication)
-        if outcome.reason < 0x80 and request.packet_id is not None:
-            self._stored_qos2.add(request.packet_id)
-            await self._save_session()
+        """Store, recording the packet id in the stored session in the same transaction,
+        before the PUBREC goes out: a PUBLISH re-sent to another gateway after a failover
+        is answered, not stored again."""
+        outcome = await self._publish(principal, request.publication, request.packet_id)
+        if outcome.reason < 0x80:
+            self._stored.saved = True  # the row exists now
         return outcome
 
-    def _qos2_waiting(self) -> frozenset[int]:
-        session = self.conn.session
-        held = session.qos2_received if session is not None else set()
-        return frozenset(held | self._stored_qos2)
+    async def _released(self, packet_ids: frozenset[int]) -> None:
+        """The stored session forgot these ids: their PUBCOMPs go out."""
+        for packet_id in sorted(packet_ids):
+            self.conn.released(packet_id)
+        await self._flush()
 
-    async def _save_session(self, *, ending: bool = False) -> None:
-        """Write the session as it is now (saves run one at a time, in call order). When
-        the connection ends, the row expires with the session, or goes at once."""
-        session, client_id = self.conn.session, self.conn.client_id
-        if session is None or client_id is None:
-            return
-        sink = self.listener.sink
-        async with self._save_lock:
-            try:
-                if ending and session.expiry_interval <= 0:
-                    await sink.drop_mqtt_session(client_id)
-                else:
-                    expires_in = session.expiry_interval if ending else None
-                    waiting = self._qos2_waiting()
-                    await sink.save_mqtt_session(client_id, waiting, expires_in=expires_in)
-                    self._session_saved = True
-            except KeygateError as e:
-                # What is stored stays stored; only a re-send after a failover may repeat.
-                self.log.warning("mqtt %s: cannot store the session: %s", client_id, e.message)
+    def _abort(self) -> None:
+        if self._reader_task is not None:
+            self._reader_task.cancel()
 
-    async def _publish(self, principal: Principal, publication: Publication) -> _Outcome:
+    async def _publish(
+        self, principal: Principal, publication: Publication, qos2_packet_id: int | None = None
+    ) -> _Outcome:
         try:
-            await self.listener.sink.publish(principal, publication)
-        except (StorageError, Unavailable) as e:
-            self.log.warning("mqtt %s: publish failed: %s", self.conn.client_id, e.message)
-            return _Outcome(ReasonCode.UNSPECIFIED_ERROR, e.message)
+            await self.listener.sink.publish(principal, publication, qos2_packet_id=qos2_packet_id)
         except KeygateError as e:
-            reason = next(
-                (code for cls, code in _REJECTIONS if isinstance(e, cls)),
-                ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR,
-            )
-            return _Outcome(reason, e.message)
+            if isinstance(e, StorageError | Unavailable):
+                self.log.warning("mqtt %s: publish failed: %s", self.conn.client_id, e.message)
+            return _Outcome(publish_reason(e), e.message)
         except Exception:
             self.log.exception("mqtt %s: publish failed unexpectedly", self.conn.client_id)
             return _Outcome(ReasonCode.UNSPECIFIED_ERROR, "internal error")
@@ -397,15 +356,12 @@ class _Client:
                 )
                 if self._reader_task is not None:
                     self._reader_task.cancel()
-            if request.packet_id is not None:
-                self._stored_qos2.discard(request.packet_id)  # now in the session itself
 
     async def _finish_session(self) -> None:
         conn, listener = self.conn, self.listener
         now = self.loop.time()
-        if conn.session is not None and self._session_saved:
-            await self._save_session(ending=True)
         if conn.session is not None:
+            await self._stored.ended(conn.session)
             listener.release(conn.client_id, self)
             listener.sessions.release(conn.session, now)
         will = conn.will

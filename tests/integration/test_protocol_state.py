@@ -5,12 +5,16 @@ packet ids waiting for PUBREL."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 
 import aio_pika
 import pytest
 from pamqp import commands
 
+from core.errors import QueueFull, StorageError
+from core.model import Message, QueueConfig
 from protocols.mqtt import MQTT_5, Connect, MqttProperties, PubComp, Publish, PubRec, PubRel
+from storage import SqlStore
 from tests.integration.conftest import start_gateway
 from tests.integration.sqlcheck import Sql, declare, open_sql
 from tests.support.mqtt_raw import RawMqtt
@@ -87,3 +91,44 @@ async def test_a_qos2_publish_resent_after_a_restart_is_stored_once(db_url: str,
     finally:
         await second.stop()
     assert sorted(r.payload for r in await sql.messages("orders")) == [b"next", b"once"]
+
+
+def _message(queue: str, n: int) -> Message:
+    return Message(f"m{n}", queue, 0, 0, "k", b"%d" % n, publish_time=1.0)
+
+
+async def test_a_qos2_packet_id_is_recorded_in_the_same_transaction_as_its_message(
+    store: SqlStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Store and record, or neither: a crash between the two can no longer store a QoS 2
+    message whose packet id the session does not know (the re-send would be stored
+    again), nor record an id whose message was not stored (the re-send would be lost)."""
+    await store.create_queue(QueueConfig("q2", partitions=1, max_depth_messages=2))
+    await store.append([_message("q2", 1)], now=1.0, qos2=("client", 7))
+    assert await store.mqtt_session("client", now=1.0) == {7}
+
+    async def broken(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("the session row cannot be written")
+
+    monkeypatch.setattr(store, "change_qos2", broken)
+    with pytest.raises(StorageError):
+        await store.append([_message("q2", 2)], now=1.0, qos2=("client", 8))
+    monkeypatch.undo()
+    assert (await store.depth("q2"))[0] == 1  # the message of 8 was rolled back with it
+    assert await store.mqtt_session("client", now=1.0) == {7}
+    await store.append([_message("q2", 3)], now=1.0)
+    with pytest.raises(QueueFull):  # refused: its id is not recorded either
+        await store.append([_message("q2", 4)], now=1.0, qos2=("client", 9))
+    assert await store.mqtt_session("client", now=1.0) == {7}
+
+
+async def test_releases_and_expiry_change_a_session_without_losing_other_ids(
+    store: SqlStore,
+) -> None:
+    await store.create_queue(QueueConfig("q3", partitions=1))
+    for packet_id in (1, 2, 3):
+        await store.append([_message("q3", packet_id)], now=1.0, qos2=("c", packet_id))
+    await store.mqtt_released("c", frozenset({2}))
+    await store.save_mqtt_session("c", expires_at=100.0)  # the client left: ids stay
+    assert await store.mqtt_session("c", now=50.0) == {1, 3}
+    assert await store.mqtt_session("c", now=150.0) is None  # expired

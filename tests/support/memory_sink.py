@@ -140,8 +140,18 @@ class MemorySink:
         self.stored_event.set()
         return receipts
 
-    async def publish(self, principal: Principal, publication: Publication) -> Receipt:
-        return (await self.publish_many(principal, [publication]))[0]
+    async def publish(
+        self,
+        principal: Principal,
+        publication: Publication,
+        *,
+        qos2_packet_id: int | None = None,
+    ) -> Receipt:
+        receipt = (await self.publish_many(principal, [publication]))[0]
+        if qos2_packet_id is not None and principal.client_id is not None:
+            waiting = self.mqtt_sessions.get(principal.client_id, frozenset())
+            self.mqtt_sessions[principal.client_id] = waiting | {qos2_packet_id}
+        return receipt
 
     async def declare_queue(
         self,
@@ -243,11 +253,14 @@ class MemorySink:
         waiting = self.mqtt_sessions.get(client_id)
         return None if waiting is None else set(waiting)
 
-    async def save_mqtt_session(
-        self, client_id: str, qos2_waiting: frozenset[int], *, expires_in: float | None
-    ) -> None:
+    async def save_mqtt_session(self, client_id: str, *, expires_in: float | None) -> None:
         self._fail_if_asked()
-        self.mqtt_sessions[client_id] = qos2_waiting
+        self.mqtt_sessions.setdefault(client_id, frozenset())
+
+    async def mqtt_released(self, client_id: str, packet_ids: frozenset[int]) -> None:
+        self._fail_if_asked()
+        if client_id in self.mqtt_sessions:
+            self.mqtt_sessions[client_id] = self.mqtt_sessions[client_id] - packet_ids
 
     async def drop_mqtt_session(self, client_id: str) -> None:
         self.mqtt_sessions.pop(client_id, None)

@@ -65,6 +65,7 @@ PROTOCOL_ADAPTERS = {
     "protocols/_limits.py",  # the byte budget a reader waits on
     "protocols/sink.py",  # the Listener protocol's start() takes an ssl context
     "protocols/amqp/flows.py",
+    "protocols/mqtt/stored_session.py",
     "protocols/native/writer.py",
     "protocols/stomp/pipeline.py",
 }

@@ -33,7 +33,7 @@ from protocols.mqtt import (
     Unsubscribe,
     Will,
 )
-from protocols.mqtt.connection import State
+from protocols.mqtt.connection import ReleaseRequest, Request, State
 
 LIMITS = Limits(max_packet_size=4096, receive_maximum=2, topic_alias_maximum=4)
 
@@ -48,7 +48,7 @@ class Harness:
         self.sessions = SessionStore()
         self.now = 100.0
 
-    def feed(self, *packets: Packet) -> ConnectRequest | PublishRequest | None:
+    def feed(self, *packets: Packet) -> Request | None:
         for packet in packets:
             self.conn.receive_data(self.client.send(packet), self.now)
         return self.conn.next_event()
@@ -147,8 +147,12 @@ def test_qos2_exactly_once_within_a_connection() -> None:
     harness.conn.complete(2, 9, ReasonCode.SUCCESS)
     assert harness.feed(Publish("t", b"x", 2, dup=True, packet_id=9)) is None
     assert harness.replies() == [PubRec(9), PubRec(9)]
-    harness.feed(PubRel(9))
-    assert harness.replies() == [PubComp(9)]
+    # PUBREL: the listener makes the release durable first; PUBCOMP only after that.
+    assert harness.feed(PubRel(9)) == ReleaseRequest(9)
+    assert harness.replies() == []
+    assert harness.feed(Publish("t", b"x", 2, dup=True, packet_id=9)) is None  # still known
+    harness.conn.released(9)
+    assert harness.replies() == [PubRec(9), PubComp(9)]
     harness.feed(PubRel(9))
     assert harness.replies() == [PubComp(9, ReasonCode.PACKET_IDENTIFIER_NOT_FOUND)]
 
@@ -308,6 +312,9 @@ def test_any_packet_sequence_after_connect_raises_nothing_but_protocol_errors(
         harness.conn.receive_data(chunk, harness.now)
         try:
             while (request := harness.conn.next_event()) is not None:
+                if isinstance(request, ReleaseRequest):
+                    harness.conn.released(request.packet_id)
+                    continue
                 assert isinstance(request, PublishRequest)
                 harness.conn.complete(request.qos, request.packet_id, ReasonCode.SUCCESS)
         except MqttProtocolError:

@@ -456,3 +456,25 @@ async def test_close_ends_every_connection(sink: MemorySink) -> None:
     await server.close()
     assert await client.receive() == Disconnect(ReasonCode.SERVER_SHUTTING_DOWN)
     assert await client.receive() is None
+
+
+async def test_pubcomp_waits_for_the_durable_release_and_a_failed_one_closes(
+    served: Served, sink: MemorySink
+) -> None:
+    """The client reuses a packet id after PUBCOMP: the stored session must have let the
+    id go first, or after a failover the next message with that id would be dropped as a
+    re-send. When the release cannot be stored, no PUBCOMP: the client sends PUBREL again."""
+    lasting = MqttProperties(session_expiry_interval=600)
+    client = await Raw.connected(served.port, Connect("rel", clean_start=False, properties=lasting))
+    await client.send(Publish("orders/r", b"x", 2, packet_id=5))
+    assert await client.receive() == PubRec(5)
+    assert sink.mqtt_sessions["rel"] == {5}
+    await client.send(PubRel(5))
+    assert await client.receive() == PubComp(5)
+    assert sink.mqtt_sessions["rel"] == frozenset()
+    await client.send(Publish("orders/r", b"y", 2, packet_id=6))
+    assert await client.receive() == PubRec(6)
+    sink.fail_writes = True
+    await client.send(PubRel(6))
+    assert await client.receive() is None  # closed, no PUBCOMP
+    assert sink.mqtt_sessions["rel"] == {6}  # the session still waits for that PUBREL
