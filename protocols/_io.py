@@ -23,6 +23,10 @@ import socket
 from collections.abc import Callable, Sequence
 from typing import Final
 
+from core.errors import KeygateError, StorageError, Unavailable
+from core.model import Publication
+from protocols.sink import Principal, Sink
+
 log = logging.getLogger("keygate.io")
 
 DEFAULT_HIGH: Final = 1024 * 1024
@@ -139,4 +143,46 @@ class Outbox:
                 log.exception("auto-ack of flow %s failed", flow_id)
 
 
-__all__ = ["DEFAULT_HIGH", "Outbox", "SettleWritten", "keep_alive"]
+async def publish_in_order(
+    sink: Sink,
+    principal: Principal,
+    publications: Sequence[Publication],
+    *,
+    stop_at_refusal: bool,
+    log: logging.LoggerAdapter[logging.Logger] | logging.Logger = log,
+) -> list[KeygateError | None]:
+    """Store a connection's publications in arrival order; one outcome per publication
+    tried (None = stored and committed).
+
+    All go in one transaction (``Sink.publish_many``). If storage fails, none was stored
+    and each gets that error (retrying one by one would fail alike). If one publication
+    spoils the batch (no route, too large, queue full), they are stored one by one, in
+    order, so only the refused ones fail; with ``stop_at_refusal`` (a protocol whose
+    refusal ends the connection) nothing after the first refusal is tried, and the
+    outcomes end there. An unexpected error is logged and answered as unavailable.
+    """
+    try:
+        if len(publications) == 1:
+            await sink.publish(principal, publications[0])
+        else:
+            await sink.publish_many(principal, publications)
+    except (StorageError, Unavailable) as e:
+        return [e] * len(publications)
+    except KeygateError as e:
+        if len(publications) == 1:
+            return [e]
+    except Exception:
+        log.exception("publish of %d message(s) failed unexpectedly", len(publications))
+        return [Unavailable("internal server error")] * len(publications)
+    else:
+        return [None] * len(publications)
+    outcomes: list[KeygateError | None] = []
+    for publication in publications:
+        (outcome,) = await publish_in_order(sink, principal, [publication], stop_at_refusal=False)
+        outcomes.append(outcome)
+        if outcome is not None and stop_at_refusal:
+            break
+    return outcomes
+
+
+__all__ = ["DEFAULT_HIGH", "Outbox", "SettleWritten", "keep_alive", "publish_in_order"]

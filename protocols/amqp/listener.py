@@ -39,7 +39,7 @@ from core.errors import (
     Unavailable,
 )
 from core.model import QueueConfig
-from protocols._io import Outbox, keep_alive
+from protocols._io import Outbox, keep_alive, publish_in_order
 from protocols._limits import DEFAULT_LIMITS, Admission, ConnectionLimits
 from protocols._log import ConnectionLog
 from protocols.amqp import events as ev
@@ -346,31 +346,16 @@ class _Session:
         results: dict[int, KeygateError | None] = {
             index: publish.rejected for index, publish in enumerate(batch)
         }
-        todo = [(i, p) for i, p in enumerate(batch) if p.rejected is None and p.publication]
-        publications = [p.publication for _, p in todo if p.publication is not None]
-        try:
-            await self.sink.publish_many(self._principal, publications)
-        except (StorageError, Unavailable) as e:
-            self.log.warning("amqp publish of %d messages failed: %s", len(todo), e)
-            results.update({i: e for i, _ in todo})
-        except KeygateError:
-            for index, publish in todo:
-                results[index] = await self._publish_one(publish)
-        except Exception:
-            self.log.exception("amqp publish failed")
-            results.update({i: _InternalError("internal error") for i, _ in todo})
+        todo = [(i, p.publication) for i, p in enumerate(batch) if p.rejected is None]
+        publications = [publication for _, publication in todo if publication is not None]
+        outcomes = await publish_in_order(
+            self.sink, self._principal, publications, stop_at_refusal=False, log=self.log
+        )
+        for (index, _), outcome in zip(todo, outcomes, strict=True):
+            results[index] = outcome
+        if any(isinstance(o, StorageError | Unavailable) for o in outcomes):
+            self.log.warning("amqp publish of %d messages failed: %s", len(todo), outcomes[0])
         return [(publish, results[index]) for index, publish in enumerate(batch)]
-
-    async def _publish_one(self, publish: ev.Publish) -> KeygateError | None:
-        assert self._principal is not None and publish.publication is not None
-        try:
-            await self.sink.publish(self._principal, publish.publication)
-        except KeygateError as e:
-            return e
-        except Exception:
-            self.log.exception("amqp publish failed")
-            return _InternalError("internal error")
-        return None
 
 
 class AmqpListener:

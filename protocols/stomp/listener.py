@@ -34,10 +34,10 @@ from collections.abc import Sequence
 from typing import Final
 
 from core.actions import Deliver
-from core.errors import ConnectionLimitReached, KeygateError, StorageError, Unavailable
-from core.model import AckMode, Publication
+from core.errors import ConnectionLimitReached, KeygateError, Unavailable
+from core.model import AckMode
 from protocols import sink as settles
-from protocols._io import Outbox, keep_alive
+from protocols._io import Outbox, keep_alive, publish_in_order
 from protocols._limits import DEFAULT_LIMITS, ConnectionLimits
 from protocols._log import ConnectionLog
 from protocols.sink import BindRequest, Principal, Sink, peer_identity
@@ -290,34 +290,31 @@ class _Session:
 
     async def _store(self, batch: list[Op]) -> bool:
         sends = [op for op in batch if isinstance(op, Publish)]
-        try:
-            await self._publish([s.publication for s in sends])
-        except (StorageError, Unavailable) as e:
-            # Nothing of the batch was stored, and retrying one by one would fail alike.
-            return await self._fail(e, next((s.receipt for s in sends if s.receipt), None))
-        except KeygateError as e:
-            if len(sends) == 1:
-                return await self._fail(e, sends[0].receipt)
-            # One SEND spoiled the batch: find it, storing those before it.
-            for send in sends:
-                try:
-                    await self._publish([send.publication])
-                except KeygateError as e2:
-                    return await self._fail(e2, send.receipt)
-                if send.receipt is not None:
-                    await self._write(self.conn.receipt(send.receipt))
-            return True
-        for send in sends:
+        outcomes = await publish_in_order(
+            self._sink,
+            self._principal,
+            [s.publication for s in sends],
+            stop_at_refusal=True,
+            log=self._log,
+        )
+        for index, (send, outcome) in enumerate(zip(sends, outcomes, strict=False)):
+            if outcome is not None:
+                # The ERROR names a receipt: this SEND's, or the next one that asked.
+                later = (s.receipt for s in sends[index:] if s.receipt is not None)
+                return await self._fail(outcome, next(later, None))
             if send.receipt is not None:
                 await self._write(self.conn.receipt(send.receipt))
         return True
 
     async def _commit(self, commit: Commit) -> bool:
         try:
-            if commit.publications:
-                await self._publish(list(commit.publications))
+            if commit.publications:  # atomically: all of the transaction or none
+                await self._sink.publish_many(self._principal, list(commit.publications))
         except KeygateError as e:
             return await self._fail(e, commit.receipt)
+        except Exception:
+            self._log.exception("stomp %s: COMMIT failed unexpectedly", self._peer)
+            return await self._fail(Unavailable("internal server error"), commit.receipt)
         if commit.receipt is not None:
             await self._write(self.conn.receipt(commit.receipt))
         return True
@@ -376,19 +373,6 @@ class _Session:
         else:
             event = settles.Ack((op.message_id,))
         self._sink.settle(self._principal, flow_id, event)
-
-    async def _publish(self, publications: list[Publication]) -> None:
-        """Store and commit; any unexpected failure becomes a KeygateError."""
-        try:
-            if len(publications) == 1:
-                await self._sink.publish(self._principal, publications[0])
-            else:
-                await self._sink.publish_many(self._principal, publications)
-        except KeygateError:
-            raise
-        except Exception as e:
-            self._log.exception("stomp %s: publish failed unexpectedly", self._peer)
-            raise Unavailable("internal server error") from e
 
     async def _fail(self, error: KeygateError, receipt: str | None) -> bool:
         self._log.info("stomp %s: %s: %s", self._peer, error.code, error.message)
