@@ -77,6 +77,8 @@ QUEUE_SETTINGS: Final = (
 )  # fmt: skip
 
 _BY_NAME: Final = {s.name: s for s in QUEUE_SETTINGS}
+# Every setting's name: what a map of queue settings (native DECLARE_QUEUE, the SDK) may hold.
+SETTING_NAMES: Final = frozenset(_BY_NAME)
 # Settings given as a list rather than one value (topic subscriptions).
 _LISTS: Final = frozenset({"subscriptions"})
 
@@ -111,4 +113,4 @@ def _typed(setting: QueueSetting, value: object) -> object:
     raise InvalidArgument(f"{setting.name} must be of type {kind.__name__}")
 
 
-__all__ = ["QUEUE_SETTINGS", "QueueSetting", "queue_settings"]
+__all__ = ["QUEUE_SETTINGS", "SETTING_NAMES", "QueueSetting", "queue_settings"]

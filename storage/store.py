@@ -57,6 +57,7 @@ DEFAULT_LINGER: Final = 0.001
 # kg_dedup.producer is VARCHAR(500).
 _DEDUP_PRODUCER_LENGTH: Final = 500
 
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class AppendCall:
     """One ``append``: its messages, the time, and an MQTT QoS 2 packet id to record as
@@ -65,6 +66,7 @@ class AppendCall:
     messages: Sequence[Message]
     now: float
     qos2: tuple[str, int] | None = None
+
 
 DedupKey = tuple[str, str, str]
 

@@ -21,13 +21,14 @@ from __future__ import annotations
 import ssl
 import uuid
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import fields, replace
+from dataclasses import replace
 from types import TracebackType
 from typing import Final
 from urllib.parse import urlsplit
 
 from core.errors import InvalidArgument
 from core.model import AckMode, GroupMode, KeyOrder, PropertyValue, QueueConfig, StartPosition
+from core.settings import SETTING_NAMES
 from gateway.client.consumer import BindIntent, Consumer
 from gateway.client.errors import ConnectionLost
 from gateway.client.robust import Backoff, Session
@@ -43,7 +44,6 @@ from protocols.native import (
 
 DEFAULT_URL: Final = "keygate://127.0.0.1:55555"
 DEFAULT_PORT: Final = 55555
-_QUEUE_SETTINGS: Final = frozenset(f.name for f in fields(QueueConfig)) - {"name", "subscriptions"}
 
 
 def parse_url(url: str) -> tuple[tuple[tuple[str, int], ...], bool]:
@@ -167,7 +167,7 @@ class Client:
         """Create queue ``name`` (settings named as QueueConfig's fields: partitions,
         max_deliveries, rebalance_delay, ...; None = default) or check it. Returns the
         queue as stored. Raises AlreadyExists, QueueNotFound (passive), InvalidArgument."""
-        unknown = set(settings) - _QUEUE_SETTINGS
+        unknown = set(settings) - SETTING_NAMES
         if unknown:
             raise InvalidArgument(f"unknown queue settings: {sorted(unknown)}")
         wire = {k: v for k, v in settings.items() if v is not None}
@@ -326,7 +326,7 @@ class Client:
 
 def queue_config(reply: QueueOk) -> QueueConfig:
     """A QueueConfig from QUEUE_OK, ignoring settings this SDK version does not know."""
-    known = {k: v for k, v in reply.settings.items() if k in _QUEUE_SETTINGS}
+    known = {k: v for k, v in reply.settings.items() if k in SETTING_NAMES}
     return QueueConfig(name=reply.name, subscriptions=reply.subscriptions, **known)  # type: ignore[arg-type]
 
 

@@ -3,20 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import fields
-from typing import Any, Final
+from typing import Any
 
 from core.errors import InvalidArgument
 from core.model import QueueConfig
+from core.settings import SETTING_NAMES
 from protocols.native.events import SettingValue
-
-_SETTINGS: Final = {f.name for f in fields(QueueConfig)} - {"name", "subscriptions"}
 
 
 def queue_settings(config: QueueConfig) -> dict[str, SettingValue]:
     """A queue's settings as the QUEUE_OK map (None values left out)."""
     out: dict[str, SettingValue] = {}
-    for name in sorted(_SETTINGS):
+    for name in sorted(SETTING_NAMES):
         value = getattr(config, name)
         if value is not None:
             out[name] = value
@@ -27,7 +25,7 @@ def queue_settings(config: QueueConfig) -> dict[str, SettingValue]:
 def queue_from_settings(
     name: str, settings: dict[str, Any], subscriptions: Sequence[str] | None
 ) -> QueueConfig:
-    unknown = set(settings) - _SETTINGS
+    unknown = set(settings) - SETTING_NAMES
     if unknown:
         raise InvalidArgument(f"unknown queue settings: {', '.join(sorted(unknown))}")
     try:
