@@ -142,8 +142,7 @@ class Broker(ProtocolState):
         if stored.dlq_name and stored.dlq_name not in self._queues:
             self._remember(await self.store.get_queue(stored.dlq_name))
         for runtime in self.runtimes(name):
-            runtime.machine.reconfigure(stored)
-            runtime.queue = stored
+            runtime.reconfigure(stored)
         return stored
 
     async def delete_queue_named(self, name: str) -> int:
@@ -504,7 +503,7 @@ class Broker(ProtocolState):
                 lag=sum(max(0, heads.get((name, p.partition), 0) - p.committed_seq) for p in parts),
                 owners=sum(1 for flow in status.flows if flow.partitions),
                 oldest=min(times, default=None),
-                parked=len(runtime.machine.parked_keys()),
+                parked=len(runtime.parked_keys()),
             )
 
     def _queue_gauges(self) -> Iterable[QueueGauge]:

@@ -85,7 +85,7 @@ async def release_key(
     if it is not running here. Returns the partitions the key was parked in; raises
     GroupNotFound, KeyNotParked."""
     runtime = await broker.groups.load(await broker.store.get_group(queue, name))
-    partitions = [p.partition for p in runtime.machine.parked_keys() if p.key == key]
+    partitions = [p.partition for p in runtime.parked_keys() if p.key == key]
     runtime.release_key(key, skip=skip)
     await runtime.flush()  # the release (and any skipped letters) is in SQL on return
     log.info(

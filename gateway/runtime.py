@@ -49,6 +49,7 @@ from core.actions import (
     KeyParked,
     KeyReleased,
     OffsetUpdate,
+    ParkedKey,
     PartitionsChanged,
     RecordDispatch,
     RetryScheduled,
@@ -284,6 +285,14 @@ class GroupRuntime:
 
     def status(self) -> GroupStatus:
         return self.machine.status()
+
+    def parked_keys(self) -> list[ParkedKey]:
+        return self.machine.parked_keys()
+
+    def reconfigure(self, queue: QueueConfig) -> None:
+        """The queue's settings were altered: they apply from their next use."""
+        self.machine.reconfigure(queue)
+        self.queue = queue
 
     # --- the executor ------------------------------------------------------------------
 
