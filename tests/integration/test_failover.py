@@ -1,7 +1,7 @@
 """Active/standby failover with real ``keygate serve`` processes on one PostgreSQL schema.
 
-SDK clients list both gateways; when the active one is killed (-9) they follow the
-standby once it takes over: nothing confirmed is lost and per-key order holds.
+Clients of every protocol list both gateways; when the active one is killed (-9) they
+follow the standby once it takes over: nothing confirmed is lost and per-key order holds.
 
 The frozen-active scenario of issue 17: the active gateway is frozen (SIGSTOP) while a
 client queues publishes on its socket; the standby takes over; a consumer on it drains;
@@ -15,6 +15,7 @@ import asyncio
 import os
 import signal
 import socket
+import threading
 import time
 from contextlib import AbstractContextManager, ExitStack
 from pathlib import Path
@@ -22,13 +23,18 @@ from subprocess import Popen
 
 import aio_pika
 import aiohttp
-import pika
-import pika.exceptions
 import pytest
 
 from gateway.client import Backoff, Client, Consumer
 from protocols.mqtt import MQTT_5, Connect, PubComp, Publish, PubRec, PubRel
 from tests.support.mqtt_raw import RawMqtt
+from tests.support.publishers import (
+    Run,
+    paho_publisher,
+    pika_publisher,
+    sequence,
+    stomp_publisher,
+)
 from tests.support.serve import serve
 from tests.support.wait import eventually
 
@@ -112,68 +118,98 @@ async def _health(port: int) -> tuple[int, str] | None:
         return None
 
 
-async def test_sdk_clients_follow_the_standby_after_the_active_gateway_is_killed(
+async def _sdk_publisher(url: str, run: Run) -> int:
+    """The native SDK with both addresses; a dedup id makes it resend a publish cut by the
+    failover. Returns its reconnect count."""
+    async with Client(url, backoff=Backoff(initial=0.05, maximum=0.5), heartbeat=1) as client:
+        while not run.stop.is_set():
+            payload, key = run.message()
+            await client.publish("orders", payload, key=key, dedup_id=payload.decode())
+            run.confirmed.append(payload)
+        return client.session.reconnects
+
+
+async def test_every_client_follows_the_standby_after_the_active_gateway_is_killed(
     postgres_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """kill -9 of the active gateway while native, MQTT (paho, QoS 1), AMQP (pika,
+    confirms) and STOMP (stomp.py, receipts) publishers and an SDK consumer run, each with
+    both gateways' addresses: every confirmed message is delivered, each publisher's keys
+    keep their order, and every client goes on through the new active gateway."""
     monkeypatch.setenv("KEYGATE_LEASE_TTL", LEASE_TTL)
-    native, http = {"a": _free_port(), "b": _free_port()}, {"a": _free_port(), "b": _free_port()}
+    protocols = ("native", "mqtt", "amqp", "stomp", "http")
+    ports = {name: {p: _free_port() for p in protocols} for name in ("a", "b")}
 
     def gateway(name: str) -> AbstractContextManager[tuple[Popen[bytes], dict[str, int], Path]]:
-        ports = [f"--native-port={native[name]}", f"--http-port={http[name]}"]
-        return serve(postgres_url, tmp_path, *ports, name=name)
+        flags = [f"--{p}-port={port}" for p, port in ports[name].items()]
+        return serve(postgres_url, tmp_path, *flags, name=name)
 
-    url = f"keygate://127.0.0.1:{native['a']},127.0.0.1:{native['b']}"
-    fast = Backoff(initial=0.05, maximum=0.5)
-    keys, total = 5, 300
-    confirmed: list[bytes] = []
+    def both(protocol: str) -> list[int]:
+        return [ports["a"][protocol], ports["b"][protocol]]
+
+    url = "keygate://" + ",".join(f"127.0.0.1:{port}" for port in both("native"))
+    stop, deadline = threading.Event(), time.monotonic() + 180
+    runs = {
+        name: Run(name, both(name), stop, deadline) for name in ("native", "mqtt", "amqp", "stomp")
+    }
     with ExitStack() as stack:
         proc_a, _, _ = stack.enter_context(gateway("a"))
         taking_over = asyncio.create_task(asyncio.to_thread(stack.enter_context, gateway("b")))
-        assert await eventually(lambda: _health(http["b"])) == (503, "standby")
-        assert await _health(http["a"]) == (200, "active")
-        async with (
-            Client(url, backoff=fast, heartbeat=1) as publisher,
-            Client(url, backoff=fast, heartbeat=1) as reader,
-        ):
-            await publisher.declare_queue("orders", partitions=4)
+        assert await eventually(lambda: _health(ports["b"]["http"])) == (503, "standby")
+        async with Client(url) as admin:
+            await admin.declare_queue("orders", partitions=4, subscriptions=["orders/#"])
+        async with Client(url, backoff=Backoff(initial=0.05, maximum=0.5), heartbeat=1) as reader:
             consumer = await reader.subscribe("orders", group="g", window=50)
-            received: dict[str, list[int]] = {}
+            order: dict[str, list[int]] = {}
             seen: set[bytes] = set()
 
             async def consume() -> None:
-                while not (len(confirmed) == total and set(confirmed) <= seen):
-                    # The last message may arrive before its publisher has its confirm:
-                    # look at the condition again (the caller's wait_for is the deadline).
-                    try:
+                while not (
+                    published.is_set() and all(set(r.confirmed) <= seen for r in runs.values())
+                ):
+                    try:  # re-check the condition now and then (wait_for is the deadline)
                         message = await consumer.receive(timeout=0.5)
                     except TimeoutError:
                         continue
-                    if message.payload not in seen:
+                    if message.payload not in seen:  # a message sent twice may repeat
                         seen.add(message.payload)
                         assert message.key is not None
-                        received.setdefault(message.key, []).append(int(message.payload))
+                        order.setdefault(message.key, []).append(sequence(message.payload)[1])
                     await consumer.acknowledge(message)
 
-            async def publish() -> None:
-                for i in range(total):
-                    payload = b"%d" % i
-                    # A dedup id makes the SDK resend a publish cut by the failover.
-                    await publisher.publish("orders", payload, key=f"k{i % keys}", dedup_id=str(i))
-                    confirmed.append(payload)
-
+            published = asyncio.Event()  # every publisher has returned
             consuming = asyncio.create_task(consume())
-            publishing = asyncio.create_task(publish())
-            await eventually(lambda: len(confirmed) >= total // 3)
+            publishing = [
+                asyncio.create_task(_sdk_publisher(url, runs["native"])),
+                *(
+                    asyncio.create_task(asyncio.to_thread(publisher, runs[name]))
+                    for name, publisher in (
+                        ("mqtt", paho_publisher),
+                        ("amqp", pika_publisher),
+                        ("stomp", stomp_publisher),
+                    )
+                ),
+            ]
+            await eventually(lambda: all(len(r.confirmed) >= 20 for r in runs.values()), timeout=60)
             proc_a.kill()
             await asyncio.to_thread(proc_a.wait, 10)
+            before = {name: len(run.confirmed) for name, run in runs.items()}
             await asyncio.wait_for(taking_over, 60)
-            assert await _health(http["b"]) == (200, "active")
-            await asyncio.wait_for(publishing, 60)
+            assert await _health(ports["b"]["http"]) == (200, "active")
+            # Every client goes on through B: each has confirms from it.
+            await eventually(
+                lambda: all(len(r.confirmed) >= before[n] + 20 for n, r in runs.items()), timeout=60
+            )
+            stop.set()
+            sdk_reconnects, *_ = await asyncio.wait_for(asyncio.gather(*publishing), 60)
+            published.set()
             await asyncio.wait_for(consuming, 60)
-            assert publisher.session.reconnects == 1 and reader.session.reconnects == 1
-    assert set(confirmed) <= seen
-    for key, numbers in received.items():
+            assert sdk_reconnects == 1 and reader.session.reconnects == 1
+    for run in runs.values():
+        assert set(run.confirmed) <= seen, f"{run.name}: confirmed messages lost"
+    for key, numbers in order.items():
         assert numbers == sorted(numbers), f"key {key} out of order: {numbers}"
+    assert {key.rpartition("-")[0] for key in order} == set(runs)
 
 
 async def test_protocol_state_follows_a_failover_after_kill_9(
@@ -222,77 +258,3 @@ async def test_protocol_state_follows_a_failover_after_kill_9(
             with pytest.raises(TimeoutError):
                 extra = await consumer.receive(timeout=1.0)
                 pytest.fail(f"stored twice: {extra.payload!r}")
-
-
-def _pika_publisher(ports: list[int], total: int, confirmed: list[bytes]) -> None:
-    """What an AMQP user does: pika with both gateways' parameters, confirms on, and a
-    retry loop that reconnects (and re-sends the unconfirmed message) on a lost link."""
-    parameters = [
-        pika.ConnectionParameters("127.0.0.1", port, connection_attempts=1, socket_timeout=5)
-        for port in ports
-    ]
-    i, attempts = 0, 0
-    while i < total:
-        try:
-            connection = pika.BlockingConnection(parameters)
-        except pika.exceptions.AMQPConnectionError:
-            attempts += 1
-            assert attempts < 600, "pika never reached a gateway"
-            time.sleep(0.1)  # the user's reconnect backoff, not a test synchronisation
-            continue
-        try:
-            channel = connection.channel()
-            channel.confirm_delivery()
-            while i < total:
-                key = f"k{i % 5}"
-                headers = {"JMSXGroupID": key}
-                body = b"%d" % i
-                channel.basic_publish("", "orders", body, pika.BasicProperties(headers=headers))
-                confirmed.append(body)
-                i += 1
-        except pika.exceptions.AMQPError:
-            continue  # lost with the gateway: reconnect and send message i again
-        finally:
-            if connection.is_open:
-                connection.close()
-
-
-async def test_a_pika_publisher_with_both_addresses_continues_on_the_new_gateway(
-    postgres_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("KEYGATE_LEASE_TTL", LEASE_TTL)
-    amqp = {"a": _free_port(), "b": _free_port()}
-    total = 300
-    confirmed: list[bytes] = []
-    with ExitStack() as stack:
-        proc_a, ports_a, _ = stack.enter_context(
-            serve(postgres_url, tmp_path, f"--amqp-port={amqp['a']}", name="a")
-        )
-        taking_over = asyncio.create_task(
-            asyncio.to_thread(
-                stack.enter_context,
-                serve(postgres_url, tmp_path, f"--amqp-port={amqp['b']}", name="b"),
-            )
-        )
-        async with Client(f"keygate://127.0.0.1:{ports_a['native']}") as admin:
-            await admin.declare_queue("orders", partitions=4)
-        publishing = asyncio.create_task(
-            asyncio.to_thread(_pika_publisher, [amqp["a"], amqp["b"]], total, confirmed)
-        )
-        await eventually(lambda: len(confirmed) >= total // 3)
-        proc_a.kill()
-        _, ports_b, _ = await asyncio.wait_for(taking_over, 60)
-        await asyncio.wait_for(publishing, 60)
-        async with Client(f"keygate://127.0.0.1:{ports_b['native']}") as reader:
-            consumer = await reader.subscribe("orders", group="g", start="earliest")
-            order: dict[str, list[int]] = {}
-            seen: set[bytes] = set()
-            while not set(confirmed) <= seen:
-                message = await consumer.receive(timeout=30)
-                if message.payload not in seen:  # a re-sent unconfirmed one may repeat
-                    seen.add(message.payload)
-                    assert message.key is not None
-                    order.setdefault(message.key, []).append(int(message.payload))
-                await consumer.acknowledge(message)
-    for key, numbers in order.items():
-        assert numbers == sorted(numbers), f"key {key} out of order: {numbers}"
