@@ -5,22 +5,39 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from core.errors import PermissionDenied
 from core.model import DEFAULT_MAX_MESSAGE_SIZE, Publication, QueueConfig
-from protocols.sink import Principal, Receipt
+from protocols.sink import BindRequest, BindResult, FlowOutput, Principal, Receipt, Settle
 
 
 class NullSink:
-    """Accepts everything at once: measures the listener alone."""
+    """Accepts every publish at once (measures the listener alone); consuming is refused."""
 
     max_message_size = DEFAULT_MAX_MESSAGE_SIZE
     blocked = False
 
     async def authenticate(
-        self, username: str | None, password: str | None, *, protocol: str, client_id: str | None
+        self,
+        username: str | None,
+        password: str | None,
+        *,
+        protocol: str,
+        client_id: str | None,
+        peer: str | None = None,
+        certificate_user: str | None = None,
     ) -> Principal:
         return Principal(username, protocol, client_id)
 
-    async def publish(self, principal: Principal, publication: Publication) -> Receipt:
+    def may_administer(self, principal: Principal) -> bool:
+        return True
+
+    async def publish(
+        self,
+        principal: Principal,
+        publication: Publication,
+        *,
+        qos2_packet_id: int | None = None,
+    ) -> Receipt:
         return Receipt(("m",), (publication.queue or "",))
 
     async def publish_many(
@@ -29,7 +46,12 @@ class NullSink:
         return [Receipt(("m",), (p.queue or "",)) for p in publications]
 
     async def declare_queue(
-        self, principal: Principal, config: QueueConfig, *, passive: bool = False
+        self,
+        principal: Principal,
+        config: QueueConfig,
+        *,
+        passive: bool = False,
+        exist_ok: bool = True,
     ) -> QueueConfig:
         return config
 
@@ -46,4 +68,30 @@ class NullSink:
         return None
 
     async def unsubscribe(self, principal: Principal, queue: str, pattern: str) -> None:
+        return None
+
+    async def bind(
+        self, principal: Principal, request: BindRequest, output: FlowOutput
+    ) -> BindResult:
+        raise PermissionDenied("the null sink has nothing to consume")
+
+    def settle(self, principal: Principal, flow_id: str, event: Settle) -> None:
+        return None
+
+    async def amqp_exchanges(self) -> dict[str, str]:
+        return {}
+
+    async def save_amqp_exchange(self, name: str, type_name: str | None) -> None:
+        return None
+
+    async def mqtt_session(self, client_id: str) -> set[int] | None:
+        return None
+
+    async def save_mqtt_session(self, client_id: str, *, expires_in: float | None) -> None:
+        return None
+
+    async def mqtt_released(self, client_id: str, packet_ids: frozenset[int]) -> None:
+        return None
+
+    async def drop_mqtt_session(self, client_id: str) -> None:
         return None
