@@ -106,7 +106,7 @@ class GatewayConfig:
     log_level: str = "INFO"
     log_json: bool = False
     name: str = "keygate"
-    # Limits (docs/operations.md, "Limits"): what one client can make the gateway hold.
+    # Limits (docs/operations.md, "Connection limits"): what one client can make the gateway hold.
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     max_connections_per_user: int = DEFAULT_MAX_CONNECTIONS_PER_USER
     login_timeout: float = DEFAULT_LOGIN_TIMEOUT

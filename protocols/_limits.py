@@ -137,7 +137,7 @@ class Admission:
 
 @dataclass(frozen=True, slots=True)
 class ConnectionLimits:
-    """Per-connection bounds every listener enforces (docs/operations.md, "Limits")."""
+    """Per-connection bounds every listener enforces (docs/operations.md, "Connection limits")."""
 
     login_timeout: float = DEFAULT_LOGIN_TIMEOUT
     """Seconds from accept until the login frame must have been received."""
