@@ -142,8 +142,9 @@ class KeygateBatchReader(_Planner, DataSourceReader):
             self.dispose()
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, ReadRange)
-        return read_range(partition)
+        # Nothing to read: PySpark replaces an empty partition list with one
+        # InputPartition(None).
+        return read_range(partition) if isinstance(partition, ReadRange) else iter(())
 
 
 class KeygateStreamReader(_Planner, DataSourceStreamReader, SupportsTriggerAvailableNow):

@@ -83,6 +83,12 @@ def test_batch_read_honours_starting_and_ending_offsets(session: SparkSession, d
     assert [s for p, s in seqs if p == 2] == list(range(1, heads[2] + 1))
 
 
+def test_batch_read_of_an_empty_range_returns_no_rows(session: SparkSession, db_url: str) -> None:
+    seed(db_url, "orders", 5)
+    df = read(session, db_url, "orders", "g", endingOffsets='{"0": 0, "1": 0, "2": 0}')
+    assert df.count() == 0
+
+
 def read_stream(session: SparkSession, url: str, queue: str, group: str) -> DataFrame:
     reader = session.readStream.format("keygate").option("url", url).option("queue", queue)
     return reader.option("group", group).load()
