@@ -4,9 +4,10 @@ Workload: a backlog of ``--messages`` messages (default 1,000,000) with 1 KiB pa
 20 keys, 8 partitions, seeded through the store. The Spark figure is a full read of every
 column with ``local[2]`` into the ``noop`` sink (best of ``--runs``, after a warm-up read of
 the first partition); the raw figure is one process scanning the same rows and columns
-with the driver alone (sqlite3 / psycopg server-side cursor, 10,000 rows per fetch), no
-decoding. SQLite always; PostgreSQL when ``--postgres`` (default: env
-KEYGATE_TEST_POSTGRES_URL) answers, in a throwaway schema. Not a test: run it by hand.
+with the driver alone (sqlite3 / psycopg server-side cursor in binary format, as the
+source reads, 10,000 rows per fetch), no decoding. SQLite always; PostgreSQL when
+``--postgres`` (default: env KEYGATE_TEST_POSTGRES_URL) answers, in a throwaway schema.
+Not a test: run it by hand.
 
     .venv/bin/python benchmarks/spark_read.py [--messages 1000000] [--runs 2]
         [--postgres URL]
@@ -63,7 +64,7 @@ def raw_postgres(url: str) -> int:
     schema = make_url(url).query["search_path"]
     with psycopg.connect(_libpq(url)) as conn:
         conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(str(schema))))
-        with conn.cursor(name="scan") as cursor:
+        with conn.cursor(name="scan", binary=True) as cursor:
             cursor.execute(_SCAN, (QUEUE,))
             rows = 0
             while chunk := cursor.fetchmany(FETCH):

@@ -196,6 +196,56 @@ def _not_due(
     return _runs(deferred), _runs(expired)
 
 
+def _live(m: sa.Table, now: float) -> sa.ColumnElement[bool]:
+    return sa.or_(m.c.expire_at.is_(None), m.c.expire_at > now)
+
+
+def first_not_due(
+    conn: sa.Connection,
+    queue: str,
+    group: str,
+    spans: Mapping[int, tuple[int, int]],
+    now: float,
+) -> dict[int, int]:
+    """Per partition, the first seq in its span ``(lo, hi]`` that is not due at ``now``:
+    scheduled later (deliver_at) or nacked with its redelivery later (redeliver_at), and
+    not expired. A stream's offsets stop just before it (spark.source)."""
+    m, d = kg_messages, kg_deliveries
+    wanted = [(p, lo, hi) for p, (lo, hi) in spans.items() if hi > lo]
+    if not wanted:
+        return {}
+
+    def in_spans(table: sa.Table) -> sa.ColumnElement[bool]:
+        return sa.or_(
+            *(
+                sa.and_(table.c.partition == p, table.c.seq > lo, table.c.seq <= hi)
+                for p, lo, hi in wanted
+            )
+        )
+
+    scheduled = sa.select(m.c.partition, m.c.seq).where(
+        m.c.queue == queue, in_spans(m), m.c.deliver_at > now, _live(m, now)
+    )
+    retried = (
+        sa.select(d.c.partition, d.c.seq)
+        .join(
+            m, sa.and_(m.c.queue == d.c.queue, m.c.partition == d.c.partition, m.c.seq == d.c.seq)
+        )
+        .where(
+            d.c.queue == queue,
+            d.c.group_name == group,
+            in_spans(d),
+            d.c.redeliver_at > now,
+            _live(m, now),
+        )
+    )
+    held = sa.union_all(scheduled, retried).subquery()
+    rows = conn.execute(
+        sa.select(held.c.partition, sa.func.min(held.c.seq)).group_by(held.c.partition)
+    )
+    return {int(partition): int(seq) for partition, seq in rows}
+
+
 def load_partitions(
     conn: sa.Connection, queue: str, group: str, *, due_at: float | None = None
 ) -> dict[int, PartitionState]:
@@ -289,6 +339,7 @@ __all__ = [
     "commit_through",
     "ensure_group",
     "ensure_queue",
+    "first_not_due",
     "group_tags",
     "load_partitions",
     "read_engine",

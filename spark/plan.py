@@ -39,6 +39,9 @@ class ReadRange(InputPartition):
     include_properties: bool
     # The group's tag filter (property name, text): other messages are not shown.
     tags: tuple[tuple[str, str], ...] = ()
+    # Streams: messages whose expire_at is at or before this time are left out (and
+    # settled by the commit that passes them).
+    live_at: float | None = None
 
 
 def start_offsets(states: Mapping[int, PartitionState], start: Start | Offsets) -> Offsets:
@@ -91,6 +94,7 @@ def read_ranges(
     min_partitions: int,
     include_properties: bool,
     tags: tuple[tuple[str, str], ...] = (),
+    live_at: float | None = None,
 ) -> list[ReadRange]:
     """Input partitions for ``start < seq <= end``, empty ranges left out, in partition
     and seq order."""
@@ -117,6 +121,7 @@ def read_ranges(
                     dispatched=state.dispatched,
                     include_properties=include_properties,
                     tags=tags,
+                    live_at=live_at,
                 )
             )
     return ranges

@@ -12,15 +12,16 @@ booleans as ``true``/``false``, bytes as base64.
 
 from __future__ import annotations
 
-from bisect import bisect_right
+import itertools
+import json
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Final
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import sqlalchemy as sa
 
-from core.actions import SeqRanges
 from core.partition import property_text
 from spark.db import read_engine
 from spark.plan import ReadRange
@@ -45,7 +46,8 @@ ARROW_SCHEMA: Final = pa.schema(
         ("delivery_count", pa.int32()),
     ]
 )
-BATCH_ROWS: Final = 8192
+BATCH_ROWS: Final = 10_000
+_DECODER: Final = json.JSONDecoder(parse_int=str)
 
 
 def render_value(value: Any) -> str:
@@ -59,33 +61,64 @@ def render_value(value: Any) -> str:
     return repr(value) if isinstance(value, float) else str(value)
 
 
-def _skipped(skip: SeqRanges, seq: int) -> bool:
-    index = bisect_right(skip, (seq, float("inf"))) - 1
-    return index >= 0 and skip[index][1] >= seq
+def _json_objects(texts: Sequence[str]) -> list[dict[str, Any]]:
+    """Many JSON object texts decoded in one call (one parser run, not one per row).
+    Integers stay in their JSON spelling, the text Spark shows and tags compare."""
+    return _DECODER.decode("[" + ",".join(texts) + "]")  # type: ignore[no-any-return]
 
 
-def _shown(r: ReadRange, row: sa.Row[Any]) -> bool:
-    """Not acked individually, and passing the group's tag filter (as core.delivery
-    compares: the property's text equals the tag's value)."""
-    if r.skip and _skipped(r.skip, row.seq):
-        return False
-    if not r.tags:
-        return True
-    properties = decode_properties(row.properties)
-    return all(
-        name in properties and property_text(properties[name]) == value for name, value in r.tags
+def property_map(values: Sequence[Mapping[str, Any] | None]) -> pa.Array:
+    """The ``properties`` column built as Arrow's flat offsets/keys/items arrays (no
+    per-row list of pairs for pyarrow to walk)."""
+    maps = [raw or {} for raw in values]
+    offsets = list(itertools.accumulate(map(len, maps), initial=0))
+    names = list(itertools.chain.from_iterable(maps))
+    items = [
+        v if type(v) is str else render_value(v)
+        for v in itertools.chain.from_iterable(raw.values() for raw in maps)
+    ]
+    return pa.MapArray.from_arrays(
+        pa.array(offsets, pa.int32()), pa.array(names, pa.string()), pa.array(items, pa.string())
     )
 
 
-def _query(r: ReadRange) -> sa.Select[Any]:
+def _tag_match(tags: tuple[tuple[str, str], ...], raw: Mapping[str, Any]) -> bool:
+    """As core.delivery compares: the property's text equals the tag's value."""
+    properties = decode_properties(raw)
+    return all(
+        name in properties and property_text(properties[name]) == value for name, value in tags
+    )
+
+
+def _shown(r: ReadRange, seq: pa.Array, properties: Sequence[Mapping[str, Any]]) -> pa.Array | None:
+    """Mask of the rows not acked individually (``r.skip``) and passing the group's tag
+    filter; None when every row is shown."""
+    keep: np.ndarray | None = None
+    if r.skip:
+        seqs = seq.to_numpy()
+        lows = np.array([lo for lo, _ in r.skip], np.int64)
+        highs = np.array([hi for _, hi in r.skip], np.int64)
+        index = np.searchsorted(lows, seqs, side="right") - 1
+        keep = ~((index >= 0) & (seqs <= highs[np.maximum(index, 0)]))
+    if r.tags:
+        tagged = np.fromiter((_tag_match(r.tags, p) for p in properties), bool, len(properties))
+        keep = tagged if keep is None else keep & tagged
+    return None if keep is None else pa.array(keep)
+
+
+def _query(r: ReadRange, dialect: sa.Dialect) -> str:
+    """The range's SQL with its (validated) values inlined, for the driver's own cursor.
+    Properties come as JSON text, decoded per batch in one call."""
     m, d = kg_messages, kg_deliveries
-    return (
+    # SQLite stores JSON as text already; PostgreSQL's jsonb is cast to its text form.
+    text = m.c.properties if dialect.name == "sqlite" else sa.cast(m.c.properties, sa.Text)
+    query = (
         sa.select(
             m.c.seq,
             m.c.message_id,
             m.c.key,
             m.c.payload,
-            m.c.properties if r.include_properties or r.tags else sa.null().label("properties"),
+            text if r.include_properties or r.tags else sa.null(),
             m.c.topic,
             m.c.publish_time,
             d.c.delivery_count,
@@ -103,35 +136,23 @@ def _query(r: ReadRange) -> sa.Select[Any]:
         .where(m.c.queue == r.queue, m.c.partition == r.partition, m.c.seq > r.lo, m.c.seq <= r.hi)
         .order_by(m.c.seq)
     )
+    if r.live_at is not None:
+        query = query.where(sa.or_(m.c.expire_at.is_(None), m.c.expire_at > r.live_at))
+    return str(query.compile(dialect=dialect, compile_kwargs={"literal_binds": True}))
 
 
-def property_map(values: Sequence[Mapping[str, Any] | None]) -> pa.Array:
-    """The ``properties`` column built as Arrow's flat offsets/keys/items arrays (no
-    per-row list of pairs for pyarrow to walk)."""
-    offsets = [0]
-    names: list[str] = []
-    items: list[str] = []
-    for raw in values:
-        if raw:
-            names.extend(raw)
-            items.extend(v if type(v) is str else render_value(v) for v in raw.values())
-        offsets.append(len(names))
-    return pa.MapArray.from_arrays(
-        pa.array(offsets, pa.int32()), pa.array(names, pa.string()), pa.array(items, pa.string())
-    )
-
-
-def _batch(r: ReadRange, rows: list[sa.Row[Any]]) -> pa.RecordBatch:
-    seqs, ids, keys, payloads, properties, topics, times, records = zip(*rows, strict=True)
+def _batch(r: ReadRange, rows: list[tuple[Any, ...]]) -> pa.RecordBatch:
+    seqs, ids, keys, payloads, texts, topics, times, records = zip(*rows, strict=True)
     seq = pa.array(seqs, pa.int64())
+    properties = _json_objects(texts) if texts[0] is not None else []
     # Shown count = deliveries so far + 1; a seq at or below dispatched_seq with no record
     # was delivered once (a native consumer's unacked first delivery).
     seen = pc.cast(pc.less_equal(seq, r.dispatched), pa.int32())
     counts = pc.add(pc.coalesce(pa.array(records, pa.int32()), seen), 1)
     micros = pc.round(pc.multiply(pa.array(times, pa.float64()), 1_000_000))
     columns = [
-        pa.array([r.queue] * len(rows), pa.string()),
-        pa.array([r.partition] * len(rows), pa.int32()),
+        pa.repeat(pa.scalar(r.queue, pa.string()), len(rows)),
+        pa.repeat(pa.scalar(r.partition, pa.int32()), len(rows)),
         seq,
         pa.array(ids, pa.string()),
         pa.array(keys, pa.string()),
@@ -143,7 +164,29 @@ def _batch(r: ReadRange, rows: list[sa.Row[Any]]) -> pa.RecordBatch:
         pc.cast(micros, pa.int64()).cast(pa.timestamp("us", tz="UTC")),
         pc.cast(counts, pa.int32()),
     ]
-    return pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)
+    batch = pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)
+    keep = _shown(r, seq, properties)
+    return batch if keep is None else batch.filter(keep)
+
+
+def _chunks(engine: sa.Engine, r: ReadRange) -> Iterator[list[tuple[Any, ...]]]:
+    """Raw driver tuples, BATCH_ROWS at a time: a server-side cursor in binary format on
+    PostgreSQL (bytea arrives as bytes, not hex), a plain cursor on SQLite (one statement,
+    one read snapshot). SQLAlchemy's per-row result processing is skipped."""
+    sql = _query(r, engine.dialect)
+    with engine.connect() as conn:
+        driver = conn.connection.driver_connection
+        assert driver is not None
+        if engine.dialect.name == "postgresql":
+            cursor = driver.cursor(name="keygate_read", binary=True)
+        else:
+            cursor = driver.cursor()
+        try:
+            cursor.execute(sql)
+            while chunk := cursor.fetchmany(BATCH_ROWS):
+                yield chunk
+        finally:
+            cursor.close()
 
 
 def read_range(r: ReadRange) -> Iterator[pa.RecordBatch]:
@@ -151,14 +194,10 @@ def read_range(r: ReadRange) -> Iterator[pa.RecordBatch]:
     committed seq."""
     engine = read_engine(r.url)
     try:
-        with engine.connect() as conn:
-            result = conn.execution_options(stream_results=True, yield_per=BATCH_ROWS).execute(
-                _query(r)
-            )
-            for chunk in result.partitions():
-                rows = [row for row in chunk if _shown(r, row)]
-                if rows:
-                    yield _batch(r, rows)
+        for chunk in _chunks(engine, r):
+            batch = _batch(r, chunk)
+            if batch.num_rows:
+                yield batch
     finally:
         engine.dispose()
 

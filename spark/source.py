@@ -39,6 +39,7 @@ from spark.db import (
     PartitionState,
     commit_through,
     ensure_group,
+    first_not_due,
     group_tags,
     load_partitions,
     write_engine,
@@ -96,7 +97,11 @@ class _Planner:
             return load_partitions(conn, o.queue, o.group, due_at=o.due_at)
 
     def ranges(
-        self, states: dict[int, PartitionState], start: Offsets, end: Offsets
+        self,
+        states: dict[int, PartitionState],
+        start: Offsets,
+        end: Offsets,
+        live_at: float | None = None,
     ) -> list[ReadRange]:
         o = self.options
         return read_ranges(
@@ -109,6 +114,7 @@ class _Planner:
             min_partitions=o.min_partitions,
             include_properties=o.include_properties,
             tags=self._tags,
+            live_at=live_at,
         )
 
     def dispose(self) -> None:
@@ -136,8 +142,9 @@ class KeygateBatchReader(_Planner, DataSourceReader):
             self.dispose()
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, ReadRange)
-        return read_range(partition)
+        # Nothing to read: PySpark replaces an empty partition list with one
+        # InputPartition(None).
+        return read_range(partition) if isinstance(partition, ReadRange) else iter(())
 
 
 class KeygateStreamReader(_Planner, DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -173,10 +180,23 @@ class KeygateStreamReader(_Planner, DataSourceStreamReader, SupportsTriggerAvail
         end = {p: max(begin[p], seq) for p, seq in end.items()}
         if isinstance(limit, ReadMaxRows):
             end = limit_offsets(begin, end, limit.max_rows)
-        return offsets_json(end)
+        return offsets_json(self._due(begin, end))
+
+    def _due(self, begin: Offsets, end: Offsets) -> Offsets:
+        """``end`` stopped just before each partition's first message that is not due
+        (scheduled later, or nacked with its redelivery later): it is read once due, and
+        no later message of its partition, so of its key, overtakes it."""
+        o = self.options
+        spans = {p: (begin[p], seq) for p, seq in end.items()}
+        with self.engine.connect() as conn:
+            held = first_not_due(conn, o.queue, o.group, spans, time.time())
+        return {p: min(seq, held[p] - 1) if p in held else seq for p, seq in end.items()}
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
-        return self.ranges(self.states(self.owner), _offsets(start), _offsets(end))
+        # Expired messages are left out (the commit settles them); planned again after a
+        # restart, more may have expired: they are left out too.
+        states = self.states(self.owner)
+        return self.ranges(states, _offsets(start), _offsets(end), live_at=time.time())
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, ReadRange)
