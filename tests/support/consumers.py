@@ -8,6 +8,7 @@ per delivery what the consumer answers: "ack", "nack" (retry), "reject" (dead-le
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -169,8 +170,10 @@ class StompConsumer(stomp.ConnectionListener, Recorded):  # type: ignore[misc]
             self.conn.nack(item.tag)
 
     def stop(self) -> None:
-        if self.conn.is_connected():
-            self.conn.disconnect()
+        # The gateway may have closed the socket (an ERROR): DISCONNECT then fails.
+        with contextlib.suppress(OSError, stomp.exception.NotConnectedException):
+            if self.conn.is_connected():
+                self.conn.disconnect()
 
 
 def wait_until(check: Callable[[], bool], timeout: float = 15.0, what: str = "condition") -> None:
