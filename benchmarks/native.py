@@ -188,17 +188,17 @@ def main() -> None:
                 rate = None if args.no_latency else args.rate
                 result = asyncio.run(run(url, args.messages, args.partitions, rate))
                 rss = peak_rss_mb(pid)
-            line = (
-                f"{name:10s} {args.partitions} partitions | publish "
-                f"{result['publish_msgs_s']:8.0f} msg/s (confirmed, {IN_FLIGHT} in flight) | "
-                f"consume {result['consume_msgs_s']:8.0f} msg/s (client acks)"
-            )
-            if rate is not None:
-                line += (
-                    f" | e2e latency at {rate} msg/s: "
-                    f"p50 {result['p50_ms']:.1f} ms, p99 {result['p99_ms']:.1f} ms"
+                line = (
+                    f"{name:10s} {args.partitions} partitions | publish "
+                    f"{result['publish_msgs_s']:8.0f} msg/s (confirmed, {IN_FLIGHT} in flight) | "
+                    f"consume {result['consume_msgs_s']:8.0f} msg/s (client acks)"
                 )
-            print(f"{line} | gateway peak RSS {rss:.0f} MB")
+                if rate is not None:
+                    line += (
+                        f" | e2e latency at {rate} msg/s: "
+                        f"p50 {result['p50_ms']:.1f} ms, p99 {result['p99_ms']:.1f} ms"
+                    )
+                print(f"{line} | gateway peak RSS {rss:.0f} MB", flush=True)
 
 
 if __name__ == "__main__":

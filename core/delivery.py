@@ -34,8 +34,19 @@ K is held until ``key_dead_lettered`` reports the seqs moved (messages of K read
 meanwhile wait: storage moved them, or they were stored after and flow). Those in flight
 follow if they come back unsettled.
 
-Known limit: a buffer full of held-back, parked or scheduled messages delays later messages
-of other keys of that partition until it drains (or the partition is re-read).
+Buffers (docs/operations.md "Limits"). A group's buffered messages are bounded in bytes
+(``buffered_cost``): its budget is split evenly across the partitions that deliver, and a
+partition reads its next page (Fetch, sized in messages from the average cost) once it
+holds less than half its share; a partition with nothing buffered always takes one
+message. The pump serves, per flow, a queue of the partitions that have something to send,
+round-robin while the flow has room, so an event costs O(partitions that send), not
+O(partitions with a backlog); a partition whose buffered messages all wait leaves that
+queue until an event of its own wakes it (``_work``), and reads on past them while the
+group holds less than half its budget.
+
+Known limit: a buffer full of held-back, parked or scheduled messages (up to buffer_size,
+and half the group's budget) delays later messages of other keys of that partition until
+it drains (or the partition is re-read).
 """
 
 from __future__ import annotations
@@ -72,7 +83,16 @@ from core.model import (
     PartitionState,
     QueueConfig,
 )
-from core.partition import MESSAGE_OVERHEAD, Flow, Partition, Retry, Sent, has_tags
+from core.partition import (
+    MESSAGE_OVERHEAD,
+    BufferUse,
+    Flow,
+    Partition,
+    Retry,
+    Sent,
+    buffered_cost,
+    has_tags,
+)
 
 # Seqs a first-send record reserves beyond the highest one sent.
 DISPATCH_AHEAD: Final = 1024
@@ -110,7 +130,10 @@ class DeliveryBook:
         # Partitions with an owner (the ones that buffer outside shared mode).
         self._owned = 0
         saved = snapshot.partitions if snapshot else {}
-        self._parts = [Partition(p, saved.get(p, PartitionSnapshot())) for p in range(queue.slots)]
+        self._use = BufferUse()
+        self._parts = [
+            Partition(p, saved.get(p, PartitionSnapshot()), self._use) for p in range(queue.slots)
+        ]
         for parked in snapshot.parked if snapshot else ():
             if 0 <= parked.partition < queue.slots:
                 self._parts[parked.partition].parked[parked.key] = parked
@@ -129,6 +152,9 @@ class DeliveryBook:
         self._shared_work: dict[int, None] = {}
         # Partitions holding a dispatch reservation ahead of what they sent.
         self._reserving: set[int] = set()
+        # Partitions whose buffered messages all wait (held-back keys, not due yet) while
+        # their flow has room: they may read on beyond their share (_request_fetches).
+        self._stuck: set[int] = set()
 
     def set_buffer_bytes(self, buffer_bytes: int) -> None:
         """The group's buffer budget: the bytes (``buffered_cost``) its partitions may hold
@@ -459,6 +485,9 @@ class DeliveryBook:
                 continue  # moved on: _set_owner queued it for its new owner
             if self._pump_partition(part, now):
                 queue[p] = None  # stalled for room: its turn comes again
+            elif part.buffer:
+                self._stuck.add(p)
+                self._fetch_check.add(p)
 
     def _pick_room(self, part: Partition) -> Flow | None:
         """A flow the partition could send to now, without taking a round-robin turn."""
@@ -481,6 +510,7 @@ class DeliveryBook:
     def _pump_partition(self, part: Partition, now: float) -> bool:
         """Send the partition's due retries, then its buffer, in seq order; whether it
         stalled for lack of room."""
+        self._stuck.discard(part.index)
         sends: list[Deliver] = []
         redeliveries: list[tuple[int, int, float]] = []
         dispatched = part.dispatched
@@ -603,7 +633,9 @@ class DeliveryBook:
 
     def _request_fetches(self) -> None:
         """A partition loads more once its buffer is down to half its share of the group's
-        budget (and half of buffer_size messages); a page fills the share back up."""
+        budget (and half of buffer_size messages); a page fills the share back up. A stuck
+        partition reads on past its waiting messages while the group holds less than half
+        its budget (so that other keys flow; up to buffer_size messages)."""
         shared_ready = self._group.mode is GroupMode.SHARED and bool(self._flows)
         share = self._share()
         for p in sorted(self._fetch_check):
@@ -612,9 +644,14 @@ class DeliveryBook:
             if not wanted or not part.more or part.fetching:
                 continue
             size, used = len(part.buffer), part.buffered_bytes
-            if size and (size > self._buffer_size // 2 or used > share // 2):
+            if not size or (size <= self._buffer_size // 2 and used <= share // 2):
+                limit = min(self._buffer_size - size, max(1, (share - used) // self._msg_cost))
+            elif p in self._stuck and size < self._buffer_size:
+                limit = min(self._buffer_size - size, self._commons() // self._msg_cost)
+                if limit < 1:
+                    continue
+            else:
                 continue
-            limit = min(self._buffer_size - size, max(1, (share - used) // self._msg_cost))
             part.fetching = True
             part.fetch_limit = limit
             part.known_at_fetch = part.known
@@ -622,9 +659,16 @@ class DeliveryBook:
         self._fetch_check.clear()
 
     def _fits(self, part: Partition, message: Message, share: int) -> bool:
-        """Whether the message may join the partition's buffer (an empty one takes any)."""
+        """Whether the message may join the partition's buffer: an empty one takes any;
+        otherwise within buffer_size and the group's budget, and either the partition's
+        share or the half of the budget any partition may use."""
         if not part.buffer:
             return True
-        if len(part.buffer) >= self._buffer_size:
+        cost = buffered_cost(message)
+        if len(part.buffer) >= self._buffer_size or self._use.bytes + cost > self._buffer_bytes:
             return False
-        return part.buffered_bytes + message.size + MESSAGE_OVERHEAD <= share
+        return part.buffered_bytes + cost <= share or cost <= self._commons()
+
+    def _commons(self) -> int:
+        """Bytes any partition may still buffer beyond its share."""
+        return self._buffer_bytes // 2 - self._use.bytes

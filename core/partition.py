@@ -22,6 +22,13 @@ def buffered_cost(message: Message) -> int:
     return message.size + MESSAGE_OVERHEAD
 
 
+@dataclass(slots=True)
+class BufferUse:
+    """The buffered_cost of everything a group's partitions hold buffered."""
+
+    bytes: int = 0
+
+
 @dataclass(frozen=True, slots=True)
 class PartitionStatus:
     partition: int
@@ -121,8 +128,9 @@ class Reservation:
 class Partition:
     """Delivery state of one partition for one group."""
 
-    def __init__(self, index: int, snapshot: PartitionSnapshot) -> None:
+    def __init__(self, index: int, snapshot: PartitionSnapshot, use: BufferUse) -> None:
         self.index = index
+        self.use = use
         self.state = PartitionState.UNASSIGNED
         self.owner: str | None = None
         self.reserved_by: str | None = None
@@ -182,12 +190,15 @@ class Partition:
         cost = buffered_cost(message)
         self.buffer[message.seq] = message
         self.buffered_bytes += cost
+        self.use.bytes += cost
         return cost
 
     def take(self, seq: int) -> Message:
         """Remove a buffered message (KeyError if it is not buffered)."""
         message = self.buffer.pop(seq)
-        self.buffered_bytes -= buffered_cost(message)
+        cost = buffered_cost(message)
+        self.buffered_bytes -= cost
+        self.use.bytes -= cost
         return message
 
     def discard(self, seq: int) -> None:
