@@ -3,8 +3,10 @@ acks, and end-to-end latency at a fixed offered rate, on SQLite and PostgreSQL.
 
     .venv/bin/python benchmarks/native.py --messages 20000
     .venv/bin/python benchmarks/native.py --postgres postgresql://postgres@127.0.0.1:5432/test
+    .venv/bin/python benchmarks/native.py --partitions 256 --no-latency
 
-The gateway runs in its own process (``keygate serve``), as in production.
+The gateway runs in its own process (``keygate serve``), as in production; its peak
+resident memory (VmHWM) is printed with the rates.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ IN_FLIGHT = 1000
 
 
 @contextmanager
-def gateway(db: str) -> Iterator[str]:
+def gateway(db: str) -> Iterator[tuple[str, int]]:
     with tempfile.TemporaryDirectory() as tmp:
         ports = Path(tmp) / "ports.json"
         proc = subprocess.Popen(
@@ -69,7 +71,7 @@ def gateway(db: str) -> Iterator[str]:
                 if proc.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError("the gateway did not start")
                 time.sleep(0.05)
-            yield f"keygate://127.0.0.1:{json.loads(ports.read_text())['native']}"
+            yield f"keygate://127.0.0.1:{json.loads(ports.read_text())['native']}", proc.pid
         finally:
             proc.terminate()
             proc.wait(30)
@@ -149,20 +151,31 @@ def postgres_target(url: str) -> str:
     return target.render_as_string(hide_password=False)
 
 
-async def run(url: str, messages: int, rate: int) -> dict[str, float]:
+def peak_rss_mb(pid: int) -> float:
+    """The process's peak resident memory (VmHWM), in MB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+async def run(url: str, messages: int, partitions: int, rate: int | None) -> dict[str, float]:
     queue = "bench-" + uuid.uuid4().hex[:8]
     async with Client(url) as admin:
-        await admin.declare_queue(queue, partitions=16)
+        await admin.declare_queue(queue, partitions=partitions)
     out = {"publish_msgs_s": await publish_rate(url, queue, messages)}
     out["consume_msgs_s"] = await consume_rate(url, queue, messages)
-    out["p50_ms"], out["p99_ms"] = await latency(url, queue, rate, 5.0)
+    if rate is not None:
+        out["p50_ms"], out["p99_ms"] = await latency(url, queue, rate, 5.0)
     return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--messages", type=int, default=20000)
+    parser.add_argument("--partitions", type=int, default=16)
     parser.add_argument("--rate", type=int, default=1000, help="offered rate for latency")
+    parser.add_argument("--no-latency", action="store_true", help="skip the latency run")
     parser.add_argument("--postgres", default=os.environ.get("KEYGATE_TEST_POSTGRES_URL"))
     args = parser.parse_args()
     targets = {}
@@ -171,14 +184,21 @@ def main() -> None:
         if args.postgres:
             targets["postgresql"] = postgres_target(args.postgres)
         for name, db in targets.items():
-            with gateway(db) as url:
-                result = asyncio.run(run(url, args.messages, args.rate))
-            print(
-                f"{name:10s} publish {result['publish_msgs_s']:8.0f} msg/s (confirmed, "
-                f"{IN_FLIGHT} in flight) | consume {result['consume_msgs_s']:8.0f} msg/s "
-                f"(client acks) | e2e latency at {args.rate} msg/s: "
-                f"p50 {result['p50_ms']:.1f} ms, p99 {result['p99_ms']:.1f} ms"
-            )
+            with gateway(db) as (url, pid):
+                rate = None if args.no_latency else args.rate
+                result = asyncio.run(run(url, args.messages, args.partitions, rate))
+                rss = peak_rss_mb(pid)
+                line = (
+                    f"{name:10s} {args.partitions} partitions | publish "
+                    f"{result['publish_msgs_s']:8.0f} msg/s (confirmed, {IN_FLIGHT} in flight) | "
+                    f"consume {result['consume_msgs_s']:8.0f} msg/s (client acks)"
+                )
+                if rate is not None:
+                    line += (
+                        f" | e2e latency at {rate} msg/s: "
+                        f"p50 {result['p50_ms']:.1f} ms, p99 {result['p99_ms']:.1f} ms"
+                    )
+                print(f"{line} | gateway peak RSS {rss:.0f} MB", flush=True)
 
 
 if __name__ == "__main__":

@@ -34,8 +34,19 @@ K is held until ``key_dead_lettered`` reports the seqs moved (messages of K read
 meanwhile wait: storage moved them, or they were stored after and flow). Those in flight
 follow if they come back unsettled.
 
-Known limit: a buffer full of held-back, parked or scheduled messages delays later messages
-of other keys of that partition until it drains (or the partition is re-read).
+Buffers (docs/operations.md "Limits"). A group's buffered messages are bounded in bytes
+(``buffered_cost``): its budget is split evenly across the partitions that deliver, and a
+partition reads its next page (Fetch, sized in messages from the average cost) once it
+holds less than half its share; a partition with nothing buffered always takes one
+message. The pump serves, per flow, a queue of the partitions that have something to send,
+round-robin while the flow has room, so an event costs O(partitions that send), not
+O(partitions with a backlog); a partition whose buffered messages all wait leaves that
+queue until an event of its own wakes it (``_work``), and reads on past them while the
+group holds less than half its budget.
+
+Known limit: a buffer full of held-back, parked or scheduled messages (up to buffer_size,
+and half the group's budget) delays later messages of other keys of that partition until
+it drains (or the partition is re-read).
 """
 
 from __future__ import annotations
@@ -72,7 +83,16 @@ from core.model import (
     PartitionState,
     QueueConfig,
 )
-from core.partition import Flow, Partition, Retry, Sent, has_tags
+from core.partition import (
+    MESSAGE_OVERHEAD,
+    BufferUse,
+    Flow,
+    Partition,
+    Retry,
+    Sent,
+    buffered_cost,
+    has_tags,
+)
 
 # Seqs a first-send record reserves beyond the highest one sent.
 DISPATCH_AHEAD: Final = 1024
@@ -96,14 +116,24 @@ class DeliveryBook:
         group: GroupConfig,
         snapshot: GroupSnapshot | None,
         buffer_size: int,
+        buffer_bytes: int,
     ) -> None:
         if buffer_size < 1:
             raise InvalidArgument("buffer_size must be >= 1")
         self._queue = queue
         self._group = group
         self._buffer_size = buffer_size
+        self._buffer_bytes = 0
+        self.set_buffer_bytes(buffer_bytes)
+        # Buffered cost of a typical message (moving average), to size fetch pages.
+        self._msg_cost = 1024 + MESSAGE_OVERHEAD
+        # Partitions with an owner (the ones that buffer outside shared mode).
+        self._owned = 0
         saved = snapshot.partitions if snapshot else {}
-        self._parts = [Partition(p, saved.get(p, PartitionSnapshot())) for p in range(queue.slots)]
+        self._use = BufferUse()
+        self._parts = [
+            Partition(p, saved.get(p, PartitionSnapshot()), self._use) for p in range(queue.slots)
+        ]
         for parked in snapshot.parked if snapshot else ():
             if 0 <= parked.partition < queue.slots:
                 self._parts[parked.partition].parked[parked.key] = parked
@@ -116,7 +146,28 @@ class DeliveryBook:
         self._out: list[Action] = []
         self._fetch_check: set[int] = set(range(queue.slots))
         self._dirty: set[int] = set()
+        # Partitions that may have something new to send, routed by the next pump to the
+        # queue of the flow that owns them (flow.work; shared mode: _shared_work).
         self._work: set[int] = set()
+        self._shared_work: dict[int, None] = {}
+        # Partitions holding a dispatch reservation ahead of what they sent.
+        self._reserving: set[int] = set()
+        # Partitions whose buffered messages all wait (held-back keys, not due yet) while
+        # their flow has room: they may read on beyond their share (_request_fetches).
+        self._stuck: set[int] = set()
+
+    def set_buffer_bytes(self, buffer_bytes: int) -> None:
+        """The group's buffer budget: the bytes (``buffered_cost``) its partitions may hold
+        buffered, split evenly across the partitions that are delivering. A partition with
+        nothing buffered may always load one message, whatever its size."""
+        if buffer_bytes < 1:
+            raise InvalidArgument("buffer_bytes must be >= 1")
+        self._buffer_bytes = buffer_bytes
+
+    def _share(self) -> int:
+        """The bytes one delivering partition may hold buffered."""
+        shared = self._group.mode is GroupMode.SHARED and bool(self._flows)
+        return self._buffer_bytes // max(1, len(self._parts) if shared else self._owned)
 
     def _running(self) -> list[Flow]:
         return sorted(self._flows.values(), key=lambda f: f.order)
@@ -176,7 +227,8 @@ class DeliveryBook:
         if message.expire_at is not None and message.expire_at <= now and not moving:
             self._expire(part, message, prior)
             return
-        part.buffer[seq] = message
+        cost = part.put(message)
+        self._msg_cost += (cost - self._msg_cost) // 8
         self._work.add(part.index)
         if message.deliver_at is not None and message.deliver_at > now:
             heapq.heappush(self._timers, (message.deliver_at, WAKE, part.index, seq, 0))
@@ -232,7 +284,7 @@ class DeliveryBook:
                 count, first_time = entry.count - 1, entry.first_time
                 message = entry.message
             else:
-                message = part.buffer.pop(seq)
+                message = part.take(seq)
                 count, first_time = part.prior.pop(seq, (0, None))
             self._dead_letter(part, message, DeadLetterReason.KEY_DEAD_LETTERED, count, first_time)
         part.key_moves[key] += 1
@@ -247,7 +299,7 @@ class DeliveryBook:
         for seq in seqs:
             part.records.pop(seq, None)
             part.prior.pop(seq, None)
-            part.buffer.pop(seq, None)
+            part.discard(seq)
             self._settle(part, seq)
         part.key_moves[key] -= 1
         if part.key_moves[key] <= 0:
@@ -287,7 +339,7 @@ class DeliveryBook:
         if message is not None and message.key is not None and part.key_moves[message.key]:
             return
         if message is not None:
-            del part.buffer[seq]
+            part.take(seq)
             self._expire(part, message, part.prior.pop(seq, None))
             self._fetch_check.add(part.index)
         elif seq in part.retry:
@@ -315,6 +367,7 @@ class DeliveryBook:
         flow = self._flows.get(sent.flow_id)
         if flow is not None:
             flow.pending -= 1
+        self._work.add(part.index)
         key = sent.message.key
         if key is not None:
             part.inflight_keys[key] -= 1
@@ -324,12 +377,12 @@ class DeliveryBook:
                 part.handoff_keys[key] -= 1
                 if not part.handoff_keys[key]:
                     del part.handoff_keys[key]
-                    self._work.add(part.index)
         return sent
 
     def _remove_retry(self, part: Partition, seq: int) -> Retry:
         entry = part.retry.pop(seq)
         del self._by_id[entry.message.message_id]
+        self._work.add(part.index)  # its key may flow again
         key = entry.message.key
         if key is not None:
             part.retry_keys[key] -= 1
@@ -390,21 +443,60 @@ class DeliveryBook:
         return None
 
     def _pump(self, now: float) -> None:
-        self._shared_flows = self._running()
+        """Send what the flows have room for. Each partition with something new to send
+        waits in the queue of the flow that owns it (shared mode: one queue); a flow's
+        queue is served round-robin while the flow has room, so an event costs
+        O(partitions that send), not O(partitions with a backlog). A partition stays
+        queued while it has sendable messages; one whose messages all wait (held-back
+        keys, not due yet) leaves the queue until an event wakes it (``_work``)."""
+        running = self._shared_flows = self._running()
         shared = self._group.mode is GroupMode.SHARED
-        if shared and not any(flow.has_room() for flow in self._shared_flows):
-            for p in self._work:
-                self._give_back(self._parts[p])
-            return
         for p in sorted(self._work):
             part = self._parts[p]
-            # Skipping full flows keeps an ack O(partitions with work), not O(backlog).
-            if shared or self._pick(part) is not None:
-                self._pump_partition(part, now)
-            else:
-                self._give_back(part)
             if not part.buffer and not part.retry:
-                self._work.discard(p)
+                continue
+            if shared:
+                self._shared_work[p] = None
+            elif part.owner is not None:
+                self._flows[part.owner].work[p] = None
+        self._work.clear()
+        if shared:
+            self._serve(self._shared_work, None, now)
+        else:
+            for flow in running:
+                self._serve(flow.work, flow, now)
+        for p in sorted(self._reserving):
+            part = self._parts[p]
+            if part.reserved <= part.dispatched:
+                self._reserving.discard(p)
+            elif self._pick_room(part) is None:
+                self._give_back(part)
+
+    def _serve(self, queue: dict[int, None], flow: Flow | None, now: float) -> None:
+        """Pump the queue's partitions in turn while there is room (``flow``: its owner;
+        None: shared mode, any running flow)."""
+        for _ in range(len(queue)):
+            if not (flow.has_room() if flow else any(f.has_room() for f in self._shared_flows)):
+                return
+            p = next(iter(queue))
+            del queue[p]
+            part = self._parts[p]
+            if flow is not None and (part.owner != flow.flow_id or part.state not in _DELIVERING):
+                continue  # moved on: _set_owner queued it for its new owner
+            if self._pump_partition(part, now):
+                queue[p] = None  # stalled for room: its turn comes again
+            elif part.buffer:
+                self._stuck.add(p)
+                self._fetch_check.add(p)
+
+    def _pick_room(self, part: Partition) -> Flow | None:
+        """A flow the partition could send to now, without taking a round-robin turn."""
+        if self._group.mode is GroupMode.SHARED:
+            return next((f for f in self._shared_flows if f.has_room()), None)
+        if part.state not in _DELIVERING or part.owner is None:
+            return None
+        flow = self._flows[part.owner]
+        return flow if flow.has_room() else None
 
     def _blocked(self, part: Partition, key: str | None, held_back: set[str]) -> bool:
         if key is None:
@@ -415,7 +507,10 @@ class DeliveryBook:
             return True
         return self._group.key_order is KeyOrder.STRICT and part.inflight_keys[key] > 0
 
-    def _pump_partition(self, part: Partition, now: float) -> None:
+    def _pump_partition(self, part: Partition, now: float) -> bool:
+        """Send the partition's due retries, then its buffer, in seq order; whether it
+        stalled for lack of room."""
+        self._stuck.discard(part.index)
         sends: list[Deliver] = []
         redeliveries: list[tuple[int, int, float]] = []
         dispatched = part.dispatched
@@ -454,14 +549,14 @@ class DeliveryBook:
             if message.deliver_at is not None and message.deliver_at > now:
                 continue
             if message.expire_at is not None and message.expire_at <= now:
-                del part.buffer[seq]
+                part.take(seq)
                 self._expire(part, message, part.prior.pop(seq, None))
                 continue
             flow = self._pick(part)
             if flow is None:
                 stalled = True
                 break
-            del part.buffer[seq]
+            part.take(seq)
             prior = part.prior.pop(seq, None)
             if prior is not None:
                 count, first_time = prior[0] + 1, prior[1] if prior[1] is not None else now
@@ -481,6 +576,7 @@ class DeliveryBook:
             self._out.extend(sends)
         if stalled:
             self._give_back(part)
+        return stalled
 
     def _record(
         self,
@@ -499,6 +595,8 @@ class DeliveryBook:
             ahead = dispatched if stalled else dispatched + DISPATCH_AHEAD
             part.reserved = max(part.reserved, ahead)
             self._dirty.add(part.index)
+            if part.reserved > part.dispatched:
+                self._reserving.add(part.index)
             record = RecordDispatch(part.index, dispatched, tuple(redeliveries), part.reserved)
             self._out.append(record)
 
@@ -534,15 +632,43 @@ class DeliveryBook:
         return Deliver(flow.flow_id, message, count, redelivered)
 
     def _request_fetches(self) -> None:
+        """A partition loads more once its buffer is down to half its share of the group's
+        budget (and half of buffer_size messages); a page fills the share back up. A stuck
+        partition reads on past its waiting messages while the group holds less than half
+        its budget (so that other keys flow; up to buffer_size messages)."""
         shared_ready = self._group.mode is GroupMode.SHARED and bool(self._flows)
+        share = self._share()
         for p in sorted(self._fetch_check):
             part = self._parts[p]
             wanted = shared_ready or part.owner is not None
-            room = self._buffer_size - len(part.buffer)
-            low = room > 0 and len(part.buffer) <= self._buffer_size // 2
-            if wanted and part.more and not part.fetching and low:
-                part.fetching = True
-                part.fetch_limit = room
-                part.known_at_fetch = part.known
-                self._out.append(Fetch(p, part.cursor, room))
+            if not wanted or not part.more or part.fetching:
+                continue
+            size, used = len(part.buffer), part.buffered_bytes
+            if not size or (size <= self._buffer_size // 2 and used <= share // 2):
+                limit = min(self._buffer_size - size, max(1, (share - used) // self._msg_cost))
+            elif p in self._stuck and size < self._buffer_size:
+                limit = min(self._buffer_size - size, self._commons() // self._msg_cost)
+                if limit < 1:
+                    continue
+            else:
+                continue
+            part.fetching = True
+            part.fetch_limit = limit
+            part.known_at_fetch = part.known
+            self._out.append(Fetch(p, part.cursor, limit))
         self._fetch_check.clear()
+
+    def _fits(self, part: Partition, message: Message, share: int) -> bool:
+        """Whether the message may join the partition's buffer: an empty one takes any;
+        otherwise within buffer_size and the group's budget, and either the partition's
+        share or the half of the budget any partition may use."""
+        if not part.buffer:
+            return True
+        cost = buffered_cost(message)
+        if len(part.buffer) >= self._buffer_size or self._use.bytes + cost > self._buffer_bytes:
+            return False
+        return part.buffered_bytes + cost <= share or cost <= self._commons()
+
+    def _commons(self) -> int:
+        """Bytes any partition may still buffer beyond its share."""
+        return self._buffer_bytes // 2 - self._use.bytes

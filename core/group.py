@@ -35,7 +35,7 @@ from core.actions import (
     PartitionsChanged,
 )
 from core.assignment import assign
-from core.delivery import ACK_TIMEOUT, EXPIRE, DeliveryBook
+from core.delivery import ACK_TIMEOUT, EXPIRE, WAKE, DeliveryBook
 from core.errors import Conflict, InvalidArgument, KeyNotParked
 from core.ingress import MAX_WINDOW, validate_client_name
 from core.model import (
@@ -65,12 +65,15 @@ class GroupMachine(DeliveryBook):
         now: float,
         snapshot: GroupSnapshot | None = None,
         buffer_size: int = 1000,
+        buffer_bytes: int = 8 * 1024 * 1024,
     ) -> None:
-        super().__init__(queue, group, snapshot, buffer_size)
+        super().__init__(queue, group, snapshot, buffer_size, buffer_bytes)
         self._reservations: dict[str, Reservation] = {}
         self._next_order = 0
         self._rebalance = True
         self._paused: set[int] = set()
+        # Flows whose partition set changed since the last announcement.
+        self._moved: set[str] = set()
         # Partitions whose write-through state may have changed; all of them at start.
         self._touched: set[int] = set(range(queue.slots))
         self._begin(now)
@@ -158,6 +161,7 @@ class GroupMachine(DeliveryBook):
         something was missed (storage, not an append, decides that seqs do not exist).
         """
         self._begin(now)
+        share = self._share()
         for message in messages:
             part = self._part(message.partition)
             part.known = max(part.known, message.seq)
@@ -166,7 +170,7 @@ class GroupMachine(DeliveryBook):
             if (
                 part.fetching
                 or part.more
-                or len(part.buffer) >= self._buffer_size
+                or not self._fits(part, message, share)
                 or message.seq != part.cursor + 1
             ):
                 part.more = True  # dropped here, read again through Fetch
@@ -204,11 +208,15 @@ class GroupMachine(DeliveryBook):
         before = part.cursor
         part.fetching = False
         full = len(messages) >= part.fetch_limit
+        share = self._share()
         for message in messages:
             if message.partition != partition:
                 raise InvalidArgument(f"loaded message of partition {message.partition}")
+            if not self._fits(part, message, share):
+                full = True  # the rest is read again once the buffer drains
+                break
             self._admit(part, message, now, undeliverable=message.seq in undeliverable)
-        if part.cursor == before and part.known == part.known_at_fetch:
+        if part.cursor == before and part.known == part.known_at_fetch and not full:
             # Nothing after the cursor, and nothing was appended while the query ran: what
             # was announced before it is gone (purged), so there is nothing more to read.
             # (If an append did arrive meanwhile, the query may predate its commit: read
@@ -398,7 +406,9 @@ class GroupMachine(DeliveryBook):
         while self._timers and self._timers[0][0] <= now:
             _, kind, p, seq, count = heapq.heappop(self._timers)
             part = self._parts[p]
-            if kind == EXPIRE:
+            if kind == WAKE:
+                self._work.add(p)
+            elif kind == EXPIRE:
                 self._expire_waiting(part, seq)
             elif kind == ACK_TIMEOUT:
                 sent = part.inflight.get(seq)
@@ -519,6 +529,8 @@ class GroupMachine(DeliveryBook):
         self._set_owner(part, target, state)
 
     def _set_owner(self, part: Partition, owner: str | None, state: PartitionState) -> None:
+        if (part.owner is None) != (owner is None):
+            self._owned += 1 if owner is not None else -1
         old = self._flows.get(part.owner) if part.owner is not None else None
         if old is not None:
             old.partitions.discard(part.index)
@@ -527,7 +539,11 @@ class GroupMachine(DeliveryBook):
         new = self._flows.get(owner) if owner is not None else None
         if new is not None:
             new.partitions.add(part.index)
+        for flow in (old, new):
+            if flow is not None:
+                self._moved.add(flow.flow_id)
         self._touched.add(part.index)
+        self._work.add(part.index)
         self._fetch_check.add(part.index)
 
     def _announce(self) -> None:
@@ -538,7 +554,9 @@ class GroupMachine(DeliveryBook):
                 part.announced = now_state
                 self._out.append(AssignmentChanged(p, part.state, part.holder))
         self._touched.clear()
-        for flow in self._running():
+        moved = [self._flows[f] for f in self._moved if f in self._flows]
+        self._moved.clear()
+        for flow in sorted(moved, key=lambda f: f.order):
             current = frozenset(flow.partitions)
             if current != flow.announced:
                 flow.announced = current

@@ -6,10 +6,27 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Final
 
 from core.actions import ParkedKey, PartitionSnapshot
 from core.ledger import AckLedger
 from core.model import AckMode, FlowState, GroupMode, Message, PartitionState, PropertyValue
+
+# What a buffered message is counted as beyond its size (Message.size): the objects that
+# hold it in memory. Buffer budgets (DeliveryBook) count buffered_cost.
+MESSAGE_OVERHEAD: Final = 512
+
+
+def buffered_cost(message: Message) -> int:
+    """Bytes a buffered message counts against its group's buffer budget."""
+    return message.size + MESSAGE_OVERHEAD
+
+
+@dataclass(slots=True)
+class BufferUse:
+    """The buffered_cost of everything a group's partitions hold buffered."""
+
+    bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +95,8 @@ class Flow:
     pending: int = 0
     partitions: set[int] = field(default_factory=set)
     announced: frozenset[int] = frozenset()
+    # Owned partitions waiting for room to send, served in turn (DeliveryBook._pump).
+    work: dict[int, None] = field(default_factory=dict)
 
     def has_room(self) -> bool:
         return self.pending < self.window
@@ -109,8 +128,9 @@ class Reservation:
 class Partition:
     """Delivery state of one partition for one group."""
 
-    def __init__(self, index: int, snapshot: PartitionSnapshot) -> None:
+    def __init__(self, index: int, snapshot: PartitionSnapshot, use: BufferUse) -> None:
         self.index = index
+        self.use = use
         self.state = PartitionState.UNASSIGNED
         self.owner: str | None = None
         self.reserved_by: str | None = None
@@ -136,8 +156,10 @@ class Partition:
             record.seq: (record.delivery_count, record.first_delivery_time)
             for record in snapshot.deliveries
         }
-        # Not yet sent, ascending seq (loads and appends arrive in seq order).
+        # Not yet sent, ascending seq (loads and appends arrive in seq order); changed
+        # only through put/take, which keep ``buffered_bytes`` (their buffered_cost).
         self.buffer: dict[int, Message] = {}
+        self.buffered_bytes = 0
         # Deliveries before a restart of buffered seqs: (count, first delivery time).
         self.prior: dict[int, tuple[int, float | None]] = {}
         self.inflight: dict[int, Sent] = {}
@@ -162,6 +184,26 @@ class Partition:
         self.fetch_limit = 0
         # Whether storage may hold messages after ``cursor``; unknown (True) at start.
         self.more = True
+
+    def put(self, message: Message) -> int:
+        """Buffer the message; returns its buffered_cost."""
+        cost = buffered_cost(message)
+        self.buffer[message.seq] = message
+        self.buffered_bytes += cost
+        self.use.bytes += cost
+        return cost
+
+    def take(self, seq: int) -> Message:
+        """Remove a buffered message (KeyError if it is not buffered)."""
+        message = self.buffer.pop(seq)
+        cost = buffered_cost(message)
+        self.buffered_bytes -= cost
+        self.use.bytes -= cost
+        return message
+
+    def discard(self, seq: int) -> None:
+        if seq in self.buffer:
+            self.take(seq)
 
     @property
     def holder(self) -> str | None:

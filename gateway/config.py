@@ -94,7 +94,12 @@ class GatewayConfig:
     retention_interval: float = 5.0
     # Active/standby: gateways sharing a database elect one active through a lease in SQL.
     lease_ttl: float = 10.0
+    # Unsent messages kept in memory (docs/operations.md "Limits"): at most buffer_size per
+    # (group, partition), group_buffer_bytes per group (split across the partitions that
+    # deliver) and gateway_buffer_bytes for all groups (split evenly across the loaded ones).
     buffer_size: int = 1000
+    group_buffer_bytes: int = 8 * 1024 * 1024
+    gateway_buffer_bytes: int = 256 * 1024 * 1024
     # The largest window a consumer gets: a larger BIND or CREDIT window is clamped to it.
     max_window: int = 10_000
     # Bytes a consumer connection may have waiting in the gateway's write buffer: above it
@@ -227,6 +232,9 @@ def load_config(
             certificate_users.update(value)
         else:
             raise InvalidArgument(f"unknown setting {key!r}")
+    for key in ("buffer_size", "group_buffer_bytes", "gateway_buffer_bytes"):
+        if key in values and values[key] < 1:
+            raise InvalidArgument(f"{key} must be >= 1, got {values[key]}")
     return replace(
         GatewayConfig(),
         ports=ports,

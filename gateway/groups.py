@@ -80,13 +80,23 @@ class Groups:
                     now=self._clock(),
                     snapshot=snapshot,
                     buffer_size=self._config.buffer_size,
+                    buffer_bytes=self._config.group_buffer_bytes,
                 )
                 runtime = GroupRuntime(
                     self._store, machine, queue, group, self._hooks, clock=self._clock
                 )
                 runtime.start()
                 self._runtimes[key] = runtime
+                self._share_buffers()
         return runtime
+
+    def _share_buffers(self) -> None:
+        """Split gateway_buffer_bytes evenly across the loaded groups (each at most
+        group_buffer_bytes); a group's budget applies from its next event."""
+        budget = self._config.gateway_buffer_bytes // max(1, len(self._runtimes))
+        budget = max(1, min(self._config.group_buffer_bytes, budget))
+        for runtime in self._runtimes.values():
+            runtime.machine.set_buffer_bytes(budget)
 
     def running(self, queue: str, group: str) -> GroupRuntime | None:
         return self._runtimes.get((queue, group))
@@ -103,6 +113,7 @@ class Groups:
         """Forget a loaded runtime (the caller closes it) and the flows bound to it."""
         runtime = self._runtimes.pop((queue, group), None)
         if runtime is not None:
+            self._share_buffers()
             for flow_id in list(runtime.outputs):
                 self._flows.pop(flow_id, None)
         return runtime

@@ -18,7 +18,8 @@ task drains that queue in order, merging whatever has piled up into one step:
    overwrite a newer one (nor an older reservation a newer one).
 3. Assignment and flow changes are written through; then deliveries and partition changes
    are handed to the flows' outputs in the order the machine produced them.
-4. ``Fetch`` starts a read from SQL whose result is fed back with ``machine.loaded``.
+4. The ``Fetch`` actions of a step start one read from SQL (one query for many partitions),
+   whose pages are fed back with ``machine.loaded``.
 
 A storage failure while persisting is retried with a capped backoff; delivery pauses
 meanwhile rather than sending something whose count is not durable. A message that cannot
@@ -113,8 +114,8 @@ class GroupStore(Protocol):
     ) -> None: ...
 
     async def read_for_delivery(
-        self, queue: str, partition: int, after_seq: int, limit: int
-    ) -> tuple[list[Message], frozenset[int]]: ...
+        self, queue: str, pages: Sequence[tuple[int, int, int]]
+    ) -> dict[int, tuple[list[Message], frozenset[int]]]: ...
 
 
 class RuntimeHooks(Protocol):
@@ -400,8 +401,8 @@ class GroupRuntime:
             now = self._clock()
             await self._persist(lambda: self.store.write_flows(name, group, flows, now=now))
         self._send(sends)
-        for fetch in fetches:
-            self._spawn(self._fetch(fetch))
+        if fetches:
+            self._spawn(self._fetch(fetches))
 
     async def _flushed(self) -> None:
         """Wait for the offset flush running beside the executor, if any."""
@@ -487,37 +488,38 @@ class GroupRuntime:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, _RETRY_MAX)
 
-    async def _fetch(self, fetch: Fetch) -> None:
+    async def _fetch(self, fetches: list[Fetch]) -> None:
+        pages = [(f.partition, f.after_seq, f.limit) for f in fetches]
         delay = 0.05
         while True:
             try:
-                messages, unreadable = await self.store.read_for_delivery(
-                    self.queue.name, fetch.partition, fetch.after_seq, fetch.limit
-                )
+                found = await self.store.read_for_delivery(self.queue.name, pages)
                 break
             except Exception as e:
-                # A storage failure, or a bug: either way the partition must not be left
+                # A storage failure, or a bug: either way the partitions must not be left
                 # waiting for an answer that never comes. Retry with backoff.
                 self._log.warning(
-                    "group %s/%s: read of partition %d after seq %d failed (%s)",
+                    "group %s/%s: read of partitions %s failed (%s)",
                     self.queue.name,
                     self.group.name,
-                    fetch.partition,
-                    fetch.after_seq,
+                    [f.partition for f in fetches][:20],
                     e if isinstance(e, KeygateError) else repr(e),
                 )
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, _RETRY_MAX)
-        for seq in sorted(unreadable):
-            self._log.error(
-                "group %s/%s: message at partition %d seq %d cannot be read; "
-                "dead-lettering it as undeliverable",
-                self.queue.name,
-                self.group.name,
-                fetch.partition,
-                seq,
-            )
-        self.submit(self.machine.loaded(self._clock(), fetch.partition, messages, unreadable))
+        for fetch in fetches:
+            messages, unreadable = found[fetch.partition]
+            for seq in sorted(unreadable):
+                self._log.error(
+                    "group %s/%s: message at partition %d seq %d cannot be read; "
+                    "dead-lettering it as undeliverable",
+                    self.queue.name,
+                    self.group.name,
+                    fetch.partition,
+                    seq,
+                )
+            actions = self.machine.loaded(self._clock(), fetch.partition, messages, unreadable)
+            self.submit(actions)
 
     async def _timer_forever(self) -> None:
         while True:

@@ -19,6 +19,7 @@ the database refuses fails (ingress validation makes that rare: a bug or an old 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
@@ -96,6 +97,24 @@ def _partition_query(queue: str, partition: int, after_seq: int, limit: int) -> 
         .order_by(m.c.seq)
         .limit(limit)
     )
+
+
+# Partition pages read_for_delivery reads in one statement (SQLite allows 500 SELECTs in
+# a compound statement).
+READ_PAGES: Final = 64
+
+
+@functools.cache
+def _pages_query(pages: int) -> sa.TextualSelect:
+    """Pages of several partitions in one statement (text: a compound select built by
+    SQLAlchemy is compiled again on most executions)."""
+    names = ", ".join(f'"{column.name}"' for column in kg_messages.c)
+    arms = " UNION ALL ".join(
+        f"SELECT * FROM (SELECT {names} FROM kg_messages WHERE queue = :queue"
+        f' AND "partition" = :p{i} AND seq > :a{i} ORDER BY seq LIMIT :l{i}) AS page{i}'
+        for i in range(pages)
+    )
+    return sa.text(arms).columns(*kg_messages.c)
 
 
 # Seqs of one partition deleted per retention transaction.
@@ -299,22 +318,31 @@ class SqlStore(InspectionOps, LeaseOps, ProtocolStateOps, ConsumerOps):
             return [message_from_row(row) for row in (await conn.execute(query)).mappings()]
 
     async def read_for_delivery(
-        self, queue: str, partition: int, after_seq: int, limit: int
-    ) -> tuple[list[Message], frozenset[int]]:
-        """``read``, except that a row whose properties cannot be decoded (written by an
-        older version, or by hand) does not fail the read: it comes back salvaged (the
-        unreadable values as JSON text) and its seq is in the returned set, for the group
-        to dead-letter as undeliverable."""
-        query = _partition_query(queue, partition, after_seq, limit)
-        messages: list[Message] = []
-        unreadable: set[int] = set()
+        self, queue: str, pages: Sequence[tuple[int, int, int]]
+    ) -> dict[int, tuple[list[Message], frozenset[int]]]:
+        """For each (partition, after_seq, limit) page: ``read``, except that a row whose
+        properties cannot be decoded (written by an older version, or by hand) does not
+        fail the read: it comes back salvaged (the unreadable values as JSON text) and its
+        seq is in the returned set, for the group to dead-letter as undeliverable. One
+        transaction; up to READ_PAGES pages per statement (UNION ALL)."""
+        found: dict[int, list[Message]] = {page[0]: [] for page in pages}
+        unreadable: dict[int, set[int]] = {page[0]: set() for page in pages}
         async with self.transaction() as conn:
-            for row in (await conn.execute(query)).mappings():
-                message, readable = salvage_message(row)
-                messages.append(message)
-                if not readable:
-                    unreadable.add(message.seq)
-        return messages, frozenset(unreadable)
+            for start in range(0, len(pages), READ_PAGES):
+                chunk = pages[start:][:READ_PAGES]
+                params: dict[str, Any] = {"queue": queue}
+                for i, (partition, after_seq, limit) in enumerate(chunk):
+                    params.update({f"p{i}": partition, f"a{i}": after_seq, f"l{i}": limit})
+                rows = await conn.execute(_pages_query(len(chunk)), params)
+                for row in rows.mappings():
+                    message, readable = salvage_message(row)
+                    found[message.partition].append(message)
+                    if not readable:
+                        unreadable[message.partition].add(message.seq)
+        return {
+            p: (sorted(messages, key=lambda m: m.seq), frozenset(unreadable[p]))
+            for p, messages in found.items()
+        }
 
     async def head_seqs(self, queue: str) -> dict[int, int]:
         """The last committed seq of every partition (0 = nothing stored yet)."""

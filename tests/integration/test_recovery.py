@@ -134,6 +134,33 @@ async def test_a_backlog_larger_than_memory_is_paged_from_sql_in_order(db_url: s
         await gateway.stop()
 
 
+async def test_groups_share_the_gateways_buffer_budget_and_still_deliver_everything(
+    db_url: str,
+) -> None:
+    # 32 KiB for the gateway: 16 KiB for each of two groups, 4 KiB for each partition.
+    gateway = await start_gateway(db_url, gateway_buffer_bytes=32 * 1024)
+    try:
+        async with Client(native_url(gateway)) as client:
+            await client.declare_queue("orders", partitions=4)
+            payload = bytes(1024)
+            await asyncio.gather(
+                *(client.publish("orders", payload, key=f"k{i % 5}") for i in range(300))
+            )
+            consumers = [await client.subscribe("orders", group=g, window=5) for g in "ab"]
+            assert gateway.broker is not None
+            runtimes = gateway.broker.runtimes("orders")
+            for consumer in consumers:
+                for _ in range(300):
+                    msg = await consumer.receive(timeout=5)
+                    for runtime in runtimes:
+                        buffered = sum(p.buffered for p in runtime.status().partitions)
+                        # 16 KiB, plus the one message a partition may always take.
+                        assert buffered * (len(payload) + 512) <= 16 * 1024 + 4 * 1600
+                    await consumer.acknowledge(msg)
+    finally:
+        await gateway.stop()
+
+
 async def test_a_graceful_stop_confirms_every_publish_it_committed(db_url: str) -> None:
     gateway = await start_gateway(db_url)
     client = await Client(native_url(gateway), max_reconnect_attempts=0).connect()

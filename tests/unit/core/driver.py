@@ -44,13 +44,19 @@ class Driver:
         *,
         snapshot: GroupSnapshot | None = None,
         buffer_size: int = 1000,
+        buffer_bytes: int = 8 * 1024 * 1024,
         store: dict[int, list[Message]] | None = None,
         auto_fetch: bool = True,
     ) -> None:
         self.queue = queue
         self.now = 0.0
         self.machine = GroupMachine(
-            queue, group, now=self.now, snapshot=snapshot, buffer_size=buffer_size
+            queue,
+            group,
+            now=self.now,
+            snapshot=snapshot,
+            buffer_size=buffer_size,
+            buffer_bytes=buffer_bytes,
         )
         self.store: dict[int, list[Message]] = store if store is not None else defaultdict(list)
         self.auto_fetch = auto_fetch

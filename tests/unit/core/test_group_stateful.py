@@ -28,6 +28,7 @@ from core.model import (
     PartitionState,
     QueueConfig,
 )
+from core.partition import buffered_cost
 from tests.unit.core.driver import Driver
 
 KEYS = ("A", "B", "C", "D", None)
@@ -56,6 +57,7 @@ class GroupMachineRules(RuleBasedStateMachine):
         delay=st.sampled_from([0.0, 3.0]),
         ack_timeout=st.sampled_from([None, 5.0]),
         buffer_size=st.integers(1, 4),
+        buffer_bytes=st.sampled_from([1, 1500, 3000, 1 << 20]),
         auto_fetch=st.booleans(),
         policy=st.sampled_from(DeadLetterPolicy),
     )
@@ -69,6 +71,7 @@ class GroupMachineRules(RuleBasedStateMachine):
         delay: float,
         ack_timeout: float | None,
         buffer_size: int,
+        buffer_bytes: int,
         auto_fetch: bool,
         policy: DeadLetterPolicy,
     ) -> None:
@@ -86,7 +89,13 @@ class GroupMachineRules(RuleBasedStateMachine):
         )
         order = KeyOrder.STRICT if strict else KeyOrder.PARTITION
         group = GroupConfig("q", "g", mode=mode, key_order=order, ack_timeout=ack_timeout)
-        self.d = Driver(queue, group, buffer_size=buffer_size, auto_fetch=auto_fetch)
+        self.d = Driver(
+            queue,
+            group,
+            buffer_size=buffer_size,
+            buffer_bytes=buffer_bytes,
+            auto_fetch=auto_fetch,
+        )
 
     # -- helpers ----------------------------------------------------------------------------
 
@@ -201,6 +210,17 @@ class GroupMachineRules(RuleBasedStateMachine):
                 if sent.message.key is not None:
                     owners[sent.message.key].add(sent.flow_id)
             assert all(len(flows) == 1 for flows in owners.values()), owners
+
+    @invariant()
+    def buffers_keep_to_their_byte_budget(self) -> None:
+        # Beyond the group's budget only by the message each partition may always take.
+        m = self.d.machine
+        firsts = 0
+        for part in m._parts:
+            assert part.buffered_bytes == sum(map(buffered_cost, part.buffer.values()))
+            firsts += buffered_cost(next(iter(part.buffer.values()))) if part.buffer else 0
+        assert m._use.bytes == sum(part.buffered_bytes for part in m._parts)
+        assert m._use.bytes <= m._buffer_bytes + firsts
 
     @invariant()
     def strict_groups_have_one_unacked_message_per_key(self) -> None:

@@ -48,3 +48,13 @@ def test_an_unknown_setting_in_the_file_is_refused(tmp_path: Path) -> None:
     file.write_text("colour = 'blue'\n")
     with pytest.raises(InvalidArgument, match="colour"):
         load_config(file, env={})
+
+
+def test_buffer_budgets_are_read_and_must_be_positive(tmp_path: Path) -> None:
+    file = tmp_path / "keygate.toml"
+    file.write_text("group_buffer_bytes = 1048576\n")
+    config = load_config(file, env={"KEYGATE_GATEWAY_BUFFER_BYTES": "67108864"})
+    assert (config.group_buffer_bytes, config.gateway_buffer_bytes) == (1 << 20, 64 << 20)
+    assert load_config(env={}).group_buffer_bytes == 8 << 20
+    with pytest.raises(InvalidArgument, match="group_buffer_bytes must be >= 1"):
+        load_config(env={"KEYGATE_GROUP_BUFFER_BYTES": "0"})

@@ -53,11 +53,14 @@ class FakeStore:
         await self._write("flows")
 
     async def read_for_delivery(
-        self, queue: str, partition: int, after_seq: int, limit: int
-    ) -> tuple[list[Message], frozenset[int]]:
-        found = [m for m in self.messages if m.partition == partition and m.seq > after_seq]
-        found = found[:limit]
-        return found, frozenset(m.seq for m in found if m.payload == UNREADABLE)
+        self, queue: str, pages: Any
+    ) -> dict[int, tuple[list[Message], frozenset[int]]]:
+        out = {}
+        for partition, after_seq, limit in pages:
+            found = [m for m in self.messages if m.partition == partition and m.seq > after_seq]
+            found = found[:limit]
+            out[partition] = (found, frozenset(m.seq for m in found if m.payload == UNREADABLE))
+        return out
 
     async def dead_letter(
         self, queue: str, group: str, letters: Any, offsets: Any, **kw: Any
