@@ -111,7 +111,7 @@ def main() -> None:
         if args.postgres:
             targets["postgresql"] = postgres_target(args.postgres)
         for name, db in targets.items():
-            with gateway(db) as url:
+            with gateway(db) as (url, _):
                 runs = [asyncio.run(one_run(url, args.rate, args.hold)) for _ in range(args.runs)]
             first = statistics.median(r[0] for r in runs) * 1000
             busy = statistics.median(r[1] for r in runs) * 1000

@@ -96,7 +96,7 @@ def main() -> None:
         if args.postgres:
             targets["keygate postgresql"] = postgres_target(args.postgres)
         for name, db in targets.items():
-            with gateway(db) as url:
+            with gateway(db) as (url, _):
                 for rate in rates:
                     report(name, rate, asyncio.run(keygate_latency(url, rate, args.seconds)))
     for queue_type in ("quorum", "classic"):
