@@ -38,11 +38,12 @@ Buffers (docs/operations.md "Limits"). A group's buffered messages are bounded i
 (``buffered_cost``): its budget is split evenly across the partitions that deliver, and a
 partition reads its next page (Fetch, sized in messages from the average cost) once it
 holds less than half its share; a partition with nothing buffered always takes one
-message. The pump serves, per flow, a queue of the partitions that have something to send,
-round-robin while the flow has room, so an event costs O(partitions that send), not
-O(partitions with a backlog); a partition whose buffered messages all wait leaves that
-queue until an event of its own wakes it (``_work``), and reads on past them while the
-group holds less than half its budget.
+message. The pump serves, per flow, a queue of the partitions that have something to
+send, round-robin while the flow has room (a partition keeps its turn for up to TURN
+sends), so an event costs O(partitions that send), not O(partitions with a backlog); a
+partition whose buffered messages all wait leaves that queue until an event of its own
+wakes it (``_work``), and reads on past them while the group holds less than half its
+budget.
 
 Known limit: a buffer full of held-back, parked or scheduled messages (up to buffer_size,
 and half the group's budget) delays later messages of other keys of that partition until
@@ -94,6 +95,8 @@ from core.partition import (
     has_tags,
 )
 
+# Sends a partition makes in a row before the next one of its flow's queue gets its turn.
+TURN: Final = 64
 # Seqs a first-send record reserves beyond the highest one sent.
 DISPATCH_AHEAD: Final = 1024
 WAKE: Final = 0
@@ -479,13 +482,21 @@ class DeliveryBook:
             if not (flow.has_room() if flow else any(f.has_room() for f in self._shared_flows)):
                 return
             p = next(iter(queue))
-            del queue[p]
             part = self._parts[p]
             if flow is not None and (part.owner != flow.flow_id or part.state not in _DELIVERING):
+                del queue[p]
                 continue  # moved on: _set_owner queued it for its new owner
             if self._pump_partition(part, now):
-                queue[p] = None  # stalled for room: its turn comes again
-            elif part.buffer:
+                # Stalled for room: it keeps its turn for up to TURN sends (a step then
+                # touches few partitions: fewer dispatch records and offsets to write).
+                if part.turn >= TURN:
+                    part.turn = 0
+                    del queue[p]
+                    queue[p] = None
+                return
+            part.turn = 0
+            del queue[p]
+            if part.buffer:
                 self._stuck.add(p)
                 self._fetch_check.add(p)
 
@@ -572,6 +583,7 @@ class DeliveryBook:
                     redeliveries.append((seq, 1, now))
             sends.append(self._send(part, flow, message, count, first_time, now, prior is not None))
         if sends:
+            part.turn += len(sends)
             self._record(part, dispatched, redeliveries, stalled)
             self._out.extend(sends)
         if stalled:

@@ -160,6 +160,8 @@ class Partition:
         # only through put/take, which keep ``buffered_bytes`` (their buffered_cost).
         self.buffer: dict[int, Message] = {}
         self.buffered_bytes = 0
+        # Sends in its current turn of its flow's queue (DeliveryBook._serve).
+        self.turn = 0
         # Deliveries before a restart of buffered seqs: (count, first delivery time).
         self.prior: dict[int, tuple[int, float | None]] = {}
         self.inflight: dict[int, Sent] = {}
