@@ -35,7 +35,7 @@ from core.actions import (
     PartitionsChanged,
 )
 from core.assignment import assign
-from core.delivery import ACK_TIMEOUT, EXPIRE, WAKE, DeliveryBook
+from core.delivery import DeliveryBook
 from core.errors import Conflict, InvalidArgument, KeyNotParked
 from core.ingress import MAX_WINDOW, validate_client_name
 from core.model import (
@@ -48,7 +48,16 @@ from core.model import (
     PartitionState,
     QueueConfig,
 )
-from core.partition import Flow, GroupStatus, Partition, PartitionStatus, Reservation
+from core.partition import (
+    ACK_TIMEOUT,
+    EXPIRE,
+    WAKE,
+    Flow,
+    GroupStatus,
+    Partition,
+    PartitionStatus,
+    Reservation,
+)
 
 
 def _check_window(window: int) -> None:

@@ -16,6 +16,14 @@ from core.model import AckMode, FlowState, GroupMode, Message, PartitionState, P
 # hold it in memory. Buffer budgets (DeliveryBook) count buffered_cost.
 MESSAGE_OVERHEAD: Final = 512
 
+# Timer kinds of a group's heap, and its entries: (time, kind, partition, seq, count).
+WAKE: Final = 0
+EXPIRE: Final = 1
+ACK_TIMEOUT: Final = 2
+Timer = tuple[float, int, int, int, int]
+# A paused partition delivers to its new owner every key the old owner holds nothing of.
+DELIVERING: Final = frozenset({PartitionState.READY, PartitionState.PAUSED})
+
 
 def buffered_cost(message: Message) -> int:
     """Bytes a buffered message counts against its group's buffer budget."""

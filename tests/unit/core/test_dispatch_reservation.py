@@ -12,8 +12,8 @@ from core.actions import (
     PartitionSnapshot,
     RecordDispatch,
 )
-from core.delivery import DISPATCH_AHEAD
 from core.model import DeadLetterReason, GroupConfig, Message, QueueConfig
+from core.pump import DISPATCH_AHEAD
 from tests.unit.core.driver import Driver
 
 
