@@ -63,6 +63,7 @@ def test_core_does_no_io() -> None:
 PROTOCOL_ADAPTERS = {
     "protocols/_io.py",  # the shared outbox writer
     "protocols/_limits.py",  # the byte budget a reader waits on
+    "protocols/_tasks.py",  # the owner of a connection's tasks
     "protocols/sink.py",  # the Listener protocol's start() takes an ssl context
     "protocols/amqp/flows.py",
     "protocols/mqtt/stored_session.py",
