@@ -4,15 +4,16 @@ How it works. Every event method takes ``now`` and returns the actions the owner
 out, in order. Each event first runs the timers that are due (reservation expiry, handoff
 timeouts, ack timeouts, TTL), then applies itself, then:
 
-1. reconciles the assignment if membership changed: core.assignment over the partitions
-   that are not reserved (``unbound``) for a disconnected flow, with the running flows in
-   bind order (exclusive mode: only the active flow). A partition whose owner still holds
-   unacked messages of it is ``paused``: it maps to the new owner at once, and only the
-   keys the old owner holds unacked messages of wait until it settles them or
-   max_handoff_time ends; then its leftovers are queued first for the new owner, with
-   count + 1 (key-granular handoff);
+1. reconciles the assignment if membership changed (core.membership): core.assignment
+   over the partitions that are not reserved (``unbound``) for a disconnected flow, with
+   the running flows in bind order (exclusive mode: only the active flow). A partition
+   whose owner still holds unacked messages of it is ``paused``: it maps to the new owner
+   at once, and only the keys the old owner holds unacked messages of wait until it
+   settles them or max_handoff_time ends; then its leftovers are queued first for the new
+   owner, with count + 1 (key-granular handoff);
 2. writes through every partition and flow whose assignment changed;
-3. pumps deliveries (core.delivery) and asks storage for more where a buffer ran low;
+3. pumps deliveries (core.pump, over the message state of core.delivery) and asks
+   storage for more where a buffer ran low;
 4. emits one ``OffsetUpdate`` per partition whose settled state changed.
 
 A flow that unbinds without the shutdown code leaves its partitions reserved for its
@@ -23,21 +24,17 @@ takes exactly those back (a reclaimed flow also takes the old flow's place in bi
 from __future__ import annotations
 
 import heapq
-from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 
 from core.actions import (
     Action,
-    AssignmentChanged,
     FlowChanged,
     GroupSnapshot,
     OffsetUpdate,
-    PartitionsChanged,
 )
-from core.assignment import assign
-from core.delivery import DeliveryBook
 from core.errors import Conflict, InvalidArgument, KeyNotParked
 from core.ingress import MAX_WINDOW, validate_client_name
+from core.membership import Membership
 from core.model import (
     AckMode,
     DeadLetterReason,
@@ -54,7 +51,6 @@ from core.partition import (
     WAKE,
     Flow,
     GroupStatus,
-    Partition,
     PartitionStatus,
     Reservation,
 )
@@ -65,7 +61,7 @@ def _check_window(window: int) -> None:
         raise InvalidArgument(f"window must be between 0 and {MAX_WINDOW}")
 
 
-class GroupMachine(DeliveryBook):
+class GroupMachine(Membership):
     def __init__(
         self,
         queue: QueueConfig,
@@ -77,14 +73,7 @@ class GroupMachine(DeliveryBook):
         buffer_bytes: int = 8 * 1024 * 1024,
     ) -> None:
         super().__init__(queue, group, snapshot, buffer_size, buffer_bytes)
-        self._reservations: dict[str, Reservation] = {}
         self._next_order = 0
-        self._rebalance = True
-        self._paused: set[int] = set()
-        # Flows whose partition set changed since the last announcement.
-        self._moved: set[str] = set()
-        # Partitions whose write-through state may have changed; all of them at start.
-        self._touched: set[int] = set(range(queue.slots))
         self._begin(now)
 
     # -- events ---------------------------------------------------------------------------
@@ -446,129 +435,3 @@ class GroupMachine(DeliveryBook):
         self._dirty.clear()
         out, self._out = self._out, []
         return out
-
-    # -- assignment -----------------------------------------------------------------------
-
-    def _reclaim(self, flow: Flow, previous: frozenset[int]) -> None:
-        for res in [r for r in self._reservations.values() if r.client == flow.client]:
-            back = res.partitions & previous
-            if not back:
-                continue
-            res.partitions -= back
-            flow.order = min(flow.order, res.order)
-            for p in back:
-                part = self._parts[p]
-                part.reserved_by = None
-                self._set_owner(part, flow.flow_id, PartitionState.READY)
-            if not res.partitions:
-                del self._reservations[res.flow_id]
-
-    def _reconcile(self, now: float) -> None:
-        running = self._running()
-        if self._group.mode is GroupMode.SHARED:
-            state = PartitionState.READY if running else PartitionState.UNASSIGNED
-            for part in self._parts:
-                if part.state is not state:
-                    self._touched.add(part.index)
-                    self._fetch_check.add(part.index)
-                part.state = state
-            return
-        free = [part for part in self._parts if part.state is not PartitionState.UNBOUND]
-        candidates = [flow.flow_id for flow in running]
-        if self._group.mode is GroupMode.EXCLUSIVE:
-            indexes = {part.index for part in free}
-            active = next((f for f in running if f.partitions & indexes), None)
-            candidates = [active.flow_id] if active else candidates[:1]
-        current = {i: part.owner for i, part in enumerate(free) if part.owner in self._flows}
-        desired = assign(len(free), candidates, current)
-        for i, part in enumerate(free):
-            self._move(part, desired[i], now)
-
-    def _move(self, part: Partition, target: str | None, now: float) -> None:
-        """Key-granular handoff (DESIGN.md §4): the partition maps to ``target`` at once;
-        only the keys the old owner still holds unacked messages of wait, until it settles
-        them or max_handoff_time ends (then they return, first, to the new owner)."""
-        owner = part.owner
-        if target == owner:
-            return
-        if part.handoff_from == target:
-            # Moving back to the flow it was leaving: what it holds is its own again.
-            part.handoff_from = None
-            part.handoff_keys.clear()
-            self._paused.discard(part.index)
-        elif part.handoff_from is not None:
-            self._end_handoff(part, now)
-        if (
-            owner is not None
-            and target is not None
-            and part.held[owner]
-            and self._queue.max_handoff_time > 0
-        ):
-            part.handoff_from = owner
-            part.handoff_keys = Counter(
-                sent.message.key
-                for sent in part.inflight.values()
-                if sent.flow_id == owner and sent.message.key is not None
-            )
-            part.handoff_deadline = now + self._queue.max_handoff_time
-            self._paused.add(part.index)
-            self._set_owner(part, target, PartitionState.PAUSED)
-            return
-        self._transfer(part, target, now)
-
-    def _end_handoff(self, part: Partition, now: float) -> None:
-        """The old owner's leftovers return for redelivery (first, to the new owner); every
-        key of the partition flows."""
-        old = part.handoff_from
-        part.handoff_from = None
-        part.handoff_keys.clear()
-        self._paused.discard(part.index)
-        if old is not None and part.held[old]:
-            self._return_inflight(part, old, now)
-        if part.state is PartitionState.PAUSED:
-            part.state = PartitionState.READY
-            self._touched.add(part.index)
-        self._work.add(part.index)
-
-    def _transfer(self, part: Partition, target: str | None, now: float) -> None:
-        """Map the partition to ``target``; the old owner's leftovers go first to it."""
-        if part.owner is not None and part.held[part.owner]:
-            self._return_inflight(part, part.owner, now)
-        state = PartitionState.READY if target is not None else PartitionState.UNASSIGNED
-        self._set_owner(part, target, state)
-
-    def _set_owner(self, part: Partition, owner: str | None, state: PartitionState) -> None:
-        if (part.owner is None) != (owner is None):
-            self._owned += 1 if owner is not None else -1
-        old = self._flows.get(part.owner) if part.owner is not None else None
-        if old is not None:
-            old.partitions.discard(part.index)
-        part.owner = owner
-        part.state = state
-        new = self._flows.get(owner) if owner is not None else None
-        if new is not None:
-            new.partitions.add(part.index)
-        for flow in (old, new):
-            if flow is not None:
-                self._moved.add(flow.flow_id)
-        self._touched.add(part.index)
-        self._work.add(part.index)
-        self._fetch_check.add(part.index)
-
-    def _announce(self) -> None:
-        for p in sorted(self._touched):
-            part = self._parts[p]
-            now_state = (part.state, part.holder)
-            if part.announced != now_state:
-                part.announced = now_state
-                self._out.append(AssignmentChanged(p, part.state, part.holder))
-        self._touched.clear()
-        moved = [self._flows[f] for f in self._moved if f in self._flows]
-        self._moved.clear()
-        for flow in sorted(moved, key=lambda f: f.order):
-            current = frozenset(flow.partitions)
-            if current != flow.announced:
-                flow.announced = current
-                self._out.append(PartitionsChanged(flow.flow_id, current))
-        if not self._flows:
-            self._rr = 0
