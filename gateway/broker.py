@@ -19,14 +19,12 @@ from core.errors import (
     Conflict,
     InvalidArgument,
     KeygateError,
-    MessageTooLarge,
     NoRoute,
     PermissionDenied,
     QueueNotFound,
     Unavailable,
 )
 from core.ingress import validate_publication
-from core.keys import partition_for, resolve_key
 from core.model import (
     DEFAULT_MAX_MESSAGE_SIZE,
     GroupConfig,
@@ -40,9 +38,10 @@ from core.model import (
 from core.topics import SubscriptionIndex, normalize_topic, validate_pattern
 from gateway.access import Access
 from gateway.config import GatewayConfig
+from gateway.gauges import group_gauges, queue_gauges
 from gateway.groups import Groups
-from gateway.ids import new_message_id
 from gateway.logs import flow_fields
+from gateway.messages import build_message
 from gateway.metrics import GroupGauge, Metrics, QueueGauge, RuntimeMetrics
 from gateway.protocol_state import ProtocolState
 from gateway.runtime import GroupRuntime
@@ -67,13 +66,6 @@ log = logging.getLogger("keygate.broker")
 
 # A group with native flows is leased in SQL (kind "native") so a Spark job refuses it;
 # renewed every retention interval, released when the group's last flow leaves.
-
-
-def _deliver_at(publication: Publication, now: float) -> float | None:
-    """The scheduled delivery time: explicit, or publish time + a delay header's delay."""
-    if publication.deliver_at is None and publication.delay:
-        return now + publication.delay
-    return publication.deliver_at
 
 
 class Broker(ProtocolState):
@@ -249,36 +241,7 @@ class Broker(ProtocolState):
         topic = None if publication.topic is None else normalize_topic(publication.topic)
         for queue in self._route(publication, topic):
             self.access.authorize(principal, "publish", queue.name)
-            key = resolve_key(publication, queue)
-            expire_at = publication.expire_at
-            ttl = publication.ttl if publication.ttl is not None else queue.ttl
-            if expire_at is None and ttl is not None:
-                expire_at = now + ttl
-            message = Message(
-                message_id=new_message_id(now),
-                queue=queue.name,
-                partition=partition_for(key, queue.partitions),
-                seq=0,
-                key=key,
-                payload=publication.payload,
-                properties=publication.properties,
-                topic=topic,
-                publish_time=now,
-                deliver_at=_deliver_at(publication, now),
-                expire_at=expire_at,
-                producer=publication.producer,
-                dedup_id=publication.dedup_id,
-                content_type=publication.content_type,
-                correlation_id=publication.correlation_id,
-                reply_to=publication.reply_to,
-                publisher=principal.username,
-            )
-            if message.size > queue.max_message_size:
-                raise MessageTooLarge(
-                    f"message of {message.size} bytes exceeds queue "
-                    f"{queue.name!r} max_message_size {queue.max_message_size}"
-                )
-            out.append(message)
+            out.append(build_message(queue, publication, principal.username, now, topic))
         return out
 
     async def publish(
@@ -489,36 +452,7 @@ class Broker(ProtocolState):
         return self.groups.runtimes(queue)
 
     def _group_gauges(self) -> Iterable[GroupGauge]:
-        heads = self.store.heads
-        for runtime in self.runtimes():
-            status = runtime.status()
-            parts = status.partitions
-            name = runtime.queue.name
-            times = [p.oldest for p in parts if p.oldest is not None]
-            yield GroupGauge(
-                name,
-                runtime.group.name,
-                backlog=sum(p.buffered for p in parts),
-                in_flight=sum(p.in_flight for p in parts),
-                lag=sum(max(0, heads.get((name, p.partition), 0) - p.committed_seq) for p in parts),
-                owners=sum(1 for flow in status.flows if flow.partitions),
-                oldest=min(times, default=None),
-                parked=len(runtime.parked_keys()),
-            )
+        return group_gauges(self.runtimes(), self.store.heads)
 
     def _queue_gauges(self) -> Iterable[QueueGauge]:
-        in_flight: dict[str, int] = {}
-        for runtime in self.runtimes():
-            flying = sum(p.in_flight for p in runtime.status().partitions)
-            in_flight[runtime.queue.name] = in_flight.get(runtime.queue.name, 0) + flying
-        depths = self.store.depths
-        for queue in self.queues():
-            messages, size = depths.get(queue.name, (0, 0))
-            dlq = queue.dlq_name
-            yield QueueGauge(
-                queue.name,
-                messages,
-                size,
-                in_flight.get(queue.name, 0),
-                depths.get(dlq, (0, 0))[0] if dlq else 0,
-            )
+        return queue_gauges(self.queues(), self.runtimes(), self.store.depths)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 
-from gateway.broker import new_message_id
+from gateway.ids import new_message_id
 
 
 def test_ids_are_uuids_that_sort_by_publish_millisecond() -> None:
