@@ -29,10 +29,11 @@ from pathlib import Path
 import aio_pika
 from pamqp.common import Arguments
 
+from benchmarks.cpu import cpu_per_100k, find_pid
+
 PAYLOAD = os.urandom(1024)
 KEYS = 1000
 IN_FLIGHT = 1000
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -41,23 +42,6 @@ class Result:
     name: str
     rate: float
     cpu_per_100k: float | None
-
-
-def cpu_seconds(pid: int) -> float:
-    # /proc/<pid>/stat: the command may contain spaces, so split after its closing ')'.
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-
-
-def find_pid(command: str) -> int | None:
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if (entry / "comm").read_text().strip() == command:
-                    return int(entry.name)
-            except OSError:
-                continue
-    return None
 
 
 async def publish_confirmed(url: str, count: int, arguments: Arguments) -> float:
@@ -95,11 +79,7 @@ async def publish_confirmed(url: str, count: int, arguments: Arguments) -> float
 
 async def measure(name: str, url: str, pid: int | None, count: int, arguments: Arguments) -> Result:
     await publish_confirmed(url, min(count, 2000), arguments)  # warm-up
-    before = cpu_seconds(pid) if pid else None
-    rate = await publish_confirmed(url, count, arguments)
-    cpu = None
-    if pid and before is not None:
-        cpu = (cpu_seconds(pid) - before) * 100_000 / count
+    rate, cpu = await cpu_per_100k(pid, count, publish_confirmed(url, count, arguments))
     return Result(name, rate, cpu)
 
 

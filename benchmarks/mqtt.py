@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import multiprocessing
 import socket
 import threading
@@ -35,6 +36,7 @@ from typing import Any
 import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion
 
+from benchmarks.cpu import cpu_per_100k, cpu_text, find_pid
 from benchmarks.nullsink import NullSink
 from protocols.mqtt import ConnAck, Connect, MqttCodec, MqttListener, PubAck, Publish
 
@@ -47,6 +49,7 @@ class Result:
     messages: int
     seconds: float
     refused: int
+    cpu_per_100k: float | None = None  # the server's, when its pid is known
 
     @property
     def rate(self) -> float:
@@ -55,7 +58,7 @@ class Result:
     def __str__(self) -> str:
         return (
             f"{self.target:<28} {self.messages:>8} msgs {self.seconds:8.2f} s "
-            f"{self.rate:>10,.0f} msg/s  refused {self.refused}"
+            f"{self.rate:>10,.0f} msg/s  refused {self.refused}{cpu_text(self.cpu_per_100k)}"
         )
 
 
@@ -158,13 +161,18 @@ def run_raw(target: str, address: str, **kwargs: Any) -> Result:
     return asyncio.run(_raw(target, address, **kwargs))
 
 
-async def run_client(target: str, address: str, **kwargs: Any) -> Result:
-    """Run the client in a child process, so it never shares our GIL or event loop."""
+async def run_client(
+    target: str, address: str, *, server_pid: int | None = None, **kwargs: Any
+) -> Result:
+    """Run the client in a child process, so it never shares our GIL or event loop; with
+    ``server_pid``, also the server's CPU time per 100k messages."""
     loop = asyncio.get_running_loop()
     context = multiprocessing.get_context("spawn")
     client = run_raw if kwargs.pop("client") == "raw" else run_paho
     with ProcessPoolExecutor(1, mp_context=context) as pool:
-        return await loop.run_in_executor(pool, partial(client, target, address, **kwargs))
+        run = loop.run_in_executor(pool, partial(client, target, address, **kwargs))
+        result, cpu = await cpu_per_100k(server_pid, kwargs["messages"], run)
+    return dataclasses.replace(result, cpu_per_100k=cpu)
 
 
 async def self_contained(**kwargs: Any) -> Result:
@@ -189,6 +197,8 @@ async def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--keygate", metavar="HOST:PORT")
     parser.add_argument("--mosquitto", metavar="HOST:PORT")
+    parser.add_argument("--keygate-pid", type=int, help="the keygate process, for CPU time")
+    parser.add_argument("--mosquitto-pid", type=int, help="default: found by name")
     parser.add_argument("--self-contained", action="store_true")
     parser.add_argument("--messages", type=int, default=50_000)
     parser.add_argument("--size", type=int, default=256)
@@ -220,10 +230,13 @@ async def main(argv: Sequence[str] | None = None) -> None:
         results["self"] = await self_contained(**options)
         print(results["self"])
     if args.keygate:
-        results["keygate"] = await run_client("keygate", args.keygate, **options)
+        results["keygate"] = await run_client(
+            "keygate", args.keygate, server_pid=args.keygate_pid, **options
+        )
         print(results["keygate"])
     if mosquitto:
-        results["mosquitto"] = await run_client("mosquitto", mosquitto, **options)
+        pid = args.mosquitto_pid or find_pid("mosquitto")
+        results["mosquitto"] = await run_client("mosquitto", mosquitto, server_pid=pid, **options)
         print(results["mosquitto"])
         for key in ("keygate", "self"):
             if key in results:

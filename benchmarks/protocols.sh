@@ -22,7 +22,8 @@ $py -m gateway.cli queue create bench-mqtt --partitions 16 --subscribe bench/mqt
 $py -m gateway.cli queue create stomp-bench --partitions 16 "$admin" >/dev/null
 
 echo "== MQTT (QoS 1, paho) =="
-$py -m benchmarks.mqtt --keygate "127.0.0.1:$(port mqtt)" --mosquitto 127.0.0.1:1883
+$py -m benchmarks.mqtt --keygate "127.0.0.1:$(port mqtt)" --keygate-pid "$gateway" \
+    --mosquitto 127.0.0.1:1883
 echo "== AMQP (aio-pika, publisher confirms) =="
 $py -m benchmarks.amqp --keygate "127.0.0.1:$(port amqp)" --keygate-pid "$gateway"
 echo "== STOMP (receipt every 100) =="
@@ -30,4 +31,5 @@ stomp_peer=()
 if $py -c "import socket; socket.create_connection(('127.0.0.1', 61613), 1)" 2>/dev/null; then
     stomp_peer=(--rabbitmq 127.0.0.1:61613)
 fi
-$py -m benchmarks.stomp --keygate "127.0.0.1:$(port stomp)" "${stomp_peer[@]}"
+$py -m benchmarks.stomp --keygate "127.0.0.1:$(port stomp)" --keygate-pid "$gateway" \
+    "${stomp_peer[@]}"

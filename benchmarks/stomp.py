@@ -20,10 +20,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 
+from benchmarks.cpu import cpu_per_100k, cpu_text, find_pid
 from benchmarks.nullsink import NullSink
 from protocols.stomp import Codec, Frame, StompListener, Version
 
@@ -35,12 +37,20 @@ class Result:
     target: str
     messages: int
     seconds: float
+    cpu_per_100k: float | None = None  # the server's, when its pid is known
 
     def __str__(self) -> str:
         rate = self.messages / self.seconds
         return (
             f"{self.target:<28} {self.messages:>8} msgs {self.seconds:8.2f} s {rate:>10,.0f} msg/s"
+            f"{cpu_text(self.cpu_per_100k)}"
         )
+
+
+async def measured(pid: int | None, messages: int, run: Awaitable[Result]) -> Result:
+    """``run``'s result with the server's CPU time per 100k messages (when ``pid``)."""
+    result, cpu = await cpu_per_100k(pid, messages, run)
+    return dataclasses.replace(result, cpu_per_100k=cpu)
 
 
 async def _read_frame(reader: asyncio.StreamReader, codec: Codec) -> Frame:
@@ -159,6 +169,8 @@ async def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--keygate", metavar="HOST:PORT")
     parser.add_argument("--rabbitmq", metavar="HOST:PORT")
+    parser.add_argument("--keygate-pid", type=int, help="the keygate process, for CPU time")
+    parser.add_argument("--rabbitmq-pid", type=int, help="default: beam.smp, found by name")
     parser.add_argument("--self-contained", action="store_true")
     parser.add_argument("--messages", type=int, default=50_000)
     parser.add_argument("--size", type=int, default=256)
@@ -196,23 +208,19 @@ async def main(argv: Sequence[str] | None = None) -> None:
         finally:
             await listener.close()
     if args.keygate:
-        print(
-            await publish(
-                "keygate", args.keygate, login=args.login, passcode=args.passcode, **common
-            )
-        )
+        run = publish("keygate", args.keygate, login=args.login, passcode=args.passcode, **common)
+        print(await measured(args.keygate_pid, args.messages, run))
     if rabbit:
         try:
-            print(
-                await publish(
-                    "rabbitmq_stomp (persistent)",
-                    rabbit,
-                    login=args.login or "guest",
-                    passcode=args.passcode or "guest",
-                    extra=(("persistent", "true"),),
-                    **common,
-                )
+            run = publish(
+                "rabbitmq_stomp (persistent)",
+                rabbit,
+                login=args.login or "guest",
+                passcode=args.passcode or "guest",
+                extra=(("persistent", "true"),),
+                **common,
             )
+            print(await measured(args.rabbitmq_pid or find_pid("beam.smp"), args.messages, run))
         finally:
             _delete_rabbitmq_queue(args.queue)
 
