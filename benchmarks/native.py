@@ -77,13 +77,13 @@ def gateway(db: str) -> Iterator[tuple[str, int]]:
             proc.wait(30)
 
 
-async def publish_rate(url: str, queue: str, count: int) -> float:
+async def publish_rate(url: str, queue: str, count: int, keys: int = KEYS) -> float:
     async with Client(url) as client:
         sem = asyncio.Semaphore(IN_FLIGHT)
 
         async def one(i: int) -> None:
             async with sem:
-                await client.publish(queue, PAYLOAD, key=f"key-{i % KEYS}")
+                await client.publish(queue, PAYLOAD, key=f"key-{i % keys}")
 
         started = time.perf_counter()
         await asyncio.gather(*(one(i) for i in range(count)))
@@ -159,11 +159,13 @@ def peak_rss_mb(pid: int) -> float:
     return float("nan")
 
 
-async def run(url: str, messages: int, partitions: int, rate: int | None) -> dict[str, float]:
+async def run(
+    url: str, messages: int, partitions: int, rate: int | None, keys: int
+) -> dict[str, float]:
     queue = "bench-" + uuid.uuid4().hex[:8]
     async with Client(url) as admin:
         await admin.declare_queue(queue, partitions=partitions)
-    out = {"publish_msgs_s": await publish_rate(url, queue, messages)}
+    out = {"publish_msgs_s": await publish_rate(url, queue, messages, keys)}
     out["consume_msgs_s"] = await consume_rate(url, queue, messages)
     if rate is not None:
         out["p50_ms"], out["p99_ms"] = await latency(url, queue, rate, 5.0)
@@ -174,6 +176,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--messages", type=int, default=20000)
     parser.add_argument("--partitions", type=int, default=16)
+    parser.add_argument("--keys", type=int, default=KEYS, help="distinct keys published")
     parser.add_argument("--rate", type=int, default=1000, help="offered rate for latency")
     parser.add_argument("--no-latency", action="store_true", help="skip the latency run")
     parser.add_argument("--postgres", default=os.environ.get("KEYGATE_TEST_POSTGRES_URL"))
@@ -186,10 +189,10 @@ def main() -> None:
         for name, db in targets.items():
             with gateway(db) as (url, pid):
                 rate = None if args.no_latency else args.rate
-                result = asyncio.run(run(url, args.messages, args.partitions, rate))
+                result = asyncio.run(run(url, args.messages, args.partitions, rate, args.keys))
                 rss = peak_rss_mb(pid)
                 line = (
-                    f"{name:10s} {args.partitions} partitions | publish "
+                    f"{name:10s} {args.partitions} partitions, {args.keys} keys | publish "
                     f"{result['publish_msgs_s']:8.0f} msg/s (confirmed, {IN_FLIGHT} in flight) | "
                     f"consume {result['consume_msgs_s']:8.0f} msg/s (client acks)"
                 )
