@@ -8,6 +8,12 @@ assigned from ``kg_partitions.head_seq`` read inside the writing transaction (ro
 on PostgreSQL; SQLite's BEGIN IMMEDIATE already excludes other writers): a Spark job
 dead-lettering into the same DLQ cannot make the gateway reuse a seq.
 
+Two ways to write: ``transaction`` (the async engine, for everything but the hot path) and
+``write`` (one function run on the writer thread, storage.writer: appends, ack offsets,
+QoS 2 releases). The statement helpers they share (``lock_heads``, ``insert_messages``,
+``write_heads``) are blocking functions of a Connection; async callers run them through
+``AsyncConnection.run_sync``. On SQLite both ways queue on one in-process lock.
+
 Fencing: the active gateway arms ``fence`` with its lease epoch; from then on every write
 transaction proves, as its first statement, that the lease is still its own. One that
 finds it taken raises Fenced (the transaction rolls back; the publish it carried is not
@@ -17,11 +23,12 @@ confirmed) and tells the gateway, which stops at once.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
@@ -38,8 +45,36 @@ from storage.schema import (
     kg_queues,
     kg_subscriptions,
 )
+from storage.writer import Body, WriterThread
 
 MESSAGE_COLUMNS: Final = tuple(column.name for column in kg_messages.columns)
+
+T = TypeVar("T")
+
+# The hot statements, built once: SQLAlchemy memoizes a statement's cache key on the
+# object, so executing a prebuilt one skips rebuilding and re-keying it on every call.
+_p = kg_partitions
+_HEADS = sa.select(_p.c.queue, _p.c.partition, _p.c.head_seq).where(
+    sa.tuple_(_p.c.queue, _p.c.partition).in_(sa.bindparam("parts", expanding=True))
+)
+_HEADS_LOCKED = _HEADS.order_by(_p.c.queue, _p.c.partition).with_for_update()
+_WRITE_HEADS = (
+    sa.update(_p)
+    .where(_p.c.queue == sa.bindparam("b_queue"), _p.c.partition == sa.bindparam("b_p"))
+    .values(head_seq=sa.bindparam("b_head"))
+)
+_lease = kg_gateway_lease
+_FENCE = sa.select(_lease.c.epoch).where(
+    _lease.c.name == sa.bindparam("name"), _lease.c.holder == sa.bindparam("holder")
+)
+_FENCE_SHARED = _FENCE.with_for_update(read=True)
+_PING = sa.select(sa.literal(1))
+
+
+class _LeaseTaken(Exception):
+    """Raised inside a transaction (possibly on the writer thread) that found the gateway
+    lease taken over; the store turns it into Fenced on the event loop."""
+
 
 _log = logging.getLogger("keygate.storage")
 
@@ -96,16 +131,16 @@ class GatewayLease:
 
 
 class StoreBase:
-    def __init__(self, url: str, engine: AsyncEngine) -> None:
+    def __init__(self, url: str, engine: AsyncEngine, writer: WriterThread) -> None:
         self.url = url
         self.engine = engine
+        self.writer = writer
         self.seq_lock = asyncio.Lock()
         self.queues: dict[str, QueueConfig] = {}
         self.heads: dict[tuple[str, int], int] = {}
         # queue -> [messages, bytes] currently stored.
         self.depths: dict[str, list[int]] = {}
         self.listeners: list[Callable[[Sequence[Message]], None]] = []
-        self._insert_sql: str | None = None
         # SQLite has one writer at a time and every transaction starts BEGIN IMMEDIATE.
         # Separate connections racing for it fall into SQLite's busy handler, which
         # sleeps in growing steps (tens of ms); queueing on a lock in this process costs
@@ -121,37 +156,23 @@ class StoreBase:
         order, before the writers' calls return. ``fn`` must not block or raise."""
         self.listeners.append(fn)
 
-    async def lock_heads(
-        self, conn: AsyncConnection, partitions: Iterable[tuple[str, int]]
-    ) -> Allocation:
-        """Read (and on PostgreSQL lock) the heads of ``partitions`` for this transaction."""
-        p = kg_partitions
-        query = sa.select(p.c.queue, p.c.partition, p.c.head_seq).where(
-            sa.tuple_(p.c.queue, p.c.partition).in_(sorted(set(partitions)))
-        )
-        if conn.dialect.name == "postgresql":
-            query = query.order_by(p.c.queue, p.c.partition).with_for_update()
-        rows = await conn.execute(query)
+    def lock_heads(self, conn: sa.Connection, partitions: Iterable[tuple[str, int]]) -> Allocation:
+        """Read (and on PostgreSQL lock) the heads of ``partitions`` for this transaction
+        (a blocking call: the writer thread's, or through ``AsyncConnection.run_sync``)."""
+        locked = conn.dialect.name == "postgresql"
+        rows = conn.execute(_HEADS_LOCKED if locked else _HEADS, {"parts": sorted(set(partitions))})
         return Allocation({(queue, partition): head for queue, partition, head in rows})
 
-    async def insert_messages(self, conn: AsyncConnection, messages: Sequence[Message]) -> None:
+    def insert_messages(self, conn: sa.Connection, messages: Sequence[Message]) -> None:
         """INSERT into kg_messages through the driver's executemany: SQLAlchemy's per-row
         bind processing would cost more than the database does (benchmarks/store_append.py).
-        The statement is still compiled by SQLAlchemy for the dialect."""
-        if self._insert_sql is None:
-            insert = sa.insert(kg_messages).compile(
-                dialect=conn.dialect, column_keys=list(MESSAGE_COLUMNS)
-            )
-            self._insert_sql = str(insert)
-        await conn.exec_driver_sql(self._insert_sql, [message_values(m) for m in messages])
+        The statement is still compiled by SQLAlchemy, once per driver."""
+        conn.exec_driver_sql(_insert_sql(conn.dialect), [message_values(m) for m in messages])
 
-    async def write_heads(self, conn: AsyncConnection, allocation: Allocation) -> None:
+    def write_heads(self, conn: sa.Connection, allocation: Allocation) -> None:
         if allocation.assigned:
-            p = kg_partitions
-            await conn.execute(
-                sa.update(p)
-                .where(p.c.queue == sa.bindparam("b_queue"), p.c.partition == sa.bindparam("b_p"))
-                .values(head_seq=sa.bindparam("b_head")),
+            conn.execute(
+                _WRITE_HEADS,
                 [
                     {"b_queue": queue, "b_p": partition, "b_head": head}
                     for (queue, partition), head in allocation.assigned.items()
@@ -180,20 +201,39 @@ class StoreBase:
         self._fence = lease
         self._on_fenced = on_fenced
 
-    async def _check_fence(self, conn: AsyncConnection) -> None:
+    def _check_fence(self, conn: sa.Connection) -> None:
         """Prove inside the transaction that the lease is still ours. On PostgreSQL the row
         is read FOR SHARE: a takeover (an UPDATE of it) waits until this transaction ends,
         so nothing it writes can commit after another gateway became active. SQLite's
         BEGIN IMMEDIATE excludes every other writer for the whole transaction already."""
         assert self._fence is not None
-        lease = kg_gateway_lease
-        query = sa.select(lease.c.epoch).where(
-            lease.c.name == self._fence.name, lease.c.holder == self._fence.holder
-        )
-        if conn.dialect.name == "postgresql":
-            query = query.with_for_update(read=True)
-        if (await conn.execute(query)).scalar_one_or_none() != self._fence.epoch:
+        query = _FENCE_SHARED if conn.dialect.name == "postgresql" else _FENCE
+        params = {"name": self._fence.name, "holder": self._fence.holder}
+        if conn.execute(query, params).scalar_one_or_none() != self._fence.epoch:
+            raise _LeaseTaken
+
+    def _first_write(self, conn: sa.Connection) -> None:
+        """The writer thread's first statement: the fence check, else a ping (PostgreSQL;
+        a dropped connection shows here, before anything was written)."""
+        if self._fence is not None:
+            self._check_fence(conn)
+        elif conn.dialect.name == "postgresql":
+            conn.execute(_PING)
+
+    async def write(self, body: Body[T]) -> T:
+        """Run ``body`` as one fenced write transaction on the writer thread
+        (storage.writer); returns its result after COMMIT. Errors as ``transaction``."""
+        if self._fence is not None and self.fenced:
             raise self._fenced_off()
+        try:
+            if self._sqlite_lock is None:
+                return await self.writer.run(self._first_write, body)
+            async with self._sqlite_lock:
+                return await self.writer.run(self._first_write, body)
+        except _LeaseTaken:
+            raise self._fenced_off() from None
+        except (sa.exc.SQLAlchemyError, OSError) as e:
+            raise storage_error(e) from e
 
     def _fenced_off(self) -> Fenced:
         assert self._fence is not None
@@ -265,13 +305,15 @@ class StoreBase:
             if self._sqlite_lock is None:
                 async with self.engine.begin() as connection:
                     if check:
-                        await self._check_fence(connection)
+                        await connection.run_sync(self._check_fence)
                     yield connection
             else:
                 async with self._sqlite_lock, self.engine.begin() as connection:
                     if check:
-                        await self._check_fence(connection)
+                        await connection.run_sync(self._check_fence)
                     yield connection
+        except _LeaseTaken:
+            raise self._fenced_off() from None
         except (sa.exc.SQLAlchemyError, OSError) as e:
             raise storage_error(e) from e
 
@@ -319,12 +361,23 @@ async def read_queues(conn: AsyncConnection, name: str | None = None) -> list[Qu
     return [queue_from_row(row, tuple(patterns.get(row["name"], ()))) for row in rows]
 
 
+@functools.cache
+def _insert_sql(dialect: sa.Dialect) -> str:
+    """The kg_messages INSERT in ``dialect``'s SQL with positional parameters (psycopg's
+    named default style is compiled as its positional ``%s`` one)."""
+    if not dialect.positional:
+        same_driver: Any = type(dialect)
+        dialect = same_driver(paramstyle="format")
+    compiled = sa.insert(kg_messages).compile(dialect=dialect, column_keys=list(MESSAGE_COLUMNS))
+    return str(compiled)
+
+
 async def _nothing() -> None:
     return None
 
 
 def upsert(
-    conn: AsyncConnection,
+    conn: sa.Connection | AsyncConnection,
     table: sa.Table,
     keys: Sequence[str],
     set_: Iterable[str],

@@ -207,12 +207,11 @@ class ConsumerOps(AdminOps):
         """Write full ack state per partition and forget the settled delivery records;
         ``retries`` are recorded first, so any of them settled meanwhile is dropped too."""
         if updates or retries:
-            async with self.transaction() as conn:
-                await self._write_offsets(conn, queue, group, updates, retries)
+            await self.write(lambda conn: self._write_offsets(conn, queue, group, updates, retries))
 
-    async def _write_offsets(
+    def _write_offsets(
         self,
-        conn: AsyncConnection,
+        conn: sa.Connection,
         queue: str,
         group: str,
         updates: Sequence[OffsetUpdate],
@@ -235,7 +234,7 @@ class ConsumerOps(AdminOps):
             ]
             # Never below a count the redelivery already recorded (it may precede the flush).
             newer = _d.c.delivery_count <= sa.literal_column("excluded.delivery_count")
-            await conn.execute(upsert(conn, _d, keys, changed, where=newer), records)
+            conn.execute(upsert(conn, _d, keys, changed, where=newer), records)
         if not updates:
             return
         now = time.time()
@@ -255,10 +254,10 @@ class ConsumerOps(AdminOps):
                 }
             )
             ranges.extend({**key, "b_lo": lo, "b_hi": hi} for lo, hi in update.acked_above)
-        await conn.execute(_WRITE_OFFSET, rows)
-        await conn.execute(_DROP_SETTLED, [{**r, "b_hi": r["b_committed"]} for r in rows])
+        conn.execute(_WRITE_OFFSET, rows)
+        conn.execute(_DROP_SETTLED, [{**r, "b_hi": r["b_committed"]} for r in rows])
         if ranges:
-            await conn.execute(_DROP_ACKED, ranges)
+            conn.execute(_DROP_ACKED, ranges)
 
     async def dead_letter(
         self,
@@ -295,14 +294,14 @@ class ConsumerOps(AdminOps):
                 copies: list[Message] = []
                 if dlq is not None and letters:
                     created = await self._ensure_dlq(conn, config)
-                    allocation = await self.lock_heads(conn, [(dlq, 0)])
+                    allocation = await conn.run_sync(self.lock_heads, [(dlq, 0)])
                     copies = [
                         dead_letter_copy(letter, group, dlq, 0, allocation.next(dlq, 0), now)
                         for letter in letters
                     ]
-                    await self.insert_messages(conn, copies)
-                    await self.write_heads(conn, allocation)
-                await self._write_offsets(conn, queue, group, offsets, retries)
+                    await conn.run_sync(self.insert_messages, copies)
+                    await conn.run_sync(self.write_heads, allocation)
+                await conn.run_sync(self._write_offsets, queue, group, offsets, retries)
                 await self._write_key_changes(conn, queue, group, keys)
             for created_queue in created:
                 self._remember(created_queue)

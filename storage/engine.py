@@ -107,15 +107,23 @@ def async_engine(url: str, *, application_name: str | None = None) -> AsyncEngin
     )
 
 
-def sync_engine(url: str) -> sa.Engine:
-    """A blocking engine (sqlite3 or psycopg 3) for migrations, tools and Spark."""
+def sync_engine(url: str, *, application_name: str | None = None) -> sa.Engine:
+    """A blocking engine (sqlite3 or psycopg 3) for migrations, tools, Spark and the
+    store's writer thread (storage.writer), whose PostgreSQL sessions are named and
+    bounded like the async engine's when ``application_name`` is given."""
     parsed, search_path = _parse(url)
     if parsed.get_backend_name() == "sqlite":
         engine = sa.create_engine(parsed.set(drivername="sqlite+pysqlite"))
         _sqlite_setup(engine)
         return engine
     _require_driver("psycopg")
-    connect_args: dict[str, Any] = {}
+    options = []
     if search_path:
-        connect_args["options"] = "-csearch_path=" + search_path
+        options.append("-csearch_path=" + search_path)
+    connect_args: dict[str, Any] = {}
+    if application_name:
+        options.append(f"-cidle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_TIMEOUT_MS}")
+        connect_args["application_name"] = application_name
+    if options:
+        connect_args["options"] = " ".join(options)
     return sa.create_engine(parsed.set(drivername="postgresql+psycopg"), connect_args=connect_args)

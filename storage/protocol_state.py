@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from storage.base import StoreBase, upsert
 from storage.schema import kg_amqp_exchanges, kg_mqtt_sessions
@@ -64,12 +63,11 @@ class ProtocolStateOps(StoreBase):
 
     async def mqtt_released(self, client_id: str, packet_ids: frozenset[int]) -> None:
         """PUBREL: the session no longer waits for these QoS 2 packet ids."""
-        async with self.transaction() as conn:
-            await self.change_qos2(conn, client_id, remove=packet_ids)
+        await self.write(lambda conn: self.change_qos2(conn, client_id, remove=packet_ids))
 
-    async def change_qos2(
+    def change_qos2(
         self,
-        conn: AsyncConnection,
+        conn: sa.Connection,
         client_id: str,
         *,
         add: Iterable[int] = (),
@@ -80,16 +78,16 @@ class ProtocolStateOps(StoreBase):
         either order and both hold). The row is locked while it changes (PostgreSQL)."""
         s = kg_mqtt_sessions
         query = sa.select(s.c.qos2_waiting).where(s.c.client_id == client_id).with_for_update()
-        text = (await conn.execute(query)).scalar_one_or_none()
+        text = conn.execute(query).scalar_one_or_none()
         if text is None:
             ids = set(add)
             if ids:
                 row = {"client_id": client_id, "qos2_waiting": _encode_ids(frozenset(ids))}
-                await conn.execute(sa.insert(s).values(expires_at=None, **row))
+                conn.execute(sa.insert(s).values(expires_at=None, **row))
             return
         ids = (_decode_ids(text) | set(add)) - set(remove)
         stmt = sa.update(s).where(s.c.client_id == client_id)
-        await conn.execute(stmt.values(qos2_waiting=_encode_ids(frozenset(ids))))
+        conn.execute(stmt.values(qos2_waiting=_encode_ids(frozenset(ids))))
 
     async def drop_mqtt_session(self, client_id: str) -> None:
         s = kg_mqtt_sessions

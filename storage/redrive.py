@@ -88,11 +88,12 @@ async def redrive_batch(
             for letter, target in moves
             if target is not None
         ]
-        allocation = await store.lock_heads(conn, {(c.queue, c.partition) for c in copies})
+        touched = {(c.queue, c.partition) for c in copies}
+        allocation = await conn.run_sync(store.lock_heads, touched)
         stored = [with_seq(c, allocation.next(c.queue, c.partition)) for c in copies]
         if stored:
-            await store.insert_messages(conn, stored)
-            await store.write_heads(conn, allocation)
+            await conn.run_sync(store.insert_messages, stored)
+            await conn.run_sync(store.write_heads, allocation)
             moved = [letter for letter, target in moves if target is not None]
             await conn.execute(
                 sa.delete(m).where(

@@ -5,11 +5,13 @@ and storage.inspection (the views as dicts).
 
 How an append works: the caller's messages (complete, seq 0) are queued for the append
 writer (storage.batcher). The writer takes every pending call (up to ``max_batch``
-messages), rejects calls that break a limit (MessageTooLarge, QueueFull, QueueNotFound:
-that call alone fails, nothing of it stored), resolves dedup ids against ``kg_dedup``,
-assigns seqs from the partitions' heads (read in the same transaction) and writes
-everything in ONE transaction. After COMMIT the cached heads and depths advance, commit
-listeners see the new messages, and only then do the callers' awaits return. If the
+messages: the calls that arrived while the previous transaction committed), rejects calls
+that break a limit (MessageTooLarge, QueueFull, QueueNotFound: that call alone fails,
+nothing of it stored), resolves dedup ids against ``kg_dedup``, assigns seqs from the
+partitions' heads (read in the same transaction) and writes everything in ONE transaction,
+run as one function on the writer thread (storage.writer). After COMMIT the cached heads
+and depths advance, commit listeners see the new messages, and only then do the callers'
+awaits return. If the
 database is unreachable (StorageUnavailable), every call of the batch fails and nothing of
 it is stored (callers may retry; the broker turns it into a negative confirm). If the
 transaction fails for any other reason, the batch is retried by halves, so only the call
@@ -43,17 +45,18 @@ from storage.base import Allocation, upsert
 from storage.batcher import GroupCommitter
 from storage.codec import message_from_row, salvage_message, with_seq
 from storage.consumer import ConsumerOps
-from storage.engine import async_engine
+from storage.engine import async_engine, sync_engine
 from storage.inspection import InspectionOps
 from storage.leases import LeaseOps
 from storage.migrate import migrate
 from storage.protocol_state import ProtocolStateOps
 from storage.schema import kg_dedup, kg_group_offsets, kg_groups, kg_messages
+from storage.writer import WriterThread
 
 _log = logging.getLogger("keygate.storage")
 
 DEFAULT_MAX_BATCH: Final = 1000
-DEFAULT_LINGER: Final = 0.001
+DEFAULT_LINGER: Final = 0.0
 
 # kg_dedup.producer is VARCHAR(500).
 _DEDUP_PRODUCER_LENGTH: Final = 500
@@ -124,8 +127,10 @@ RETENTION_CHUNK: Final = 1000
 class SqlStore(InspectionOps, LeaseOps, ProtocolStateOps, ConsumerOps):
     """keygate's durable store. Create it with ``open_store``; one active writer per DB."""
 
-    def __init__(self, url: str, engine: AsyncEngine, *, max_batch: int, linger: float) -> None:
-        super().__init__(url, engine)
+    def __init__(
+        self, url: str, engine: AsyncEngine, writer: WriterThread, *, max_batch: int, linger: float
+    ) -> None:
+        super().__init__(url, engine, writer)
         self.appender: GroupCommitter[AppendCall, list[Message]] = GroupCommitter(
             self._write_appends, max_weight=max_batch, linger=linger, name="kg-append"
         )
@@ -137,6 +142,7 @@ class SqlStore(InspectionOps, LeaseOps, ProtocolStateOps, ConsumerOps):
         """Write every pending append and dispatch record, then release the database."""
         await self.appender.close()
         await self.dispatcher.close()
+        await self.writer.close()
         await self.engine.dispose()
 
     async def append(
@@ -207,9 +213,9 @@ class SqlStore(InspectionOps, LeaseOps, ProtocolStateOps, ConsumerOps):
         unreachable database, retry each half on its own, so only the bad call fails."""
         touched = {(m.queue, m.partition) for call in calls for m in call.messages}
         try:
-            async with self.transaction() as conn:
-                allocation = await self.lock_heads(conn, touched)
-                results, new = await self._store(conn, calls, allocation)
+            allocation, results, new = await self.write(
+                lambda conn: self._store(conn, calls, self.lock_heads(conn, touched))
+            )
         except (StorageUnavailable, Fenced) as e:
             return [e] * len(calls)  # nothing any call could change
         except Exception as e:
@@ -226,10 +232,12 @@ class SqlStore(InspectionOps, LeaseOps, ProtocolStateOps, ConsumerOps):
         self.committed(allocation, new)
         return list(results)
 
-    async def _store(
-        self, conn: AsyncConnection, calls: list[AppendCall], allocation: Allocation
-    ) -> tuple[list[list[Message]], list[Message]]:
-        seen = await self._find_duplicates(conn, calls)
+    def _store(
+        self, conn: sa.Connection, calls: list[AppendCall], allocation: Allocation
+    ) -> tuple[Allocation, list[list[Message]], list[Message]]:
+        """The append transaction's work (on the writer thread); returns the allocation,
+        each call's messages as stored, and the new ones."""
+        seen = self._find_duplicates(conn, calls)
         results: list[list[Message]] = []
         new: list[Message] = []
         dedup_rows = []
@@ -261,20 +269,20 @@ class SqlStore(InspectionOps, LeaseOps, ProtocolStateOps, ConsumerOps):
                 new.append(stored)
             results.append(result)
         if new:
-            await self.insert_messages(conn, new)
-            await self.write_heads(conn, allocation)
+            self.insert_messages(conn, new)
+            self.write_heads(conn, allocation)
         if dedup_rows:
             keys = ("queue", "producer", "dedup_id")
             changed = ("message_id", "partition", "seq", "expires_at")
-            await conn.execute(upsert(conn, kg_dedup, keys, changed), dedup_rows)
+            conn.execute(upsert(conn, kg_dedup, keys, changed), dedup_rows)
         for call in calls:
             if call.qos2 is not None:
                 client_id, packet_id = call.qos2
-                await self.change_qos2(conn, client_id, add=(packet_id,))
-        return results, new
+                self.change_qos2(conn, client_id, add=(packet_id,))
+        return allocation, results, new
 
-    async def _find_duplicates(
-        self, conn: AsyncConnection, calls: list[AppendCall]
+    def _find_duplicates(
+        self, conn: sa.Connection, calls: list[AppendCall]
     ) -> dict[DedupKey, Message]:
         """Messages already stored under the dedup keys of ``calls`` (unexpired)."""
         wanted: dict[DedupKey, Message] = {}
@@ -287,7 +295,7 @@ class SqlStore(InspectionOps, LeaseOps, ProtocolStateOps, ConsumerOps):
             return {}
         now = min(call.now for call in calls)
         d, m = kg_dedup, kg_messages
-        rows = await conn.execute(
+        rows = conn.execute(
             sa.select(d.c.queue, d.c.producer, d.c.dedup_id, d.c.message_id, d.c.partition, d.c.seq)
             .where(sa.tuple_(d.c.queue, d.c.producer, d.c.dedup_id).in_(list(wanted)))
             .where(d.c.expires_at > now)
@@ -301,7 +309,7 @@ class SqlStore(InspectionOps, LeaseOps, ProtocolStateOps, ConsumerOps):
             )
         if found:
             positions = [(msg.queue, msg.partition, msg.seq) for msg in found.values()]
-            originals = await conn.execute(
+            originals = conn.execute(
                 sa.select(m).where(sa.tuple_(m.c.queue, m.c.partition, m.c.seq).in_(positions))
             )
             by_position = {(r["queue"], r["partition"], r["seq"]): r for r in originals.mappings()}
@@ -454,7 +462,8 @@ async def open_store(
     except (sa.exc.SQLAlchemyError, OSError) as e:
         raise StorageError(f"cannot migrate the database: {e}") from e
     engine = async_engine(url, application_name=application_name)
-    store = SqlStore(url, engine, max_batch=max_batch, linger=linger)
+    writer = WriterThread(sync_engine(url, application_name=application_name))
+    store = SqlStore(url, engine, writer, max_batch=max_batch, linger=linger)
     try:
         await store.load_caches()
     except BaseException:

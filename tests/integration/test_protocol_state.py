@@ -107,7 +107,7 @@ async def test_a_qos2_packet_id_is_recorded_in_the_same_transaction_as_its_messa
     await store.append([_message("q2", 1)], now=1.0, qos2=("client", 7))
     assert await store.mqtt_session("client", now=1.0) == {7}
 
-    async def broken(*args: Any, **kwargs: Any) -> None:
+    def broken(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError("the session row cannot be written")
 
     monkeypatch.setattr(store, "change_qos2", broken)

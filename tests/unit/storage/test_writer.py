@@ -1,0 +1,105 @@
+"""WriterThread: one transaction per call on its own thread, committed or rolled back
+whole, and a connection found dropped at the first statement replaced once."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from storage.engine import sync_engine
+from storage.writer import WriterThread
+
+
+@pytest.fixture
+async def writer(tmp_path: Path) -> AsyncIterator[tuple[WriterThread, sa.Engine]]:
+    url = f"sqlite:///{tmp_path / 'w.db'}"
+    reader = sync_engine(url)
+    with reader.begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE t (v INTEGER)")
+    thread = WriterThread(sync_engine(url))
+    yield thread, reader
+    await thread.close()
+    reader.dispose()
+
+
+def _nothing(conn: sa.Connection) -> None:
+    return None
+
+
+def _values(reader: sa.Engine) -> list[int]:
+    with reader.connect() as conn:
+        return [row[0] for row in conn.exec_driver_sql("SELECT v FROM t ORDER BY v")]
+
+
+async def test_a_body_runs_on_the_writer_thread_and_its_result_comes_back_after_commit(
+    writer: tuple[WriterThread, sa.Engine],
+) -> None:
+    thread, reader = writer
+    names: list[str] = []
+
+    def insert(conn: sa.Connection) -> int:
+        names.append(threading.current_thread().name)
+        conn.exec_driver_sql("INSERT INTO t VALUES (1), (2)")
+        return 2
+
+    assert await thread.run(_nothing, insert) == 2
+    assert _values(reader) == [1, 2]
+    assert names[0].startswith("kg-writer") and names[0] != threading.current_thread().name
+
+
+async def test_a_failing_body_writes_nothing_and_the_next_transaction_works(
+    writer: tuple[WriterThread, sa.Engine],
+) -> None:
+    thread, reader = writer
+
+    def half_then_fail(conn: sa.Connection) -> None:
+        conn.exec_driver_sql("INSERT INTO t VALUES (1)")
+        raise RuntimeError("bug in the middle of a transaction")
+
+    with pytest.raises(RuntimeError):
+        await thread.run(_nothing, half_then_fail)
+    assert _values(reader) == []
+    await thread.run(_nothing, lambda conn: conn.exec_driver_sql("INSERT INTO t VALUES (3)"))
+    assert _values(reader) == [3]
+
+
+def _dropped() -> sa.exc.OperationalError:
+    return sa.exc.OperationalError(
+        "SELECT 1", {}, Exception("server closed the connection"), connection_invalidated=True
+    )
+
+
+async def test_a_connection_dropped_before_the_first_statement_is_replaced_once(
+    writer: tuple[WriterThread, sa.Engine],
+) -> None:
+    thread, reader = writer
+    firsts: list[sa.Connection] = []
+
+    def first(conn: sa.Connection) -> None:
+        firsts.append(conn)
+        if len(firsts) == 1:
+            raise _dropped()
+
+    await thread.run(first, lambda conn: conn.exec_driver_sql("INSERT INTO t VALUES (7)"))
+    assert len(firsts) == 2 and firsts[0] is not firsts[1]  # a new connection the second time
+    assert _values(reader) == [7]
+
+
+async def test_a_connection_that_stays_dropped_fails_the_transaction(
+    writer: tuple[WriterThread, sa.Engine],
+) -> None:
+    thread, reader = writer
+    bodies: list[int] = []
+
+    def first(conn: sa.Connection) -> None:
+        raise _dropped()
+
+    with pytest.raises(sa.exc.OperationalError):
+        await thread.run(first, lambda conn: bodies.append(1))
+    assert bodies == [] and _values(reader) == []
+    await thread.run(_nothing, lambda conn: conn.exec_driver_sql("INSERT INTO t VALUES (8)"))
+    assert _values(reader) == [8]
