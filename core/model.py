@@ -285,12 +285,21 @@ class Message:
     # The authenticated user that published it (None: anonymous). With producer and
     # dedup_id it forms the dedup namespace (DESIGN.md §3.6); not a kg_messages column.
     publisher: str | None = None
+    # ``size``, once computed: every stage of a publish asks for it (limits, depth, buffer
+    # accounting, the INSERT), and the message is immutable.
+    _size: int | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def size(self) -> int:
         """Bytes counted against ``max_message_size`` and ``max_depth_bytes``: the payload,
         every property (name, value and a fixed overhead) and every header the publisher set
         (DESIGN.md §3.7; the producer is the gateway's label, not the publisher's)."""
+        if self._size is None:
+            object.__setattr__(self, "_size", self._measure())
+        assert self._size is not None
+        return self._size
+
+    def _measure(self) -> int:
         size = len(self.payload)
         for name, value in self.properties.items():
             size += PROPERTY_OVERHEAD + _text_size(name)

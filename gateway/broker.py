@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 
 from core.errors import (
@@ -287,12 +288,12 @@ class Broker(ProtocolState):
         self.metrics.publish_latency.observe(self.clock() - now)
         receipts = []
         position = 0
+        for queue, count in Counter(m.queue for m in stored).items():
+            self.metrics.published.labels(queue, principal.protocol).inc(count)
         for batch, pub in zip(batches, publications, strict=True):
             mine = stored[position : position + len(batch)]
             position += len(batch)
             duplicate = any(s.message_id != m.message_id for s, m in zip(mine, batch, strict=True))
-            for message in mine:
-                self.metrics.published.labels(message.queue, principal.protocol).inc()
             receipts.append(
                 Receipt(
                     tuple(m.message_id for m in mine),

@@ -121,7 +121,7 @@ def message_values(message: Message) -> tuple[Any, ...]:
 
 def with_seq(message: Message, seq: int) -> Message:
     """``message`` with ``seq`` (dataclasses.replace is several times slower here)."""
-    return Message(
+    stored = Message(
         message.message_id,
         message.queue,
         message.partition,
@@ -140,6 +140,8 @@ def with_seq(message: Message, seq: int) -> Message:
         message.reply_to,
         message.publisher,
     )
+    object.__setattr__(stored, "_size", message.size)
+    return stored
 
 
 def message_from_row(row: Mapping[Any, Any]) -> Message:

@@ -245,14 +245,14 @@ class SqlStore(InspectionOps, LeaseOps, ProtocolStateOps, ConsumerOps):
             result = []
             now = call.now
             for message in call.messages:
-                key = _dedup_key(message)
+                window = self.queues[message.queue].dedup_window
+                key = _dedup_key(message) if window > 0 else None
                 if key is not None and key in seen:
                     result.append(seen[key])
                     continue
                 seq = allocation.next(message.queue, message.partition)
                 stored = with_seq(message, seq)
-                window = self.queues[message.queue].dedup_window
-                if key is not None and window > 0:
+                if key is not None:
                     seen[key] = stored
                     dedup_rows.append(
                         {
@@ -288,8 +288,10 @@ class SqlStore(InspectionOps, LeaseOps, ProtocolStateOps, ConsumerOps):
         wanted: dict[DedupKey, Message] = {}
         for call in calls:
             for message in call.messages:
+                if self.queues[message.queue].dedup_window <= 0:
+                    continue
                 key = _dedup_key(message)
-                if key is not None and self.queues[message.queue].dedup_window > 0:
+                if key is not None:
                     wanted.setdefault(key, message)
         if not wanted:
             return {}
