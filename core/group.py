@@ -86,8 +86,12 @@ class GroupMachine(Membership):
         window: int,
         ack_mode: AckMode,
         previous: frozenset[int] | None = None,
+        *,
+        owner: str | None = None,
     ) -> list[Action]:
-        """Bind a flow; ``previous`` is the partition set its client held before a reconnect.
+        """Bind a flow; ``previous`` is the partition set its client held before a reconnect,
+        taken back from a reservation only by a flow of the same client and ``owner`` (the
+        authenticated user: another user cannot claim a client name's partitions).
 
         Raises Conflict if ``flow_id`` is bound already, InvalidArgument for a window or a
         client name that kg_flows cannot hold (core.ingress), so that every protocol's bind
@@ -100,7 +104,7 @@ class GroupMachine(Membership):
         validate_client_name(client)
         self._begin(now)
         self._next_order += 1
-        flow = Flow(flow_id, client, window, ack_mode, self._next_order, now)
+        flow = Flow(flow_id, client, window, ack_mode, self._next_order, now, owner=owner)
         self._flows[flow_id] = flow
         if previous and self._group.mode is not GroupMode.SHARED:
             self._reclaim(flow, previous)
@@ -146,7 +150,7 @@ class GroupMachine(Membership):
         if reserved:
             deadline = now + self._queue.rebalance_delay
             self._reservations[flow_id] = Reservation(
-                flow_id, flow.client, flow.order, deadline, reserved
+                flow_id, flow.client, flow.order, deadline, reserved, owner=flow.owner
             )
         self._rebalance = True
         return self._finish(now)

@@ -44,7 +44,12 @@ class Membership(DeliveryBook):
         self._touched: set[int] = set(range(queue.slots))
 
     def _reclaim(self, flow: Flow, previous: frozenset[int]) -> None:
-        for res in [r for r in self._reservations.values() if r.client == flow.client]:
+        mine = [
+            r
+            for r in self._reservations.values()
+            if r.client == flow.client and r.owner == flow.owner
+        ]
+        for res in mine:
             back = res.partitions & previous
             if not back:
                 continue

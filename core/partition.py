@@ -105,6 +105,9 @@ class Flow:
     announced: frozenset[int] = frozenset()
     # Owned partitions waiting for room to send, served in turn (DeliveryBook._pump).
     work: dict[int, None] = field(default_factory=dict)
+    # The authenticated user that bound it (None: anonymous); with ``client`` it names who
+    # may take back a reservation.
+    owner: str | None = None
 
     def has_room(self) -> bool:
         return self.pending < self.window
@@ -124,13 +127,15 @@ class Flow:
 
 @dataclass(slots=True)
 class Reservation:
-    """Partitions kept for a disconnected flow through the rebalance delay."""
+    """Partitions kept for a disconnected flow through the rebalance delay, for a flow of
+    the same client name bound by the same user (``owner``)."""
 
     flow_id: str
     client: str
     order: int
     deadline: float
     partitions: set[int]
+    owner: str | None = None
 
 
 class Partition:

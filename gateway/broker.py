@@ -398,7 +398,13 @@ class Broker(ProtocolState):
             raise Conflict(f"group {group!r} has tag filter {actual.tags}, not {tags}")
         flow_id = uuid.uuid4().hex
         partitions = runtime.bind(
-            flow_id, request.client, window, request.ack_mode, request.previous, output
+            flow_id,
+            request.client,
+            window,
+            request.ack_mode,
+            request.previous,
+            output,
+            owner=principal.username,
         )
         self.groups.add_flow(flow_id, runtime, principal)
         log.info(

@@ -55,6 +55,8 @@ async def reset_group(
         assert runtime is not None
         reloaded = await groups.load(runtime.group)
         for flow in bound:
+            owner = owners[flow.flow_id]
+            assert owner is not None
             reloaded.bind(
                 flow.flow_id,
                 flow.client,
@@ -62,9 +64,8 @@ async def reset_group(
                 flow.ack_mode,
                 frozenset(flow.partitions),
                 outputs[flow.flow_id],
+                owner=owner.principal.username,
             )
-            owner = owners[flow.flow_id]
-            assert owner is not None
             groups.move_flow(flow.flow_id, reloaded, owner.principal)
     log.info(
         "group %s/%s reset to %s: %s",

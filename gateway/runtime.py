@@ -243,9 +243,13 @@ class GroupRuntime:
         ack_mode: AckMode,
         previous: frozenset[int] | None,
         output: FlowOutput,
+        *,
+        owner: str | None = None,
     ) -> frozenset[int]:
         # The machine first: it refuses a bad bind before the output is registered.
-        actions = self.machine.bind(self._clock(), flow_id, client, window, ack_mode, previous)
+        actions = self.machine.bind(
+            self._clock(), flow_id, client, window, ack_mode, previous, owner=owner
+        )
         self.outputs[flow_id] = output
         self.submit(actions)
         return self.machine.partitions_of(flow_id)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import socket
 import subprocess
 import sys
 import threading
@@ -18,10 +19,14 @@ import pytest
 from core.errors import AuthenticationFailed, InvalidArgument, PermissionDenied
 from gateway.client import Client
 from gateway.config import Permission
+from gateway.inspect import inspect_queue
 from gateway.server import Gateway
 from protocols.mqtt import MQTT_3_1_1, ConnAck, Connect
+from protocols.native.connection import ClientConnection
+from protocols.native.events import Bind, BindOk, Hello, HelloOk
 from tests.integration.conftest import native_url, start_gateway
 from tests.support.mqtt_raw import RawMqtt
+from tests.support.native_raw import expect
 from tests.support.security import ADMIN, hashed_users, non_loopback_address
 from tests.support.wait import eventually
 
@@ -378,4 +383,54 @@ async def test_an_mqtt_client_id_is_taken_over_only_by_its_own_user(sqlite_url: 
     finally:
         alice.close()
         await RawMqtt.close_all()
+        await gateway.stop()
+
+
+async def _all_reserved(gateway: Gateway) -> bool:
+    assert gateway.broker is not None
+    (group,) = (await inspect_queue(gateway.broker, "orders"))["groups"]
+    return all(p["state"] == "unbound" for p in group["partitions"])
+
+
+def _bind_as(port: int, user: str, previous: frozenset[int] | None) -> frozenset[int]:
+    """HELLO as ``user`` under the client name "pos-7", BIND group g of orders claiming
+    ``previous``; the partitions granted. The socket is closed after the answer."""
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        conn = ClientConnection()
+        sock.sendall(conn.send(Hello(client_name="pos-7", username=user, password=f"{user}-pw")))
+        expect(sock, conn, HelloOk)
+        bind = Bind(
+            request_id=conn.next_request_id(),
+            queue="orders",
+            group="g",
+            window=10,
+            previous_partitions=previous,
+        )
+        sock.sendall(conn.send(bind))
+        ok = expect(sock, conn, BindOk)
+        assert isinstance(ok, BindOk)
+        return ok.partitions
+
+
+async def test_another_user_cannot_take_a_clients_reserved_partitions_by_its_name(
+    sqlite_url: str,
+) -> None:
+    """The rebalance delay keeps a disconnected consumer's partitions for *its* reconnect:
+    mallory, who may consume too, names alice's client and claims them, and gets none;
+    alice's own reconnect gets them back."""
+    gateway = await start_gateway(
+        sqlite_url,
+        users=hashed_users(alice="alice-pw", mallory="mallory-pw"),
+        permissions={"alice": ADMIN, "mallory": ADMIN},
+    )
+    port = gateway.ports["native"]
+    try:
+        async with Client(native_url(gateway), username="alice", password="alice-pw") as admin:
+            await admin.declare_queue("orders", partitions=4, rebalance_delay=30.0)
+        held = await asyncio.to_thread(_bind_as, port, "alice", None)
+        assert held == frozenset(range(4))
+        await eventually(lambda: _all_reserved(gateway))  # alice's connection is gone
+        assert await asyncio.to_thread(_bind_as, port, "mallory", held) == frozenset()
+        assert await asyncio.to_thread(_bind_as, port, "alice", held) == held
+    finally:
         await gateway.stop()

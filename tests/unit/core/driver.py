@@ -117,8 +117,11 @@ class Driver:
         window: int = 100,
         ack_mode: AckMode = AckMode.CLIENT,
         previous: frozenset[int] | None = None,
+        owner: str | None = None,
     ) -> list[Action]:
-        return self.call(self.machine.bind, flow, client or flow, window, ack_mode, previous)
+        return self.call(
+            self.machine.bind, flow, client or flow, window, ack_mode, previous, owner=owner
+        )
 
     def advance(self, seconds: float) -> list[Action]:
         self.now += seconds

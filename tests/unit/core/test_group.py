@@ -278,6 +278,22 @@ def test_tag_filter_drops_messages_that_do_not_match() -> None:
 # -- assignment, rebalance, handoff ----------------------------------------------------------
 
 
+def test_another_user_cannot_take_back_a_reservation_by_naming_its_client() -> None:
+    """A reservation is for the client *of its user*: mallory naming alice's client gets
+    no partitions back early; alice's own reconnect does."""
+    d = make(partitions=4)
+    d.bind("a", client="c1", owner="alice")
+    d.bind("b", client="c2", owner="bob")
+    held = d.machine.partitions_of("a")
+    d.call(d.machine.unbind, "a")
+    d.advance(1.0)
+    d.bind("m", client="c1", previous=held, owner="mallory")
+    assert not d.machine.partitions_of("m") & held  # at most a fair share of bob's
+    assert all(d.assignment[p] == (PartitionState.UNBOUND, "a") for p in held)
+    d.bind("a2", client="c1", previous=held, owner="alice")
+    assert d.machine.partitions_of("a2") == held
+
+
 def test_reconnect_within_rebalance_delay_keeps_partitions() -> None:
     d = make(partitions=4)
     d.bind("a", client="c1")
