@@ -30,6 +30,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Final
 
 from core.errors import Fenced, InvalidArgument, KeygateError
 from gateway.broker import Broker
@@ -46,6 +47,9 @@ from protocols.sink import Listener
 from storage.base import GatewayLease
 from storage.engine import GATEWAY_APPLICATION
 from storage.store import SqlStore, open_store
+
+# Young-generation allocations per pass, then passes per older-generation pass.
+GC_THRESHOLDS: Final = (50_000, 20, 20)
 
 log = logging.getLogger("keygate.server")
 
@@ -333,6 +337,10 @@ class Gateway:
         # the event loop for tens of milliseconds (docs/performance.md).
         gc.collect()
         gc.freeze()
+        # A publish allocates dozens of short-lived objects, nearly all freed by reference
+        # counting; at the default 700 allocations per young pass the collector ran ~50
+        # times per 1,000 messages (about 7 % of the gateway's CPU, docs/performance.md).
+        gc.set_threshold(*GC_THRESHOLDS)
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
