@@ -288,8 +288,11 @@ class Broker(ProtocolState):
         self.metrics.publish_latency.observe(self.clock() - now)
         receipts = []
         position = 0
-        for queue, count in Counter(m.queue for m in stored).items():
-            self.metrics.published.labels(queue, principal.protocol).inc(count)
+        if len(stored) == 1:
+            self.metrics.published.labels(stored[0].queue, principal.protocol).inc()
+        else:
+            for queue, count in Counter(m.queue for m in stored).items():
+                self.metrics.published.labels(queue, principal.protocol).inc(count)
         for batch, pub in zip(batches, publications, strict=True):
             mine = stored[position : position + len(batch)]
             position += len(batch)

@@ -8,9 +8,10 @@ assigned from ``kg_partitions.head_seq`` read inside the writing transaction (ro
 on PostgreSQL; SQLite's BEGIN IMMEDIATE already excludes other writers): a Spark job
 dead-lettering into the same DLQ cannot make the gateway reuse a seq.
 
-Two ways to write: ``transaction`` (the async engine, for everything but the hot path) and
-``write`` (one function run on the writer thread, storage.writer: appends, ack offsets,
-QoS 2 releases). The statement helpers they share (``lock_heads``, ``insert_messages``,
+Two ways to write: ``write`` (one function run on the writer thread, storage.writer: the
+steady-state writes — appends, ack offsets, dispatch records, flows and assignments, key
+changes, QoS 2 releases, retention deletes) and ``transaction`` (the async engine: reads,
+administration, dead letters). The statement helpers they share (``lock_heads``, ``insert_messages``,
 ``write_heads``) are blocking functions of a Connection; async callers run them through
 ``AsyncConnection.run_sync``. On SQLite both ways queue on one in-process lock.
 

@@ -188,12 +188,15 @@ class ConsumerOps(AdminOps):
                     }
                     for seq, count, first in record.redeliveries
                 )
-        async with self.transaction() as conn:
-            await conn.execute(_ADVANCE_DISPATCHED, advances)
+
+        def advance(conn: sa.Connection) -> None:
+            conn.execute(_ADVANCE_DISPATCHED, advances)
             if deliveries:
                 keys = ("queue", "group_name", "partition", "seq")
                 stmt = upsert(conn, _d, keys, ("delivery_count", "first_delivery_time"))
-                await conn.execute(stmt, deliveries)
+                conn.execute(stmt, deliveries)
+
+        await self.write(advance)
         return [None] * len(calls)
 
     async def write_offsets(
@@ -302,7 +305,7 @@ class ConsumerOps(AdminOps):
                     await conn.run_sync(self.insert_messages, copies)
                     await conn.run_sync(self.write_heads, allocation)
                 await conn.run_sync(self._write_offsets, queue, group, offsets, retries)
-                await self._write_key_changes(conn, queue, group, keys)
+                await conn.run_sync(self._write_key_changes, queue, group, keys)
             for created_queue in created:
                 self._remember(created_queue)
             self.committed(allocation, copies)
@@ -362,11 +365,10 @@ class ConsumerOps(AdminOps):
     async def write_key_changes(self, queue: str, group: str, keys: Sequence[KeyChange]) -> None:
         """Park and release keys (kg_parked_keys), in order."""
         if keys:
-            async with self.transaction() as conn:
-                await self._write_key_changes(conn, queue, group, keys)
+            await self.write(lambda conn: self._write_key_changes(conn, queue, group, keys))
 
-    async def _write_key_changes(
-        self, conn: AsyncConnection, queue: str, group: str, keys: Sequence[KeyChange]
+    def _write_key_changes(
+        self, conn: sa.Connection, queue: str, group: str, keys: Sequence[KeyChange]
     ) -> None:
         for change in keys:
             if isinstance(change, KeyParked):
@@ -386,10 +388,10 @@ class ConsumerOps(AdminOps):
                     ("queue", "group_name", "partition", "key"),
                     ("since", "message_id", "reason"),
                 )
-                await conn.execute(stmt, [row])
+                conn.execute(stmt, [row])
             else:
                 where = {"b_queue": queue, "b_group": group, "b_partition": change.partition}
-                await conn.execute(_UNPARK, [{**where, "b_key": change.key}])
+                conn.execute(_UNPARK, [{**where, "b_key": change.key}])
 
     async def unpark_key(self, queue: str, group: str, key: str) -> int:
         """Release a key of a group that is not running (it flows at the group's next
@@ -426,9 +428,10 @@ class ConsumerOps(AdminOps):
             }
             for c in changes
         ]
-        async with self.transaction() as conn:
-            stmt = upsert(conn, kg_partition_assignments, keys, ("state", "flow_id", "updated_at"))
-            await conn.execute(stmt, rows)
+        changed = ("state", "flow_id", "updated_at")
+        await self.write(
+            lambda conn: conn.execute(upsert(conn, kg_partition_assignments, keys, changed), rows)
+        )
 
     async def write_flows(
         self, queue: str, group: str, flows: Sequence[FlowChanged], *, now: float
@@ -451,13 +454,16 @@ class ConsumerOps(AdminOps):
             for f in flows
             if f.state is not FlowState.EXITED
         ]
-        async with self.transaction() as conn:
+
+        def record(conn: sa.Connection) -> None:
             if live:
                 changed = ("client", "state", "window_size", "ack_mode", "last_seen")
-                await conn.execute(upsert(conn, kg_flows, ("flow_id",), changed), live)
+                conn.execute(upsert(conn, kg_flows, ("flow_id",), changed), live)
             if exited:
                 drop = sa.delete(kg_flows).where(kg_flows.c.flow_id == sa.bindparam("b_flow"))
-                await conn.execute(drop, exited)
+                conn.execute(drop, exited)
+
+        await self.write(record)
 
     async def forget_consumers(self, lease_owner: str) -> None:
         """At a gateway's start: the flows of any earlier run, and the partitions they
@@ -495,5 +501,4 @@ class ConsumerOps(AdminOps):
             .values(pending=sa.bindparam("b_pending"), last_seen=sa.bindparam("b_now"))
         )
         rows = [{"b_flow": k, "b_pending": v, "b_now": now} for k, v in pending.items()]
-        async with self.transaction() as conn:
-            await conn.execute(stmt, rows)
+        await self.write(lambda conn: conn.execute(stmt, rows))

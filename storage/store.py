@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from core.errors import (
     Fenced,
@@ -391,15 +391,18 @@ class SqlStore(InspectionOps, LeaseOps, ProtocolStateOps, ConsumerOps):
                     m.c.queue == queue, m.c.partition == partition, m.c.seq > done, m.c.seq <= upto
                 )
                 deleted: dict[str, list[int]] = {}
-                async with self.transaction() as conn:
-                    await self._delete(conn, where, deleted)
+                await self.write(functools.partial(self._delete, where=where, deleted=deleted))
                 total += self._forget_depth(deleted)
                 self._retained[(queue, partition)] = done = upto
         deleted = {}
-        async with self.transaction() as conn:
-            ungrouped = m.c.queue.not_in(sa.select(kg_groups.c.queue).distinct())
-            await self._delete(conn, sa.and_(m.c.expire_at <= now, ungrouped), deleted)
-            await conn.execute(sa.delete(kg_dedup).where(kg_dedup.c.expires_at <= now))
+        ungrouped = m.c.queue.not_in(sa.select(kg_groups.c.queue).distinct())
+        expired = sa.and_(m.c.expire_at <= now, ungrouped)
+
+        def expire(conn: sa.Connection) -> None:
+            self._delete(conn, where=expired, deleted=deleted)
+            conn.execute(sa.delete(kg_dedup).where(kg_dedup.c.expires_at <= now))
+
+        await self.write(expire)
         return total + self._forget_depth(deleted)
 
     async def _retention_bound(
@@ -432,11 +435,13 @@ class SqlStore(InspectionOps, LeaseOps, ProtocolStateOps, ConsumerOps):
                 depth[1] -= size
         return sum(count for count, _ in deleted.values())
 
-    async def _delete(
-        self, conn: AsyncConnection, where: sa.ColumnElement[bool], deleted: dict[str, list[int]]
+    def _delete(
+        self, conn: sa.Connection, *, where: sa.ColumnElement[bool], deleted: dict[str, list[int]]
     ) -> None:
+        """Delete the messages ``where`` selects (on the writer thread: a retention chunk is
+        one hop, so appends queue behind it for its SQL only), adding them to ``deleted``."""
         m = kg_messages
-        counts = await conn.execute(
+        counts = conn.execute(
             sa.select(m.c.queue, sa.func.count(), sa.func.sum(m.c.size))
             .where(where)
             .group_by(m.c.queue)
@@ -448,7 +453,7 @@ class SqlStore(InspectionOps, LeaseOps, ProtocolStateOps, ConsumerOps):
             total[1] += int(size)
             found = True
         if found:
-            await conn.execute(sa.delete(m).where(where))
+            conn.execute(sa.delete(m).where(where))
 
 
 async def open_store(
