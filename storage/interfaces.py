@@ -1,8 +1,8 @@
 """The store as the layers above see it: three small interfaces instead of one wide class.
 
-``storage.SqlStore`` provides all three (mypy checks it: the end of this module);
-``storage.memory.MemoryStore`` is the in-memory twin the unit tests of the
-layers above use, kept honest by tests/integration/test_store_contract.py.
+``storage.SqlStore`` provides all three, and so does ``storage.memory.MemoryStore``, the
+in-memory twin the unit tests of the layers above use (mypy checks both: the end of this
+module), kept honest by tests/integration/test_store_contract.py.
 
 - ``PublishStore``: the publish path (gateway.broker): append, queue lookup, commit
   listeners, depths and heads.
@@ -168,9 +168,6 @@ if TYPE_CHECKING:
     from storage.memory import MemoryStore
     from storage.store import SqlStore
 
-    # Never run: mypy proves each store fits where each interface it provides is wanted.
-    def _sql_store_as_each(store: SqlStore) -> tuple[PublishStore, GroupStore, AdminStore]:
+    # Never run: mypy proves that both stores fit where each interface is wanted.
+    def _as_each(store: SqlStore | MemoryStore) -> tuple[PublishStore, GroupStore, AdminStore]:
         return store, store, store
-
-    def _memory_store_as_each(store: MemoryStore) -> tuple[PublishStore, GroupStore]:
-        return store, store

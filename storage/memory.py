@@ -1,8 +1,7 @@
 """MemoryStore: the in-memory twin of ``storage.SqlStore`` for the tests of the layers above.
 
-It implements ``PublishStore`` and ``GroupStore`` (storage.interfaces) and the queue and
-group calls of ``AdminStore`` a test needs to set one up (create, get, list, load). What
-it implements behaves as SqlStore does, and tests/integration/test_store_contract.py runs
+It implements ``PublishStore``, ``GroupStore`` and ``AdminStore`` (storage.interfaces), and
+behaves as SqlStore does, and tests/integration/test_store_contract.py runs
 the same tests against both: seqs per (queue, partition) from 1; an append is all or
 nothing with the same limit errors; commit listeners see each append's new messages after
 the write, in seq order; dedup within the queue's dedup window; offsets, dispatch records,
@@ -19,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable, Sequence
+from typing import Any, cast
 
 from core.actions import (
     AssignmentChanged,
@@ -38,8 +38,8 @@ from core.errors import (
     QueueFull,
     QueueNotFound,
 )
-from core.model import GroupConfig, Message, QueueConfig, StartPosition
-from storage.admin import _with_patterns
+from core.model import GroupConfig, Message, QueueConfig, ResetKind, ResetPosition
+from storage.admin import _ALTERABLE, _with_patterns, validate_pattern
 from storage.consumer import dead_letter_copy
 from storage.memory_group import GroupState, KeyChange
 from storage.store import DedupKey, _dedup_key
@@ -171,9 +171,13 @@ class MemoryStore:
                 raise AlreadyExists(f"queue {config.name!r} exists")
         else:
             stored = self._remember(config)
-        if stored.dlq_name is not None and stored.dlq_name not in self.queues:
-            self._remember(QueueConfig(name=stored.dlq_name, dead_letter_queue=""))
+        self._ensure_dlq(stored)
         return stored
+
+    def _ensure_dlq(self, config: QueueConfig) -> None:
+        name = config.dlq_name
+        if name is not None and name not in self.queues:
+            self._remember(QueueConfig(name=name, dead_letter_queue=""))
 
     def _remember(self, config: QueueConfig) -> QueueConfig:
         self.queues[config.name] = config
@@ -182,11 +186,77 @@ class MemoryStore:
             self.heads[(config.name, partition)] = 0
         return config
 
+    async def alter_queue(self, name: str, **changes: object) -> QueueConfig:
+        unknown = set(changes) - _ALTERABLE
+        if unknown:
+            raise InvalidArgument(f"unknown or read-only queue settings: {sorted(unknown)}")
+        old = self.queue(name)
+        if changes.get("partitions", old.partitions) != old.partitions:
+            raise InvalidArgument("the partition count of a queue cannot be changed")
+        try:
+            new = dataclasses.replace(old, **cast(dict[str, Any], changes))
+        except TypeError as e:
+            raise InvalidArgument(f"invalid queue settings: {e}") from e
+        self.queues[name] = new = _with_patterns(new, new.subscriptions)
+        self._ensure_dlq(new)
+        return new
+
+    async def delete_queue(self, name: str) -> int:
+        """As SqlStore: the messages deleted; the dead-letter queue is kept."""
+        self.queue(name)
+        deleted = self.depths.pop(name)[0]
+        for partition in range(self.queues.pop(name).slots):
+            self._messages.pop((name, partition), None)
+            del self.heads[(name, partition)]
+        self._dedup = {k: v for k, v in self._dedup.items() if k[0] != name}
+        self._groups = {k: v for k, v in self._groups.items() if k[0] != name}
+        return deleted
+
+    async def purge_queue(self, name: str) -> int:
+        config = self.queue(name)
+        deleted = self.depths[name][0]
+        self.depths[name] = [0, 0]
+        heads = {p: self.heads[(name, p)] for p in range(config.slots)}
+        for partition in heads:
+            self._messages.pop((name, partition), None)
+        for (queue, _), group in self._groups.items():
+            if queue == name:
+                group.reset(heads)
+        return deleted
+
     async def get_queue(self, name: str) -> QueueConfig:
         return self.queue(name)
 
     async def list_queues(self) -> list[QueueConfig]:
         return [config for _, config in sorted(self.queues.items())]
+
+    async def add_subscription(self, queue: str, pattern: str) -> None:
+        patterns = (*self.queue(queue).subscriptions, validate_pattern(pattern))
+        await self.alter_queue(queue, subscriptions=patterns)
+
+    async def remove_subscription(self, queue: str, pattern: str) -> None:
+        patterns = tuple(p for p in self.queue(queue).subscriptions if p != pattern)
+        await self.alter_queue(queue, subscriptions=patterns)
+
+    def _positions(self, queue: QueueConfig, target: ResetPosition) -> dict[int, int]:
+        """As storage.admin's: partition -> committed seq of a group (re)starting at
+        ``target`` (the seq before the first message it delivers)."""
+        heads = {p: self.heads[(queue.name, p)] for p in range(queue.slots)}
+        if target.kind is ResetKind.SEQ:
+            if any(partition >= queue.slots for partition in target.seqs):
+                raise InvalidArgument(f"queue {queue.name!r} has {queue.slots} partition(s)")
+            return {p: min(seq - 1, heads[p]) for p, seq in target.seqs.items()}
+        if target.kind is ResetKind.LATEST:
+            return heads
+        since = target.time if target.kind is ResetKind.TIME else float("-inf")
+        if since is None:
+            return heads  # as in SQL: nothing was published at or after NULL
+        for p in heads:
+            stored = self._messages.get((queue.name, p), [])
+            first = next((m.seq for m in stored if m.publish_time >= since), None)
+            if first is not None:
+                heads[p] = first - 1
+        return heads
 
     async def create_group(
         self, config: GroupConfig, *, exist_ok: bool = True
@@ -198,13 +268,7 @@ class MemoryStore:
         if group is not None and not exist_ok:
             raise AlreadyExists(f"group {config.name!r} of {config.queue!r} exists")
         if group is None:
-            starts = {}
-            for p in range(queue.slots):
-                stored = self._messages.get((queue.name, p))
-                if config.start is StartPosition.EARLIEST and stored:
-                    starts[p] = stored[0].seq - 1
-                else:
-                    starts[p] = self.heads[(queue.name, p)]
+            starts = self._positions(queue, ResetPosition(ResetKind(config.start.value)))
             group = GroupState(config, starts)
             self._groups[(config.queue, config.name)] = group
         return group.config, group.snapshot()
@@ -227,6 +291,17 @@ class MemoryStore:
 
     async def load_group(self, queue: str, name: str) -> GroupSnapshot:
         return self._group(queue, name).snapshot()
+
+    async def delete_group(self, queue: str, name: str) -> None:
+        self._group(queue, name)
+        del self._groups[(queue, name)]
+
+    async def reset_group(self, queue: str, name: str, target: ResetPosition) -> dict[int, int]:
+        config = self.queue(queue)
+        group = self._group(queue, name)
+        positions = self._positions(config, target)
+        group.reset(positions)
+        return positions
 
     # --- a running group ---------------------------------------------------------------
 
@@ -273,8 +348,7 @@ class MemoryStore:
         copies: list[Message] = []
         dlq = config.dlq_name
         if dlq is not None and letters:
-            if dlq not in self.queues:
-                self._remember(QueueConfig(name=dlq, dead_letter_queue=""))
+            self._ensure_dlq(config)
             for letter in letters:
                 copy = dead_letter_copy(letter, group, dlq, 0, 0, now)
                 copies.append(self._store(copy, dlq, 0))

@@ -54,6 +54,15 @@ class GroupState:
         parked = tuple(parked for _, parked in sorted(self.parked.items()))
         return GroupSnapshot(partitions=partitions, parked=parked)
 
+    def reset(self, positions: dict[int, int]) -> None:
+        """Move the partitions to the committed seqs of ``positions``: acks above them and
+        delivery records are forgotten (a reset group, a purged queue)."""
+        for partition, committed in positions.items():
+            self.offsets[partition] = PartitionSnapshot(
+                committed_seq=committed, dispatched_seq=committed, reserved_seq=committed
+            )
+            self.deliveries[partition] = {}
+
     def record_dispatch(self, records: Sequence[RecordDispatch]) -> None:
         for record in records:
             old = self.offsets[record.partition]

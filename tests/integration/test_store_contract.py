@@ -21,7 +21,14 @@ from core.actions import (
     RecordDispatch,
     RetryScheduled,
 )
-from core.errors import InvalidArgument, MessageTooLarge, QueueFull, QueueNotFound
+from core.errors import (
+    AlreadyExists,
+    GroupNotFound,
+    InvalidArgument,
+    MessageTooLarge,
+    QueueFull,
+    QueueNotFound,
+)
 from core.model import (
     DEAD_LETTER_REASON,
     ORIGINAL_SEQ,
@@ -29,10 +36,12 @@ from core.model import (
     GroupConfig,
     Message,
     QueueConfig,
+    ResetKind,
+    ResetPosition,
     StartPosition,
 )
 from storage import open_store
-from storage.interfaces import GroupStore, PublishStore
+from storage.interfaces import AdminStore, GroupStore, PublishStore
 from storage.memory import MemoryStore
 
 MessageFactory = Callable[..., Message]
@@ -40,16 +49,8 @@ MessageFactory = Callable[..., Message]
 NOW = 1_700_000_000.0
 
 
-class Store(PublishStore, GroupStore, Protocol):
-    """What both stores provide: the two interfaces and the set-up calls of AdminStore."""
-
-    async def create_queue(self, config: QueueConfig, *, exist_ok: bool = False) -> QueueConfig: ...
-
-    async def create_group(
-        self, config: GroupConfig, *, exist_ok: bool = True
-    ) -> tuple[GroupConfig, GroupSnapshot]: ...
-
-    async def load_group(self, queue: str, name: str) -> GroupSnapshot: ...
+class Store(PublishStore, GroupStore, AdminStore, Protocol):
+    """What both stores provide."""
 
 
 @pytest.fixture(params=["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
@@ -251,3 +252,111 @@ async def test_dead_letters_go_to_the_dlq_with_the_offsets_and_key_moves(
         ((3, 3),),
     )
     assert await twin.depth("orders.dlq") == (2, sum(m.size for m in copies))
+
+
+async def test_queue_settings_and_subscriptions_change_but_not_the_partition_count(
+    twin: Store,
+) -> None:
+    await twin.create_queue(QueueConfig("orders", partitions=2, dead_letter_queue=""))
+    assert [q.name for q in await twin.list_queues()] == ["orders"]
+    with pytest.raises(AlreadyExists):
+        await twin.create_queue(QueueConfig("orders", partitions=2))
+    with pytest.raises(AlreadyExists):
+        await twin.create_queue(QueueConfig("orders", partitions=3), exist_ok=True)
+    altered = await twin.alter_queue("orders", window=7, dead_letter_queue="dead")
+    assert (altered.window, altered.dlq_name) == (7, "dead")
+    assert await twin.get_queue("dead") == QueueConfig("dead", dead_letter_queue="")
+    for bad in ({"partitions": 3}, {"nonsense": 1}):
+        with pytest.raises(InvalidArgument):
+            await twin.alter_queue("orders", **bad)
+    await twin.add_subscription("orders", "b/#")
+    await twin.add_subscription("orders", "a/+")
+    await twin.add_subscription("orders", "b/#")
+    await twin.remove_subscription("orders", "c")
+    assert (await twin.get_queue("orders")).subscriptions == ("a/+", "b/#")
+    await twin.remove_subscription("orders", "b/#")
+    assert twin.queue("orders") == await twin.get_queue("orders")
+    assert twin.queue("orders").subscriptions == ("a/+",)
+    with pytest.raises(InvalidArgument):
+        await twin.add_subscription("orders", "a/#/b")
+    with pytest.raises(QueueNotFound):
+        await twin.alter_queue("nowhere", window=1)
+
+
+async def test_deleting_a_queue_deletes_its_messages_and_groups_but_keeps_its_dlq(
+    twin: Store, make_message: MessageFactory
+) -> None:
+    await twin.create_queue(QueueConfig("orders", partitions=2))
+    await twin.append([make_message("orders", p % 2) for p in range(3)], now=NOW)
+    await twin.create_group(GroupConfig("orders", "g"))
+    assert await twin.delete_queue("orders") == 3
+    with pytest.raises(QueueNotFound):
+        await twin.get_queue("orders")
+    assert [q.name for q in await twin.list_queues()] == ["orders.dlq"]
+    assert await twin.list_groups() == []
+    await twin.create_queue(QueueConfig("orders", partitions=2))
+    assert [m.seq for m in await twin.append([make_message("orders")], now=NOW)] == [1]
+    with pytest.raises(QueueNotFound):
+        await twin.delete_queue("orders.nothing")
+
+
+async def test_a_purge_deletes_every_message_and_moves_every_group_to_the_head(
+    twin: Store, make_message: MessageFactory
+) -> None:
+    await twin.create_queue(QueueConfig("orders", partitions=2))
+    await twin.append([make_message("orders", p % 2) for p in range(5)], now=NOW)
+    await twin.create_group(GroupConfig("orders", "g"))
+    await twin.record_dispatch("orders", "g", [RecordDispatch(0, 2, ((1, 2, NOW),))])
+    assert await twin.purge_queue("orders") == 5
+    assert await twin.depth("orders") == (0, 0)
+    snapshot = await twin.load_group("orders", "g")
+    assert snapshot.partitions == {
+        0: PartitionSnapshot(3, (), 3, 3),
+        1: PartitionSnapshot(2, (), 2, 2),
+    }
+    assert [m.seq for m in await twin.append([make_message("orders")], now=NOW)] == [4]
+
+
+async def test_a_group_reset_moves_it_to_a_position_and_forgets_its_acks(
+    twin: Store, make_message: MessageFactory
+) -> None:
+    await twin.create_queue(QueueConfig("orders", partitions=2))
+    for t in range(4):
+        await twin.append([make_message("orders", 0, publish_time=NOW + t)], now=NOW)
+    await twin.create_group(GroupConfig("orders", "g", start=StartPosition.LATEST))
+    await twin.write_offsets("orders", "g", [OffsetUpdate(0, 4, (), 4, 4)])
+    earliest = await twin.reset_group("orders", "g", ResetPosition(ResetKind.EARLIEST))
+    assert earliest == {0: 0, 1: 0}
+    at_time = await twin.reset_group("orders", "g", ResetPosition(ResetKind.TIME, time=NOW + 2))
+    assert at_time == {0: 2, 1: 0}
+    at_seq = await twin.reset_group("orders", "g", ResetPosition(ResetKind.SEQ, seqs={0: 9}))
+    assert at_seq == {0: 4}
+    assert await twin.reset_group("orders", "g", ResetPosition(ResetKind.LATEST)) == at_seq | {1: 0}
+    assert (await twin.load_group("orders", "g")).partitions[0] == PartitionSnapshot(4, (), 4, 4)
+    with pytest.raises(InvalidArgument):
+        await twin.reset_group("orders", "g", ResetPosition(ResetKind.SEQ, seqs={2: 1}))
+    with pytest.raises(GroupNotFound):
+        await twin.reset_group("orders", "h", ResetPosition(ResetKind.LATEST))
+
+
+async def test_groups_are_listed_by_queue_and_name_until_deleted(twin: Store) -> None:
+    await twin.create_queue(QueueConfig("b"))
+    await twin.create_queue(QueueConfig("a"))
+    for queue, name in [("b", "x"), ("a", "y"), ("a", "x")]:
+        await twin.create_group(GroupConfig(queue, name))
+    with pytest.raises(AlreadyExists):
+        await twin.create_group(GroupConfig("a", "x"), exist_ok=False)
+    assert [(g.queue, g.name) for g in await twin.list_groups()] == [
+        ("a", "x"),
+        ("a", "y"),
+        ("b", "x"),
+    ]
+    assert [g.name for g in await twin.list_groups("a")] == ["x", "y"]
+    assert await twin.get_group("b", "x") == GroupConfig("b", "x")
+    await twin.delete_group("a", "x")
+    with pytest.raises(GroupNotFound):
+        await twin.get_group("a", "x")
+    with pytest.raises(GroupNotFound):
+        await twin.delete_group("a", "x")
+    with pytest.raises(QueueNotFound):
+        await twin.create_group(GroupConfig("c", "x"))
