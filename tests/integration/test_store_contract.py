@@ -3,10 +3,13 @@ SqlStore: every test runs against both, the SQL one on SQLite and on PostgreSQL.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, Protocol
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from core.actions import (
     DeadLetter,
@@ -25,6 +28,7 @@ from core.errors import (
     AlreadyExists,
     GroupNotFound,
     InvalidArgument,
+    KeygateError,
     MessageTooLarge,
     QueueFull,
     QueueNotFound,
@@ -40,9 +44,10 @@ from core.model import (
     ResetPosition,
     StartPosition,
 )
-from storage import open_store
+from storage import SqlStore, open_store
 from storage.interfaces import AdminStore, GroupStore, PublishStore
 from storage.memory import MemoryStore
+from tests.support.fuzz import fuzz_settings
 
 MessageFactory = Callable[..., Message]
 
@@ -360,3 +365,60 @@ async def test_groups_are_listed_by_queue_and_name_until_deleted(twin: Store) ->
         await twin.delete_group("a", "x")
     with pytest.raises(QueueNotFound):
         await twin.create_group(GroupConfig("c", "x"))
+
+
+# One append: (partition, dedup id or None, payload bytes) per message; partition 2 does
+# not exist, 31 bytes are too many, and the queue holds at most 8 messages.
+_CALLS = st.lists(
+    st.lists(
+        st.tuples(st.integers(0, 2), st.sampled_from([None, "a", "b"]), st.integers(0, 31)),
+        min_size=1,
+        max_size=4,
+    ),
+    min_size=1,
+    max_size=8,
+)
+
+
+@given(calls=_CALLS)
+@fuzz_settings(15)
+async def test_any_appends_end_the_same_in_memory_as_in_sql(
+    store: SqlStore, calls: list[list[tuple[int, str | None, int]]]
+) -> None:
+    """Outcome by outcome (stored positions or the error), then what each store holds."""
+    queue = QueueConfig(
+        f"q{uuid.uuid4().hex}",
+        partitions=2,
+        max_message_size=30,
+        max_depth_messages=8,
+        dedup_window=5,
+    )
+    seen: list[list[object]] = []
+    for twin in (store, MemoryStore()):
+        await twin.create_queue(queue)
+        outcomes: list[object] = []
+        for i, call in enumerate(calls):
+            batch = [
+                Message(
+                    f"{queue.name}-{i}-{j}",
+                    queue.name,
+                    p,
+                    0,
+                    None,
+                    b"x" * size,
+                    producer="p" if dedup else None,
+                    dedup_id=dedup,
+                )
+                for j, (p, dedup, size) in enumerate(call)
+            ]
+            try:
+                stored = await twin.append(batch, now=NOW + 2 * i)  # dedup ids expire
+            except KeygateError as e:
+                outcomes.append(type(e).__name__)
+            else:
+                outcomes.append([(m.message_id, m.partition, m.seq) for m in stored])
+        outcomes.append(await twin.depth(queue.name))
+        for p in (0, 1):
+            outcomes.append(await twin.read(queue.name, p, 0, 100))
+        seen.append(outcomes)
+    assert seen[0] == seen[1]
