@@ -55,8 +55,6 @@ class MemoryStore:
         self.heads: dict[tuple[str, int], int] = {}
         # queue -> [messages, bytes] currently stored.
         self.depths: dict[str, list[int]] = {}
-        # (client id, packet id) of MQTT QoS 2 publishes recorded as received.
-        self.qos2_received: set[tuple[str, int]] = set()
         self._messages: dict[tuple[str, int], list[Message]] = {}
         self._dedup: dict[DedupKey, tuple[Message, float]] = {}
         self._groups: dict[tuple[str, str], GroupState] = {}
@@ -76,6 +74,7 @@ class MemoryStore:
     async def append(
         self, messages: Sequence[Message], *, now: float, qos2: tuple[str, int] | None = None
     ) -> list[Message]:
+        """As SqlStore's; ``qos2`` is ignored: MQTT sessions are not twinned."""
         if not messages:
             return []
         self._check(messages)
@@ -93,8 +92,6 @@ class MemoryStore:
                 self._dedup[key] = (_as_read(stored), now + window)
             result.append(stored)
             new.append(stored)
-        if qos2 is not None:
-            self.qos2_received.add(qos2)
         self._committed(new)
         return result
 
