@@ -40,6 +40,7 @@ from gateway.metrics import Metrics
 from gateway.security import check_security
 from gateway.standby import StandbyHealth
 from protocols._limits import ConnectionLimits
+from protocols.mqtt.connection import MAX_SESSION_EXPIRY
 from protocols.native.listener import NativeListener
 from protocols.sink import Listener
 from storage.base import GatewayLease
@@ -197,6 +198,8 @@ class Gateway:
         self.broker.metrics.active.set(1)
         # Flows of an earlier run (a crash leaves their rows) died with its connections.
         await self.store.forget_consumers(self.broker.groups.lease_owner)
+        # Their MQTT sessions were never given an expiry: the longest a session may have.
+        await self.store.orphan_mqtt_sessions(expires_at=time.time() + MAX_SESSION_EXPIRY)
         await self.broker.start()
         self._housekeeping = Housekeeping(self.broker)
         self._housekeeping.start()

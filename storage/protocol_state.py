@@ -94,6 +94,16 @@ class ProtocolStateOps(StoreBase):
         async with self.transaction() as conn:
             await conn.execute(sa.delete(s).where(s.c.client_id == client_id))
 
+    async def orphan_mqtt_sessions(self, *, expires_at: float) -> int:
+        """At a gateway's start: sessions still marked connected (no expiry) belonged to
+        connections of an earlier run that crashed or lost its lease, so they never got
+        their expiry at disconnect. They expire at ``expires_at`` unless their client
+        comes back first; returns how many."""
+        s = kg_mqtt_sessions
+        stmt = sa.update(s).where(s.c.expires_at.is_(None)).values(expires_at=expires_at)
+        result = await self.write(lambda conn: conn.execute(stmt))
+        return int(result.rowcount)
+
     async def expire_mqtt_sessions(self, *, now: float) -> int:
         """Delete the sessions that expired; returns how many."""
         s = kg_mqtt_sessions

@@ -54,6 +54,8 @@ from protocols.mqtt.packets import (
 from protocols.mqtt.session import Session
 
 KEEP_ALIVE_GRACE: Final = 1.5
+# The longest session expiry granted (seconds); a session asking for more gets this.
+MAX_SESSION_EXPIRY: Final = 7200.0
 SUBSCRIBE_REFUSED: Final = "keygate does not deliver over MQTT: consume with the native SDK"
 # MQTT 5 CONNACK reason → MQTT 3.1.1 return code; anything else closes without CONNACK.
 _V3_RETURN_CODES: Final = {
@@ -112,7 +114,7 @@ class Limits:
     max_packet_size: int
     receive_maximum: int = 1024
     topic_alias_maximum: int = 64
-    max_session_expiry: float = 7200.0
+    max_session_expiry: float = MAX_SESSION_EXPIRY
     max_login_packet: int = DEFAULT_MAX_LOGIN_FRAME
     """The largest packet accepted before CONNACK (the CONNECT, Will included)."""
 

@@ -132,3 +132,21 @@ async def test_releases_and_expiry_change_a_session_without_losing_other_ids(
     await store.save_mqtt_session("c", expires_at=100.0)  # the client left: ids stay
     assert await store.mqtt_session("c", now=50.0) == {1, 3}
     assert await store.mqtt_session("c", now=150.0) is None  # expired
+
+
+async def test_sessions_left_connected_by_an_earlier_run_get_an_expiry_at_start(
+    store: SqlStore,
+) -> None:
+    """A crash leaves every session of a connected client marked connected (no expiry);
+    the next start gives them one, so a client that never returns does not keep its row
+    for ever, while one that comes back in time still finds its packet ids."""
+    await store.create_queue(QueueConfig("q4", partitions=1))
+    await store.append([_message("q4", 1)], now=1.0, qos2=("gone", 1))
+    await store.append([_message("q4", 2)], now=1.0, qos2=("back", 2))
+    await store.save_mqtt_session("left", expires_at=50.0)  # disconnected cleanly
+    assert await store.orphan_mqtt_sessions(expires_at=200.0) == 2
+    assert await store.mqtt_session("back", now=150.0) == {2}
+    await store.save_mqtt_session("back", expires_at=None)  # it reconnected
+    assert await store.expire_mqtt_sessions(now=250.0) == 2  # "gone" and "left"
+    assert await store.mqtt_session("gone", now=1.0) is None
+    assert await store.mqtt_session("back", now=250.0) == {2}
