@@ -60,6 +60,7 @@ from core.group import GroupMachine
 from core.model import AckMode, GroupConfig, Message, QueueConfig
 from core.partition import GroupStatus
 from protocols.sink import FlowOutput
+from storage.interfaces import GroupStore
 
 log = logging.getLogger("keygate.runtime")
 
@@ -67,55 +68,6 @@ _CLOSE_TIMEOUT: Final = 10.0
 _FLUSH: Final = "flush"
 _DRAIN: Final = "drain"
 _RETRY_MAX: Final = 2.0
-
-
-class GroupStore(Protocol):
-    """What a group runtime writes and reads: the small part of the store it needs
-    (``storage.SqlStore`` provides it; unit tests pass an in-memory one)."""
-
-    async def record_dispatch(
-        self, queue: str, group: str, records: Sequence[RecordDispatch]
-    ) -> None: ...
-
-    async def write_offsets(
-        self,
-        queue: str,
-        group: str,
-        updates: Sequence[OffsetUpdate],
-        *,
-        retries: Sequence[RetryScheduled] = (),
-    ) -> None: ...
-
-    async def dead_letter(
-        self,
-        queue: str,
-        group: str,
-        letters: Sequence[DeadLetter],
-        offsets: Sequence[OffsetUpdate],
-        *,
-        now: float,
-        keys: Sequence[KeyParked | KeyReleased] = (),
-        retries: Sequence[RetryScheduled] = (),
-        moves: Sequence[DeadLetterKey] = (),
-    ) -> list[list[int]]:
-        """Returns, per move, the seqs it moved."""
-        ...
-
-    async def write_key_changes(
-        self, queue: str, group: str, keys: Sequence[KeyParked | KeyReleased]
-    ) -> None: ...
-
-    async def write_assignments(
-        self, queue: str, group: str, changes: Sequence[AssignmentChanged], *, now: float
-    ) -> None: ...
-
-    async def write_flows(
-        self, queue: str, group: str, flows: Sequence[FlowChanged], *, now: float
-    ) -> None: ...
-
-    async def read_for_delivery(
-        self, queue: str, pages: Sequence[tuple[int, int, int]]
-    ) -> dict[int, tuple[list[Message], frozenset[int]]]: ...
 
 
 class RuntimeHooks(Protocol):
