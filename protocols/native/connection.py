@@ -22,6 +22,7 @@ from enum import Enum
 from typing import Final
 
 from protocols.native.codec import Codec
+from protocols.native.errors import NativeProtocolError, UnsupportedVersion
 from protocols.native.events import (
     DEFAULT_MAX_FRAME,
     MIN_MAX_FRAME,
@@ -42,7 +43,6 @@ from protocols.native.events import (
     Hello,
     HelloOk,
     Nack,
-    NativeProtocolError,
     Ok,
     PartitionsChanged,
     Ping,
@@ -51,7 +51,6 @@ from protocols.native.events import (
     PublishOk,
     QueueOk,
     Unbind,
-    UnsupportedVersion,
 )
 
 

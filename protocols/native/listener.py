@@ -35,6 +35,7 @@ from protocols._io import keep_alive
 from protocols._limits import DEFAULT_LIMITS, ByteBudget, ConnectionLimits
 from protocols._log import ConnectionLog
 from protocols.native.connection import ConnectionState, ServerConnection
+from protocols.native.errors import IdleTimeout, LoginTimeout, NativeProtocolError, error_frame
 from protocols.native.events import (
     DEFAULT_MAX_FRAME,
     Ack,
@@ -52,7 +53,6 @@ from protocols.native.events import (
     Hello,
     Nack,
     NackOutcome,
-    NativeProtocolError,
     Ok,
     PartitionsChanged,
     Ping,
@@ -167,7 +167,7 @@ class _Session:
                 await self.writer.drain()
         except NativeProtocolError as e:
             self.log.info("native %s: protocol error: %s", self.peer, e)
-            self.send(Error(request_id=0, code=e.code, text=e.message))
+            self.send(error_frame(e))
         except TimeoutError:
             if self.conn.state is ConnectionState.AWAIT_HELLO:
                 self.log.info(
@@ -175,7 +175,7 @@ class _Session:
                     self.peer,
                     self.listener.limits.login_timeout,
                 )
-                self.send(Error(request_id=0, code="login-timeout", text="no HELLO in time"))
+                self.send(error_frame(LoginTimeout("no HELLO in time")))
             else:
                 # A peer that vanished without a FIN or RST (power loss, a dropped NAT
                 # entry) must not hold its partitions forever: the SDK pings every 15 s.
@@ -184,7 +184,7 @@ class _Session:
                     self.peer,
                     self.listener.idle_timeout,
                 )
-                self.send(Error(request_id=0, code="idle-timeout", text="no frame in time"))
+                self.send(error_frame(IdleTimeout("no frame in time")))
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         finally:
@@ -268,10 +268,10 @@ class _Session:
                     return event.request_id != 0
         except KeygateError as e:
             if isinstance(event, Hello):
-                self.send(Error(request_id=0, code=e.code, text=e.message))
+                self.send(error_frame(e))
                 return False
             if event.request_id:
-                self.send(Error(request_id=event.request_id, code=e.code, text=e.message))
+                self.send(error_frame(e, event.request_id))
             else:
                 # Fire-and-forget frames have nobody to answer; an ERROR with id 0 would
                 # end the connection, which a late ack must not do.
@@ -328,7 +328,7 @@ class _Session:
                 ),
             )
         except KeygateError as e:
-            self.send(Error(request_id=event.request_id, code=e.code, text=e.message))
+            self.send(error_frame(e, event.request_id))
             return
         self.send(
             PublishOk(
