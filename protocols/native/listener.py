@@ -29,7 +29,7 @@ from typing import Any, Final
 from core import actions
 from core.errors import KeygateError, Unavailable
 from core.ingress import validate_client_name, validate_delay, validate_window
-from core.model import AckMode, Publication
+from core.model import AckMode
 from protocols import sink
 from protocols._io import keep_alive
 from protocols._limits import DEFAULT_LIMITS, ByteBudget, ConnectionLimits
@@ -46,7 +46,6 @@ from protocols.native.events import (
     Credit,
     DeclareQueue,
     DeleteQueue,
-    Deliver,
     Error,
     Event,
     FlowClosed,
@@ -62,7 +61,12 @@ from protocols.native.events import (
     QueueOk,
     Unbind,
 )
-from protocols.native.settings import queue_from_settings, queue_settings
+from protocols.native.mapping import (
+    deliver_frame,
+    publication,
+    queue_from_settings,
+    queue_settings,
+)
 from protocols.native.writer import FrameWriter
 from protocols.sink import BindRequest, Principal, Sink, peer_identity
 
@@ -91,24 +95,8 @@ class _FlowOutput:
         send = self.session.send
         failed = []
         for d in deliveries:
-            m = d.message
             try:
-                frame = Deliver(
-                    flow_id=d.flow_id,
-                    message_id=m.message_id,
-                    partition=m.partition,
-                    seq=m.seq,
-                    key=m.key,
-                    payload=m.payload,
-                    properties=m.properties,
-                    topic=m.topic,
-                    publish_time=m.publish_time,
-                    delivery_count=d.delivery_count,
-                    redelivered=d.redelivered,
-                    content_type=m.content_type,
-                    correlation_id=m.correlation_id,
-                    reply_to=m.reply_to,
-                )
+                frame = deliver_frame(d)
                 send(frame, auto_ack=self.auto_ack)
             except KeygateError:
                 # Not encodable (a field longer than the wire carries, a frame over the
@@ -312,20 +300,7 @@ class _Session:
         try:
             receipt = await self.sink.publish(
                 self.principal,
-                Publication(
-                    payload=event.payload,
-                    queue=event.queue,
-                    topic=event.topic,
-                    key=event.key,
-                    properties=event.properties,
-                    ttl=event.ttl,
-                    deliver_at=event.deliver_at,
-                    producer=f"native:{self.conn.client_name or self.session_id}",
-                    dedup_id=event.dedup_id,
-                    content_type=event.content_type,
-                    correlation_id=event.correlation_id,
-                    reply_to=event.reply_to,
-                ),
+                publication(event, f"native:{self.conn.client_name or self.session_id}"),
             )
         except KeygateError as e:
             self.send(error_frame(e, event.request_id))
