@@ -8,15 +8,22 @@ waiting form for a connection's own replies, which pauses above ``high`` queued 
 client that does not read cannot make the gateway buffer without bound. Deliveries are
 bounded by their flows' windows.
 
-Auto-ack deliveries (AMQP ``no_ack``, STOMP ``ack:auto``) ride with the bytes that carry
-them and are settled once those bytes were written and the transport drained below its
-high-water mark: the socket took them. Until then they count against the flow's window,
-which is the back-pressure towards a consumer that reads slowly.
+A frame pushed with ``remake`` (how to encode it again) is not kept as bytes while more
+than ``high`` bytes wait for the kernel: the outbox holds ``remake`` instead, in order
+with everything pushed after it, and calls it when the socket has taken enough. A reader
+that stalls thus costs ``high`` bytes plus its window of messages, which the group holds
+anyway, rather than a second, encoded copy of the window.
+
+Auto-ack deliveries (AMQP ``no_ack``, STOMP ``ack:auto``, native AUTO) ride with the bytes
+that carry them and are settled once the kernel has taken their last byte (the transport's
+buffer has drained past it): the socket took them. Until then they count against the
+flow's window, which is the back-pressure towards a consumer that reads slowly.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import socket
@@ -30,6 +37,9 @@ from protocols.sink import Principal, Sink
 log = logging.getLogger("keygate.io")
 
 DEFAULT_HIGH: Final = 1024 * 1024
+# How often a connection whose transport still holds bytes checks what the kernel took:
+# the transport raises no event when its buffer empties.
+WRITE_POLL: Final = 0.01
 # TCP keepalive on every accepted connection: a peer that vanished without a FIN or RST
 # (power loss, a dropped NAT entry) is found after about KEEPALIVE_IDLE + 3 probes, even
 # on a protocol whose heartbeats the client turned off, so it cannot hold its partitions.
@@ -51,6 +61,9 @@ def keep_alive(writer: asyncio.StreamWriter) -> None:
 
 
 SettleWritten = Callable[[str, tuple[str, ...]], None]
+# (flow id, message ids): the auto-ack deliveries some bytes carry.
+AutoAcked = tuple[str, Sequence[str]]
+Remake = Callable[[], bytes]
 
 
 class Outbox:
@@ -64,11 +77,19 @@ class Outbox:
         high: int = DEFAULT_HIGH,
     ) -> None:
         self._writer = writer
+        self._transport = writer.transport
         self._settle_written = settle_written
         self._high = high
         self._chunks: list[bytes] = []
         self._size = 0
-        self._acks: dict[str, list[str]] = {}
+        # Frames pushed while the outbox was full, in push order, with what they deliver: as
+        # their remake, or as bytes for a frame that has none (it only waits behind others).
+        self._held: collections.deque[tuple[bytes | Remake, AutoAcked | None]] = collections.deque()
+        # Bytes queued and written since the start; auto-ack deliveries not yet taken by
+        # the kernel as (offset of their last byte, flow id, message ids).
+        self._queued = 0
+        self._written = 0
+        self._unacked: collections.deque[tuple[int, str, Sequence[str]]] = collections.deque()
         self._wake = asyncio.Event()
         self._room = asyncio.Event()
         self._closed = False
@@ -78,65 +99,112 @@ class Outbox:
     @property
     def done(self) -> bool:
         """No more bytes will be written."""
-        return self.broken or (self._closed and not self._chunks)
+        return self.broken or (self._closed and not self._chunks and not self._held)
 
-    def push(self, data: bytes, auto_acked: tuple[str, Sequence[str]] | None = None) -> None:
+    @property
+    def pending(self) -> int:
+        """Bytes queued here or in the transport that the kernel has not taken yet."""
+        return self._size + self._transport.get_write_buffer_size()
+
+    def push(
+        self,
+        data: bytes,
+        auto_acked: AutoAcked | None = None,
+        *,
+        remake: Remake | None = None,
+    ) -> None:
         """Queue bytes for writing; never waits. ``auto_acked``: (flow id, message ids)
-        the bytes deliver, settled as acked once written."""
+        the bytes deliver, settled as acked once the kernel took them. ``remake``: makes
+        ``data`` again; given, the bytes are dropped and ``remake`` held while the outbox
+        is above ``high``."""
         if self._closed or self.broken:
             return
-        if data:
-            self._chunks.append(data)
-            self._size += len(data)
-        if auto_acked is not None and auto_acked[1]:
-            self._acks.setdefault(auto_acked[0], []).extend(auto_acked[1])
+        if self._held or (remake is not None and self.pending > self._high):
+            self._held.append((data if remake is None else remake, auto_acked))
+        else:
+            self._queue(data, auto_acked)
         self._wake.set()
 
-    async def put(self, data: bytes) -> None:
-        """Queue bytes, first waiting while more than ``high`` bytes are queued."""
-        while self._size > self._high and not (self._closed or self.broken):
+    async def room(self) -> None:
+        """Wait while frames are held or more than ``high`` bytes are queued."""
+        while (self._held or self._size > self._high) and not (self._closed or self.broken):
             self._room.clear()
             await self._room.wait()
+
+    async def put(self, data: bytes) -> None:
+        """Queue bytes, first waiting for ``room``."""
+        await self.room()
         self.push(data)
 
     def close(self) -> None:
         """Write what is queued, then stop; later pushes are dropped."""
         self._closed = True
         self._wake.set()
+        self._room.set()
 
     async def run(self) -> None:
         """The writer task: ends after ``close`` once everything queued is written, or when
-        the socket fails (``broken``)."""
+        the socket fails (``broken``). Auto-ack deliveries the kernel has not taken by then
+        stay unsettled."""
         try:
             while True:
-                if not self._chunks and not self._acks:
-                    if self._closed:
-                        return
-                    self._wake.clear()
-                    await self._wake.wait()
-                    continue
-                data = b"".join(self._chunks)
-                acks, self._acks = self._acks, {}
-                self._chunks.clear()
-                self._size = 0
-                self._room.set()
-                if data:
+                self._release()
+                if self._chunks:
+                    data = b"".join(self._chunks)
+                    self._chunks.clear()
+                    self._size = 0
+                    self._room.set()
                     self._writer.write(data)
+                    self._written += len(data)
                     self.last_sent = asyncio.get_running_loop().time()
                     await self._writer.drain()
-                self._settle(acks)
+                    self._settle_taken()
+                    continue
+                self._settle_taken()
+                if self._closed and not self._held:
+                    return
+                self._wake.clear()
+                if self._held or self._unacked:
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(WRITE_POLL):
+                            await self._wake.wait()
+                else:
+                    await self._wake.wait()
         except (ConnectionError, OSError) as e:
             log.info("write to %s failed: %s", self._writer.get_extra_info("peername"), e)
             self.broken = True
             self._chunks.clear()
+            self._held.clear()
             self._room.set()
 
-    def _settle(self, acks: dict[str, list[str]]) -> None:
+    def _queue(self, data: bytes, auto_acked: AutoAcked | None) -> None:
+        if data:
+            self._chunks.append(data)
+            self._size += len(data)
+            self._queued += len(data)
+        if auto_acked is not None and auto_acked[1]:
+            self._unacked.append((self._queued, *auto_acked))
+
+    def _release(self) -> None:
+        """Queue held frames (made again) while the kernel has room for them."""
+        while self._held and self.pending <= self._high:
+            frame, auto_acked = self._held.popleft()
+            self._queue(frame if isinstance(frame, bytes) else frame(), auto_acked)
+
+    def _settle_taken(self) -> None:
+        """Settle the auto-ack deliveries whose last byte the kernel has taken."""
+        if not self._unacked:
+            return
+        taken = self._written - self._transport.get_write_buffer_size()
+        acks: dict[str, list[str]] = {}
+        while self._unacked and self._unacked[0][0] <= taken:
+            _, flow_id, message_ids = self._unacked.popleft()
+            acks.setdefault(flow_id, []).extend(message_ids)
         if self._settle_written is None:
             return
-        for flow_id, message_ids in acks.items():
+        for flow_id, ids in acks.items():
             try:
-                self._settle_written(flow_id, tuple(message_ids))
+                self._settle_written(flow_id, tuple(ids))
             except Exception:
                 # The flow was unbound meanwhile (its messages went back for redelivery),
                 # or a bug: the connection keeps writing either way.
@@ -185,4 +253,12 @@ async def publish_in_order(
     return outcomes
 
 
-__all__ = ["DEFAULT_HIGH", "Outbox", "SettleWritten", "keep_alive", "publish_in_order"]
+__all__ = [
+    "DEFAULT_HIGH",
+    "AutoAcked",
+    "Outbox",
+    "Remake",
+    "SettleWritten",
+    "keep_alive",
+    "publish_in_order",
+]

@@ -6,13 +6,16 @@ keeps it until it finishes, ``close`` cancels every task still running and waits
 all, so nothing a connection started outlives it. A task that fails with an exception is
 a bug on our side (peer behaviour is handled inside the tasks): it is logged with its
 traceback once, instead of as "Task exception was never retrieved" at garbage collection,
-and ``failed`` is set so the owner can end the connection. After ``close`` nothing more
-can be spawned: a coroutine handed in then is closed unrun.
+and ``failed`` is set so the owner can end the connection (several ``Tasks`` of one
+connection may share one ``failed``). ``wait`` lets work in flight finish (a closing
+listener lets received publishes commit). After ``close`` nothing more can be spawned: a
+coroutine handed in then is closed unrun.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -25,11 +28,11 @@ T = TypeVar("T")
 class Tasks:
     """A set of tasks with one owner: spawn, close (cancel all and wait)."""
 
-    def __init__(self, owner: str) -> None:
+    def __init__(self, owner: str, *, failed: asyncio.Event | None = None) -> None:
         self._owner = owner
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closed = False
-        self.failed = asyncio.Event()
+        self.failed = failed if failed is not None else asyncio.Event()
 
     def __len__(self) -> int:
         return len(self._tasks)
@@ -56,6 +59,14 @@ class Tasks:
         if error is not None:
             log.error("%s: task %s failed", self._owner, task.get_name(), exc_info=error)
             self.failed.set()
+
+    async def wait(self, timeout: float | None = None) -> bool:
+        """Wait until every task has ended (True), at most ``timeout`` seconds (False)."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                while self._tasks:
+                    await asyncio.wait(list(self._tasks))
+        return not self._tasks
 
     async def close(self) -> None:
         """Cancel every task still running and wait until all have ended."""

@@ -28,7 +28,6 @@ from urllib.parse import urlsplit
 
 from core.errors import InvalidArgument
 from core.model import AckMode, GroupMode, KeyOrder, PropertyValue, QueueConfig, StartPosition
-from core.settings import SETTING_NAMES
 from gateway.client.consumer import BindIntent, Consumer
 from gateway.client.errors import ConnectionLost
 from gateway.client.robust import Backoff, Session
@@ -41,6 +40,7 @@ from protocols.native import (
     QueueOk,
     SettingValue,
 )
+from protocols.native.mapping import check_setting_names, queue_from_ok
 
 DEFAULT_URL: Final = "keygate://127.0.0.1:55555"
 DEFAULT_PORT: Final = 55555
@@ -167,9 +167,7 @@ class Client:
         """Create queue ``name`` (settings named as QueueConfig's fields: partitions,
         max_deliveries, rebalance_delay, ...; None = default) or check it. Returns the
         queue as stored. Raises AlreadyExists, QueueNotFound (passive), InvalidArgument."""
-        unknown = set(settings) - SETTING_NAMES
-        if unknown:
-            raise InvalidArgument(f"unknown queue settings: {sorted(unknown)}")
+        check_setting_names(settings)
         wire = {k: v for k, v in settings.items() if v is not None}
         subs = tuple(subscriptions) if subscriptions is not None else None
         conn = await self._session.connection()
@@ -184,7 +182,7 @@ class Client:
             )
         )
         assert isinstance(reply, QueueOk)
-        return queue_config(reply)
+        return queue_from_ok(reply)
 
     async def delete_queue(self, name: str) -> None:
         """Delete a queue and its messages. Raises QueueNotFound."""
@@ -324,10 +322,4 @@ class Client:
         return consumer
 
 
-def queue_config(reply: QueueOk) -> QueueConfig:
-    """A QueueConfig from QUEUE_OK, ignoring settings this SDK version does not know."""
-    known = {k: v for k, v in reply.settings.items() if k in SETTING_NAMES}
-    return QueueConfig(name=reply.name, subscriptions=reply.subscriptions, **known)  # type: ignore[arg-type]
-
-
-__all__ = ["DEFAULT_URL", "Client", "parse_url", "queue_config"]
+__all__ = ["DEFAULT_URL", "Client", "parse_url"]

@@ -16,6 +16,7 @@ from protocols.native.connection import (
     negotiate_max_frame,
 )
 from protocols.native.encoding import HEADER_SIZE, encode
+from protocols.native.errors import FrameTooLarge, NativeProtocolError, UnsupportedVersion
 from protocols.native.events import (
     DEFAULT_MAX_FRAME,
     MIN_MAX_FRAME,
@@ -33,13 +34,11 @@ from protocols.native.events import (
     Error,
     Event,
     FlowClosed,
-    FrameTooLarge,
     FrameType,
     Hello,
     HelloOk,
     Nack,
     NackOutcome,
-    NativeProtocolError,
     Ok,
     PartitionsChanged,
     Ping,
@@ -49,7 +48,6 @@ from protocols.native.events import (
     QueueOk,
     SettingValue,
     Unbind,
-    UnsupportedVersion,
 )
 
 __all__ = [

@@ -12,7 +12,8 @@ from typing import Final
 
 from protocols.native.decoding import decode_frame
 from protocols.native.encoding import HEADER, HEADER_SIZE, encode
-from protocols.native.events import DEFAULT_MAX_FRAME, Event, FrameTooLarge, NativeProtocolError
+from protocols.native.errors import FrameTooLarge, NativeProtocolError
+from protocols.native.events import DEFAULT_MAX_FRAME, Event
 
 # type + request id: the smallest value the length prefix can take.
 _MIN_LENGTH: Final = HEADER_SIZE - 4

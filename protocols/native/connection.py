@@ -13,6 +13,16 @@ it turns events into bytes with ``send``. The machine checks what may happen whe
 
 Violations by the peer raise ``NativeProtocolError``; violations by the local caller raise
 ``RuntimeError`` (a bug, not bad input).
+
+Why ``send`` returns bytes rather than buffering them for a ``data_to_send()`` as the MQTT
+and AMQP connections do: the gateway needs each frame's bytes on their own. A DELIVER's
+bytes go into the outbox with its auto-ack ids and the way to encode it again (it is held
+as a message, not as bytes, while the peer reads slowly), and a DELIVER the wire cannot
+carry raises here and is dead-lettered alone, without touching frames around it. Both
+sides share this class: the SDK (gateway/client/connection.py, consumer.py) writes each
+request's bytes as it sends it, and about thirty test call sites feed one side's ``send``
+straight into the other's ``receive_data``. A buffer would turn each of those into
+``send(event)`` then ``data_to_send()``: more calls for the same bytes.
 """
 
 from __future__ import annotations
@@ -22,6 +32,7 @@ from enum import Enum
 from typing import Final
 
 from protocols.native.codec import Codec
+from protocols.native.errors import NativeProtocolError, UnsupportedVersion
 from protocols.native.events import (
     DEFAULT_MAX_FRAME,
     MIN_MAX_FRAME,
@@ -42,7 +53,6 @@ from protocols.native.events import (
     Hello,
     HelloOk,
     Nack,
-    NativeProtocolError,
     Ok,
     PartitionsChanged,
     Ping,
@@ -51,7 +61,6 @@ from protocols.native.events import (
     PublishOk,
     QueueOk,
     Unbind,
-    UnsupportedVersion,
 )
 
 

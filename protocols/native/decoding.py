@@ -26,6 +26,7 @@ from protocols.native.encoding import (
     U16,
     U32,
 )
+from protocols.native.errors import NativeProtocolError
 from protocols.native.events import (
     ACK_MODE_CODES,
     GROUP_MODE_CODES,
@@ -48,7 +49,6 @@ from protocols.native.events import (
     HelloOk,
     Nack,
     NackOutcome,
-    NativeProtocolError,
     Ok,
     PartitionsChanged,
     Ping,

@@ -14,6 +14,7 @@ from typing import Any, Final
 
 from core.errors import InvalidArgument
 from core.model import PropertyValue
+from protocols.native.errors import FrameTooLarge
 from protocols.native.events import (
     ACK_MODE_CODES,
     DEFAULT_MAX_FRAME,
@@ -32,7 +33,6 @@ from protocols.native.events import (
     Error,
     Event,
     FlowClosed,
-    FrameTooLarge,
     FrameType,
     Hello,
     HelloOk,

@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Final, TypeAlias
 
-from core.errors import ProtocolError
 from core.model import AckMode, GroupMode, KeyOrder, Properties, StartPosition
 
 PROTOCOL_VERSION: Final = 1
@@ -24,20 +23,6 @@ SUPPORTED_VERSIONS: Final = frozenset({1})
 DEFAULT_MAX_FRAME: Final = 16 * 1024 * 1024
 # Below this a frame could not even carry a DECLARE_QUEUE with a full settings map.
 MIN_MAX_FRAME: Final = 64 * 1024
-
-
-class NativeProtocolError(ProtocolError):
-    """Malformed, oversized or out-of-order native frame. ``code`` goes into ERROR frames."""
-
-    code = "protocol-error"
-
-
-class FrameTooLarge(NativeProtocolError):
-    code = "frame-too-large"
-
-
-class UnsupportedVersion(NativeProtocolError):
-    code = "unsupported-version"
 
 
 class FrameType(IntEnum):
@@ -355,13 +340,11 @@ __all__ = [
     "Error",
     "Event",
     "FlowClosed",
-    "FrameTooLarge",
     "FrameType",
     "Hello",
     "HelloOk",
     "Nack",
     "NackOutcome",
-    "NativeProtocolError",
     "Ok",
     "PartitionsChanged",
     "Ping",
@@ -371,5 +354,4 @@ __all__ = [
     "QueueOk",
     "SettingValue",
     "Unbind",
-    "UnsupportedVersion",
 ]

@@ -67,7 +67,7 @@ PROTOCOL_ADAPTERS = {
     "protocols/sink.py",  # the Listener protocol's start() takes an ssl context
     "protocols/amqp/flows.py",
     "protocols/mqtt/stored_session.py",
-    "protocols/native/writer.py",
+    "protocols/native/requests.py",
     "protocols/stomp/pipeline.py",
 }
 

@@ -1,13 +1,19 @@
-"""The listeners' shared publish step: one transaction, one by one only when a
-publication spoils the batch, nothing after a refusal where the protocol stops there."""
+"""The listeners' shared socket side. The publish step: one transaction, one by one only
+when a publication spoils the batch, nothing after a refusal where the protocol stops
+there. The outbox: push order, auto-acks settled once the kernel took their bytes, frames
+above the high-water mark held as remakes."""
 
 from __future__ import annotations
 
+import asyncio
+import socket
+
 from core.errors import MessageTooLarge, StorageError
 from core.model import Publication, QueueConfig
-from protocols._io import publish_in_order
+from protocols._io import Outbox, publish_in_order
 from protocols.sink import Principal
 from tests.support.memory_sink import MemorySink
+from tests.support.wait import eventually
 
 ME = Principal(None, "test")
 
@@ -49,3 +55,86 @@ async def test_a_storage_failure_fails_the_whole_batch_without_retrying() -> Non
     outcomes = await publish_in_order(sink, ME, _pubs(2), stop_at_refusal=False)
     assert len(outcomes) == 2 and all(isinstance(o, StorageError) for o in outcomes)
     assert sink.stored == []
+
+
+class _Pipe:
+    """An outbox on one end of a socket pair whose other end the test reads (or not)."""
+
+    def __init__(self, settled: list[tuple[str, tuple[str, ...]]], high: int) -> None:
+        self.settled = settled
+        self.high = high
+
+    async def __aenter__(self) -> tuple[Outbox, socket.socket]:
+        ours, self.peer = socket.socketpair()
+        for sock in (ours, self.peer):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16 * 1024)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 * 1024)
+        self.peer.setblocking(False)
+        _, self.writer = await asyncio.open_connection(sock=ours)
+
+        def settle(flow_id: str, message_ids: tuple[str, ...]) -> None:
+            self.settled.append((flow_id, message_ids))
+
+        self.outbox = Outbox(self.writer, settle_written=settle, high=self.high)
+        self.task = asyncio.create_task(self.outbox.run())
+        return self.outbox, self.peer
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.task.cancel()
+        await asyncio.gather(self.task, return_exceptions=True)
+        self.writer.transport.abort()
+        self.peer.close()
+
+
+async def _read(peer: socket.socket, size: int) -> bytes:
+    loop = asyncio.get_running_loop()
+    data = b""
+    async with asyncio.timeout(10):
+        while len(data) < size:
+            data += await loop.sock_recv(peer, size - len(data))
+    return data
+
+
+async def test_frames_leave_in_push_order_and_auto_acks_settle_once_the_kernel_took_them() -> None:
+    settled: list[tuple[str, tuple[str, ...]]] = []
+    async with _Pipe(settled, high=1024 * 1024) as (outbox, peer):
+        outbox.push(b"reply;")
+        outbox.push(b"a" * 10, ("flow", ("m1",)))
+        await outbox.put(b";done")
+        assert await _read(peer, 21) == b"reply;" + b"a" * 10 + b";done"
+        await eventually(lambda: settled == [("flow", ("m1",))])
+        # More than the socket buffers hold, never read: the last delivery stays unsettled.
+        big = b"b" * (4 * 1024 * 1024)
+        outbox.push(big, ("flow", ("m2",)))
+        await asyncio.sleep(0.1)
+        assert settled == [("flow", ("m1",))]
+        assert await _read(peer, len(big)) == big
+        await eventually(lambda: settled[-1] == ("flow", ("m2",)))
+
+
+async def test_frames_pushed_above_high_are_held_as_remakes_in_order_with_later_ones() -> None:
+    settled: list[tuple[str, tuple[str, ...]]] = []
+    made: list[int] = []
+
+    def remake(n: int) -> bytes:
+        made.append(n)
+        return b"%05d" % n
+
+    async with _Pipe(settled, high=4096) as (outbox, peer):
+        outbox.push(b"x" * 200_000)  # fills the socket and the transport: nothing is read
+        await asyncio.sleep(0.05)
+        before = outbox.pending
+        for n in range(1000):
+            outbox.push(b"%05d" % n, ("flow", (str(n),)), remake=lambda n=n: remake(n))
+        outbox.push(b"!")  # no remake: held as bytes, behind the held frames
+        assert outbox.pending == before  # not one more byte is kept
+        room = asyncio.create_task(outbox.room())
+        await asyncio.sleep(0.05)
+        assert not room.done()  # a reader waits while frames are held
+        expected = b"x" * 200_000 + b"".join(b"%05d" % n for n in range(1000)) + b"!"
+        assert await _read(peer, len(expected)) == expected
+        await asyncio.wait_for(room, 5)
+        assert made and made == sorted(made)  # held frames were made again, in order
+        await eventually(
+            lambda: [i for _, ids in settled for i in ids] == [str(n) for n in range(1000)]
+        )

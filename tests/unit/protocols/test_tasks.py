@@ -57,3 +57,24 @@ async def test_nothing_can_be_spawned_after_close() -> None:
     with pytest.raises(RuntimeError):
         tasks.spawn(coro)
     assert coro.cr_frame is None  # closed unrun: no "never awaited" warning
+
+
+async def test_wait_lets_running_tasks_finish_within_a_timeout() -> None:
+    tasks = Tasks("test")
+    quick = tasks.spawn(asyncio.sleep(0.01))
+    assert await tasks.wait(5) and quick.done()
+    stuck = tasks.spawn(asyncio.Event().wait())
+    assert not await tasks.wait(0.01) and not stuck.done()
+    await tasks.close()
+
+
+async def test_tasks_of_one_connection_can_share_their_failure() -> None:
+    tasks = Tasks("conn")
+    publishes = Tasks("conn publishes", failed=tasks.failed)
+
+    async def broken() -> None:
+        raise ValueError("bug")
+
+    publishes.spawn(broken())
+    await asyncio.wait_for(tasks.failed.wait(), 5)
+    await publishes.close()

@@ -1,0 +1,325 @@
+"""What the gateway does for each request of one native connection.
+
+How it works. The listener's reader hands ``Requests.handle`` the connection's events in
+arrival order; answers go out through the connection's ``Outbox`` (protocols/_io.py).
+PUBLISH is pipelined: each one runs in its own task, and because the sink's ``publish``
+hands its messages to the store's group commit before its first suspension, tasks started
+in arrival order are stored in arrival order; PUBLISH_OK goes out when the commit is done.
+The payload bytes of PUBLISHes not yet confirmed are held in a ``ByteBudget``: when it is
+spent the reader waits for confirms instead of reading (and spawning) more. BIND gives the
+sink one ``FlowOutput`` per flow; each DELIVER is pushed with the way to encode it again,
+so a consumer that reads slowly holds its window of messages, not an encoded copy, and
+auto-ack deliveries are acked once the kernel took them; the flow's window bounds how much
+can be outstanding. ACK, NACK, CREDIT and UNBIND become the sink's settle events; the sink
+refuses them for a flow bound by another connection (ERROR, the connection stays).
+``unbind_all`` is what a dropped socket does: its flows' partitions enter the rebalance
+delay, exactly as after UNBIND without shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import uuid
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Protocol
+
+from core import actions
+from core.errors import KeygateError, Unavailable
+from core.ingress import validate_client_name, validate_delay, validate_window
+from core.model import AckMode
+from protocols import sink
+from protocols._io import Outbox
+from protocols._limits import Admission, ByteBudget, ConnectionLimits
+from protocols._log import ConnectionLog
+from protocols._tasks import Tasks
+from protocols.native.connection import ServerConnection
+from protocols.native.encoding import encode
+from protocols.native.errors import error_frame
+from protocols.native.events import (
+    Ack,
+    AckCumulative,
+    Bind,
+    BindOk,
+    Close,
+    Credit,
+    DeclareQueue,
+    DeleteQueue,
+    Deliver,
+    Error,
+    Event,
+    FlowClosed,
+    Hello,
+    Nack,
+    NackOutcome,
+    Ok,
+    PartitionsChanged,
+    Ping,
+    Pong,
+    Publish,
+    PublishOk,
+    QueueOk,
+    Unbind,
+)
+from protocols.native.mapping import (
+    deliver_frame,
+    publication,
+    queue_from_settings,
+    queue_settings,
+)
+from protocols.sink import BindRequest, Principal, Sink, peer_identity
+
+
+class Server(Protocol):
+    """What the requests of a connection need of their listener."""
+
+    sink: Sink
+    server_name: str
+    max_frame: int
+    limits: ConnectionLimits
+    write_buffer: int
+    closing: bool  # refuse new PUBLISHes: the gateway is shutting down
+    unconfirmed_peak: int
+
+
+class FlowOutput:
+    """protocols.sink.FlowOutput for one flow on one native connection."""
+
+    def __init__(self, requests: Requests, *, auto_ack: bool) -> None:
+        self.requests = requests
+        self.flow_id = ""
+        self.auto_ack = auto_ack
+
+    def deliver(self, deliveries: Sequence[actions.Deliver]) -> Sequence[actions.Deliver]:
+        failed = []
+        for delivery in deliveries:
+            try:
+                self.requests.deliver(deliver_frame(delivery), auto_ack=self.auto_ack)
+            except KeygateError:
+                # Not encodable (a field longer than the wire carries, a frame over the
+                # peer's max_frame): the group dead-letters it as undeliverable.
+                failed.append(delivery)
+        return failed
+
+    def partitions_changed(self, partitions: frozenset[int]) -> None:
+        self.requests.send(PartitionsChanged(flow_id=self.flow_id, partitions=partitions))
+
+    def terminate(self, error: KeygateError) -> None:
+        self.requests.flows.discard(self.flow_id)
+        self.requests.send(FlowClosed(flow_id=self.flow_id, code=error.code, text=error.message))
+
+
+class Requests:
+    """One connection's protocol state (login, flows, publishes in flight) and answers."""
+
+    def __init__(
+        self,
+        server: Server,
+        writer: asyncio.StreamWriter,
+        publishes: Tasks,
+        admission: Admission,
+        log: ConnectionLog,
+    ) -> None:
+        self.server = server
+        self.sink = server.sink
+        self.conn = ServerConnection(
+            server.max_frame, max_login_frame=server.limits.max_login_frame
+        )
+        self.outbox = Outbox(writer, settle_written=self.settle_written, high=server.write_buffer)
+        self.identity = peer_identity(writer)
+        self.peer = str(writer.get_extra_info("peername"))
+        self.publishes = publishes
+        self.admission = admission
+        self.log = log
+        self.principal: Principal | None = None
+        self.flows: set[str] = set()
+        self.session_id = uuid.uuid4().hex
+        self.unconfirmed = ByteBudget(server.limits.max_unconfirmed_bytes)
+
+    def send(self, event: Event) -> None:
+        # RuntimeError: the state machine is closed (after ERROR/CLOSE), nothing more goes out.
+        with contextlib.suppress(RuntimeError):
+            self.outbox.push(self.conn.send(event))
+
+    def deliver(self, frame: Deliver, *, auto_ack: bool) -> None:
+        """Raises KeygateError when the wire cannot carry ``frame``."""
+        try:
+            data = self.conn.send(frame)
+        except RuntimeError:
+            return  # closed: not auto-acked, so the unbind returns it for redelivery
+        acked = (frame.flow_id, (frame.message_id,)) if auto_ack else None
+        self.outbox.push(data, acked, remake=functools.partial(encode, frame, self.conn.max_frame))
+
+    def settle_written(self, flow_id: str, message_ids: tuple[str, ...]) -> None:
+        if self.principal is not None:
+            self.sink.settle(self.principal, flow_id, sink.Ack(message_ids))
+
+    def unbind_all(self) -> None:
+        if self.principal is not None:
+            for flow_id in list(self.flows):
+                self.sink.settle(self.principal, flow_id, sink.Unbind())
+        self.flows.clear()
+
+    async def handle(self, event: Event) -> bool:
+        """Handle one request; False ends the connection."""
+        try:
+            match event:
+                case Hello():
+                    await self.hello(event)
+                case Publish():
+                    if self.server.closing:
+                        raise Unavailable("the gateway is shutting down")
+                    # Waiting here stops the read loop: back-pressure, not buffering.
+                    await self.unconfirmed.acquire(len(event.payload))
+                    self.publishes.spawn(self.publish(event), name="publish")
+                case Ack():
+                    self.settle(event.flow_id, sink.Ack(event.message_ids))
+                    self.ok(event.request_id)
+                case AckCumulative():
+                    self.settle(event.flow_id, sink.AckCumulative(event.partition, event.seq))
+                    self.ok(event.request_id)
+                case Nack():
+                    self.nack(event)
+                    self.ok(event.request_id)
+                case Credit():
+                    self.settle(event.flow_id, sink.Credit(validate_window(event.window)))
+                    self.ok(event.request_id)
+                case Bind():
+                    await self.bind(event)
+                case Unbind():
+                    self.settle(event.flow_id, sink.Unbind(shutdown=event.shutdown))
+                    self.ok(event.request_id)
+                case DeclareQueue():
+                    await self.declare(event)
+                case DeleteQueue():
+                    assert self.principal is not None
+                    await self.sink.delete_queue(self.principal, event.name)
+                    self.ok(event.request_id)
+                case Ping():
+                    self.send(Pong(request_id=event.request_id))
+                case Close():
+                    self.send(Close())
+                    return False
+                case Error():
+                    self.log.info(
+                        "native %s: client error %s: %s", self.peer, event.code, event.text
+                    )
+                    return event.request_id != 0
+        except KeygateError as e:
+            if isinstance(event, Hello):
+                self.send(error_frame(e))
+                return False
+            if event.request_id:
+                self.send(error_frame(e, event.request_id))
+            else:
+                # Fire-and-forget frames have nobody to answer; an ERROR with id 0 would
+                # end the connection, which a late ack must not do.
+                self.log.info("native %s: %s ignored: %s", self.peer, type(event).__name__, e)
+        return True
+
+    def ok(self, request_id: int) -> None:
+        if request_id:
+            self.send(Ok(request_id=request_id))
+
+    async def hello(self, event: Hello) -> None:
+        validate_client_name(event.client_name)
+        peer, certificate_user = self.identity
+        principal = await self.sink.authenticate(
+            event.username,
+            event.password,
+            protocol="native",
+            client_id=event.client_name,
+            peer=peer,
+            certificate_user=certificate_user,
+        )
+        self.principal = replace(principal, connection=f"native:{self.session_id}")
+        self.log.authenticated(self.principal)
+        self.admission.login(self.principal.username)
+        self.send(self.conn.accept(self.server.server_name, self.session_id))
+
+    async def publish(self, event: Publish) -> None:
+        assert self.principal is not None
+        producer = f"native:{self.conn.client_name or self.session_id}"
+        try:
+            receipt = await self.sink.publish(self.principal, publication(event, producer))
+        except KeygateError as e:
+            self.send(error_frame(e, event.request_id))
+            return
+        finally:
+            self.unconfirmed.release(len(event.payload))
+            self.server.unconfirmed_peak = max(self.server.unconfirmed_peak, self.unconfirmed.peak)
+        self.send(
+            PublishOk(
+                request_id=event.request_id,
+                message_ids=receipt.message_ids,
+                duplicate=receipt.duplicate,
+            )
+        )
+
+    def settle(self, flow_id: str, event: sink.Settle) -> None:
+        assert self.principal is not None
+        self.sink.settle(self.principal, flow_id, event)
+        if isinstance(event, sink.Unbind):
+            self.flows.discard(flow_id)
+
+    def nack(self, event: Nack) -> None:
+        if event.outcome is NackOutcome.RETRY:
+            self.settle(event.flow_id, sink.Nack(event.message_ids, validate_delay(event.delay)))
+        elif event.outcome is NackOutcome.REJECT:
+            self.settle(event.flow_id, sink.Reject(event.message_ids))
+        else:
+            self.settle(event.flow_id, sink.Unbind(shutdown=True))
+
+    async def bind(self, event: Bind) -> None:
+        assert self.principal is not None
+        if event.window:  # 0 = the queue's default window
+            validate_window(event.window)
+        output = FlowOutput(self, auto_ack=event.ack_mode is AckMode.AUTO)
+        result = await self.sink.bind(
+            self.principal,
+            BindRequest(
+                queue=event.queue,
+                group=event.group,
+                client=self.conn.client_name or self.session_id,
+                window=event.window or None,
+                ack_mode=event.ack_mode,
+                tags=dict(event.tags) if event.tags else None,
+                mode=event.mode,
+                key_order=event.key_order,
+                start=event.start,
+                ack_timeout=event.ack_timeout,
+                previous=event.previous_partitions,
+            ),
+            output,
+        )
+        output.flow_id = result.flow_id
+        self.flows.add(result.flow_id)
+        self.send(
+            BindOk(
+                request_id=event.request_id,
+                flow_id=result.flow_id,
+                partitions=result.partitions,
+                mode=result.group.mode,
+                window=result.window,
+            )
+        )
+
+    async def declare(self, event: DeclareQueue) -> None:
+        assert self.principal is not None
+        config = queue_from_settings(event.name, dict(event.settings), event.subscriptions)
+        stored = await self.sink.declare_queue(
+            self.principal, config, passive=event.passive, exist_ok=event.exist_ok
+        )
+        self.send(
+            QueueOk(
+                request_id=event.request_id,
+                name=stored.name,
+                settings=queue_settings(stored),
+                subscriptions=stored.subscriptions,
+            )
+        )
+
+
+__all__ = ["FlowOutput", "Requests", "Server"]

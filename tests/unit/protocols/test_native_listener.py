@@ -1,0 +1,163 @@
+"""The native listener over a real socket and an in-memory sink: a crashed task ends its
+connection like a lost one, a slow reader holds its deliveries as messages and has only
+what the kernel took acked, and closing lets received publishes be confirmed."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import pytest
+
+from core.actions import Deliver as Delivery
+from core.model import AckMode, Message, Publication, QueueConfig
+from protocols.native.connection import ClientConnection
+from protocols.native.events import (
+    Bind,
+    BindOk,
+    Close,
+    Deliver,
+    Error,
+    Event,
+    Hello,
+    HelloOk,
+    Publish,
+    PublishOk,
+)
+from protocols.native.listener import NativeListener
+from protocols.sink import Ack, Principal, Receipt, Unbind
+from tests.support.memory_sink import MemorySink
+from tests.support.wait import eventually
+
+ME = Principal(None, "test")
+COUNT = 10_000
+
+
+class _Client:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+        self.conn = ClientConnection()
+
+    def send(self, event: Event) -> None:
+        self.writer.write(self.conn.send(event))
+
+    async def receive(self) -> Event | None:
+        """The next event; None once the gateway closed the connection."""
+        async with asyncio.timeout(10):
+            while (event := self.conn.next_event()) is None:
+                data = await self.reader.read(65536)
+                if not data:
+                    return None
+                self.conn.receive_data(data)
+        return event
+
+    async def bind(self, queue: str, ack_mode: AckMode = AckMode.CLIENT) -> str:
+        self.send(
+            Bind(
+                request_id=self.conn.next_request_id(),
+                queue=queue,
+                group="g",
+                window=0,
+                ack_mode=ack_mode,
+            )
+        )
+        reply = await self.receive()
+        assert isinstance(reply, BindOk), reply
+        return reply.flow_id
+
+
+@asynccontextmanager
+async def _serving(sink: MemorySink, **options: int) -> AsyncIterator[tuple[NativeListener, int]]:
+    await sink.declare_queue(ME, QueueConfig("q", window=10_000))
+    listener = NativeListener(sink, **options)  # type: ignore[arg-type]
+    port = await listener.start("127.0.0.1", 0, None)
+    try:
+        yield listener, port
+    finally:
+        await listener.close()
+
+
+async def _client(port: int, *, receive_buffer: int | None = None) -> _Client:
+    sock = socket.socket()
+    if receive_buffer is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+    client = _Client(*await asyncio.open_connection(sock=sock))
+    client.send(Hello(request_id=1, client_name="test"))
+    assert isinstance(await client.receive(), HelloOk)
+    return client
+
+
+class _BuggySink(MemorySink):
+    async def publish(
+        self, principal: Principal, publication: Publication, *, qos2_packet_id: int | None = None
+    ) -> Receipt:
+        raise ValueError("a bug")
+
+
+async def test_a_crashed_task_ends_the_connection_with_an_error_and_unbinds_its_flows(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    sink = _BuggySink()
+    async with _serving(sink) as (_, port):
+        client = await _client(port)
+        flow_id = await client.bind("q")
+        with caplog.at_level(logging.ERROR, logger="keygate.io"):
+            client.send(Publish(request_id=client.conn.next_request_id(), queue="q", payload=b"x"))
+            error = await client.receive()
+        assert isinstance(error, Error) and error.request_id == 0 and error.code == "error"
+        assert await client.receive() is None  # closed
+        assert "task publish failed" in caplog.text and "ValueError: a bug" in caplog.text
+        await eventually(lambda: (flow_id, Unbind()) in sink.settled)
+        client.writer.close()
+
+
+def _deliveries(flow_id: str, count: int, size: int) -> list[Delivery]:
+    return [
+        Delivery(flow_id, Message(f"m{n}", "q", 0, n, None, b"%06d" % n + b"x" * size), 1, False)
+        for n in range(count)
+    ]
+
+
+async def test_a_slow_auto_ack_reader_gets_every_delivery_in_order_acked_once_written() -> None:
+    sink = MemorySink()
+    async with _serving(sink, write_buffer=64 * 1024) as (_, port):
+        client = await _client(port, receive_buffer=16 * 1024)
+        flow_id = await client.bind("q", AckMode.AUTO)
+        # 10 MB: more than the socket buffers hold (the kernel's send buffer grows to 4 MB).
+        deliveries = _deliveries(flow_id, COUNT, 1000)
+        assert sink.flows[flow_id].output.deliver(deliveries) == []
+        await asyncio.sleep(0.2)
+
+        def acked() -> list[str]:
+            return [i for f, e in sink.settled if isinstance(e, Ack) for i in e.message_ids]
+
+        assert len(acked()) < COUNT  # only what the kernel took
+        for n in range(COUNT):
+            event = await client.receive()
+            assert isinstance(event, Deliver) and event.message_id == f"m{n}"
+        await eventually(lambda: acked() == [f"m{n}" for n in range(COUNT)])
+        client.send(Close())
+        assert await client.receive() is None  # the gateway closed the socket
+        client.writer.close()
+
+
+async def test_closing_the_listener_confirms_publishes_already_received() -> None:
+    sink = MemorySink()
+    async with _serving(sink) as (listener, port):
+        client = await _client(port)
+        sink.gate.clear()  # commits stall
+        client.send(Publish(request_id=client.conn.next_request_id(), queue="q", payload=b"x"))
+        await asyncio.sleep(0.05)
+        closing = asyncio.create_task(listener.close())
+        await asyncio.sleep(0.05)
+        assert not closing.done()
+        sink.gate.set()
+        assert isinstance(await client.receive(), PublishOk)
+        assert await client.receive() is None
+        await asyncio.wait_for(closing, 10)
+        client.writer.close()
