@@ -92,14 +92,17 @@ async def test_killed_consumer_partitions_are_unbound_then_reassigned_with_unack
     states = await eventually(lambda: _unbound(gateway, a_parts), timeout=5, interval=0.01)
     assert states
     await eventually(lambda: b.partitions == frozenset(range(4)), timeout=10)
+    # Every message sent to a and not acked comes again, flagged: the five a's application
+    # took, and whatever else a's SDK had buffered (how many depends on commit batching).
+    held_ids = {m.message_id for m in held}
     redelivered: dict[str, Message] = {}
-    while len(redelivered) < len(held):
+    while not held_ids <= redelivered.keys():
         msg = await b.receive(timeout=5)
         if msg.redelivered:
             redelivered[msg.message_id] = msg
         await b.acknowledge(msg)
-    assert set(redelivered) == {m.message_id for m in held}
-    assert all(m.delivery_count == 2 for m in redelivered.values())
+    assert all(redelivered[i].delivery_count == 2 for i in held_ids)
+    assert all(m.partition in a_parts for m in redelivered.values())
     await b_client.close()
 
 
