@@ -46,7 +46,7 @@ from protocols.mqtt.connection import (
     State,
 )
 from protocols.mqtt.errors import MqttProtocolError, publish_reason
-from protocols.mqtt.packets import ReasonCode
+from protocols.mqtt.events import ReasonCode
 from protocols.mqtt.session import SessionStore
 from protocols.mqtt.stored_session import StoredSession
 from protocols.mqtt.wire import MAX_VBI
