@@ -125,12 +125,13 @@ class Pipeline:
         while (batch := await self._take()) is not None:
             requests = [request for request, _ in batch]
             outcomes = await self._store(requests)
-            if any(isinstance(outcome, StorageError | Unavailable) for outcome in outcomes):
+            failed = next((o for o in outcomes if isinstance(o, StorageError | Unavailable)), None)
+            if failed is not None:
                 self._log.warning(
                     "mqtt %s: publish of %d message(s) failed: %s",
                     self._conn.client_id,
                     len(batch),
-                    next(o for o in outcomes if o is not None),
+                    failed.message,
                 )
             for (request, size), outcome in zip(batch, outcomes, strict=True):
                 self._complete(request, size, outcome)
