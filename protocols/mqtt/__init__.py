@@ -12,8 +12,7 @@ from protocols.mqtt.errors import (
     PacketTooLarge,
     UnsupportedProtocolVersion,
 )
-from protocols.mqtt.listener import MqttListener, MqttStats
-from protocols.mqtt.packets import (
+from protocols.mqtt.events import (
     MQTT_3_1_1,
     MQTT_5,
     Auth,
@@ -39,6 +38,7 @@ from protocols.mqtt.packets import (
     Unsubscribe,
     Will,
 )
+from protocols.mqtt.listener import MqttListener, MqttStats
 from protocols.mqtt.session import Session, SessionStore
 
 __all__ = [

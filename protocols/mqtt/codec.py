@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Final
 
 from protocols.mqtt.errors import MalformedPacket, PacketTooLarge, UnsupportedProtocolVersion
-from protocols.mqtt.packets import (
+from protocols.mqtt.events import (
     MQTT_3_1_1,
     MQTT_5,
     NO_PROPERTIES,

@@ -25,8 +25,7 @@ from core.model import Publication
 from protocols._limits import DEFAULT_MAX_LOGIN_FRAME
 from protocols.mqtt.codec import MqttCodec
 from protocols.mqtt.errors import MqttProtocolError, UnsupportedProtocolVersion
-from protocols.mqtt.mapping import delay_of, payload_format_valid, to_publication
-from protocols.mqtt.packets import (
+from protocols.mqtt.events import (
     MQTT_3_1_1,
     MQTT_5,
     NO_PROPERTIES,
@@ -51,6 +50,7 @@ from protocols.mqtt.packets import (
     UnsubAck,
     Unsubscribe,
 )
+from protocols.mqtt.mapping import delay_of, payload_format_valid, to_publication
 from protocols.mqtt.session import Session
 
 KEEP_ALIVE_GRACE: Final = 1.5

@@ -20,7 +20,7 @@ from core.errors import (
     StorageError,
     Unavailable,
 )
-from protocols.mqtt.packets import ReasonCode
+from protocols.mqtt.events import ReasonCode
 
 # A publish the sink refused: the PUBACK/PUBREC reason, first match wins; any other
 # KeygateError is 0x83.

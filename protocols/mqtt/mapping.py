@@ -14,7 +14,7 @@ from typing import Final
 
 from core.model import PropertyValue, Publication
 from core.schedule import DELAY_HEADER, delay_seconds
-from protocols.mqtt.packets import MqttProperties
+from protocols.mqtt.events import MqttProperties
 
 CORRELATION_DATA_PROPERTY: Final = "x-mqtt-correlation-data"
 PAYLOAD_FORMAT_PROPERTY: Final = "x-mqtt-payload-format-indicator"

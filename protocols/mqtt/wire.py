@@ -13,7 +13,7 @@ from enum import Enum
 from typing import Final
 
 from protocols.mqtt.errors import MalformedPacket, MqttProtocolError
-from protocols.mqtt.packets import MqttProperties, PacketType
+from protocols.mqtt.events import MqttProperties, PacketType
 
 MAX_VBI: Final = 268_435_455
 

@@ -42,6 +42,11 @@ class RawMqtt:
         self.writer.write(self.codec.send(packet))
         await self.writer.drain()
 
+    async def send_together(self, *packets: Packet) -> None:
+        """Send ``packets`` in one write, so the server reads them together."""
+        self.writer.write(b"".join(self.codec.send(packet) for packet in packets))
+        await self.writer.drain()
+
     async def receive(self) -> Packet | None:
         """The next packet, or None once the server closed the connection."""
         async with asyncio.timeout(WAIT):

@@ -66,6 +66,8 @@ PROTOCOL_ADAPTERS = {
     "protocols/_tasks.py",  # the owner of a connection's tasks
     "protocols/sink.py",  # the Listener protocol's start() takes an ssl context
     "protocols/amqp/flows.py",
+    "protocols/mqtt/clients.py",  # Will tasks, session takeover
+    "protocols/mqtt/pipeline.py",  # the publish worker
     "protocols/mqtt/stored_session.py",
     "protocols/native/requests.py",
     "protocols/stomp/pipeline.py",
