@@ -23,6 +23,7 @@ from core.errors import (
     NoRoute,
     PermissionDenied,
     QueueNotFound,
+    StorageError,
     Unavailable,
 )
 from core.ingress import validate_publication
@@ -273,18 +274,15 @@ class Broker(ProtocolState):
         now = self.clock()
         try:
             batches = [self._messages(principal, pub, now) for pub in publications]
+            flat = [m for batch in batches for m in batch]
+            self._appends_in_flight += len(flat)
+            try:
+                stored = await self.store.append(flat, now=now, qos2=qos2)
+            finally:
+                self._appends_in_flight -= len(flat)
         except KeygateError as e:
-            self.metrics.rejected.labels(e.code).inc()
+            self._count_refusal(e, len(publications))
             raise
-        flat = [m for batch in batches for m in batch]
-        self._appends_in_flight += len(flat)
-        try:
-            stored = await self.store.append(flat, now=now, qos2=qos2)
-        except KeygateError as e:
-            self.metrics.rejected.labels(e.code).inc()
-            raise
-        finally:
-            self._appends_in_flight -= len(flat)
         self.metrics.publish_latency.observe(self.clock() - now)
         receipts = []
         position = 0
@@ -305,6 +303,15 @@ class Broker(ProtocolState):
                 )
             )
         return receipts
+
+    def _count_refusal(self, error: KeygateError, publications: int) -> None:
+        """Count refused publications once each. Storage failing refuses every one of the
+        call; any other refusal of a multi-publication call is not final: the listener
+        stores them one by one next (protocols._io.publish_in_order) and that counts."""
+        if isinstance(error, (StorageError, Unavailable)):
+            self.metrics.rejected.labels(error.code).inc(publications)
+        elif publications == 1:
+            self.metrics.rejected.labels(error.code).inc()
 
     def _on_commit(self, messages: Sequence[Message]) -> None:
         self.metrics.commit_batch.observe(len(messages))

@@ -12,7 +12,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.client import Client
 from gateway.server import Gateway
+from protocols.mqtt import Connect, PubAck, Publish
 from tests.integration.conftest import native_url
+from tests.support.mqtt_raw import RawMqtt
 from tests.support.wait import eventually
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -94,3 +96,26 @@ async def test_oldest_message_age_per_queue_follows_its_slowest_group(gateway: G
         await audit.close()
         before = time.time()
         assert (age(await _scrape(gateway)) or -1) >= before - oldest
+
+
+async def test_a_publish_refused_inside_a_batch_is_counted_once(gateway: Gateway) -> None:
+    """Four MQTT publishes in one read: the batch is refused for the one too large, the
+    listener stores them one by one, and only that one counts as refused."""
+    async with Client(native_url(gateway)) as client:
+        await client.declare_queue("orders", partitions=1, subscriptions=["orders/#"])
+        await client.declare_queue("small", max_message_size=4, subscriptions=["small/#"])
+    mqtt = await RawMqtt.connected(gateway.ports["mqtt"], Connect("batcher"))
+    try:
+        await mqtt.send_together(
+            Publish("orders/a", b"1", 1, packet_id=1),
+            Publish("small/b", b"too large", 1, packet_id=2),
+            Publish("orders/c", b"3", 1, packet_id=3),
+            Publish("orders/d", b"4", 1, packet_id=4),
+        )
+        acks = [await mqtt.receive() for _ in range(4)]
+        assert [a.packet_id for a in acks if isinstance(a, PubAck)] == [1, 2, 3, 4]
+    finally:
+        await RawMqtt.close_all()
+    samples = await _scrape(gateway)
+    assert _value(samples, "keygate_publish_rejected_total", reason="message-too-large") == 1
+    assert _value(samples, "keygate_published_total", queue="orders", protocol="mqtt") == 3
