@@ -32,7 +32,7 @@ from typing import Final
 
 from core.errors import KeygateError, StorageError, Unavailable
 from core.model import Publication
-from protocols.sink import Principal, Sink
+from protocols.sink import Principal, Receipt, Sink
 
 log = logging.getLogger("keygate.io")
 
@@ -211,16 +211,16 @@ class Outbox:
                 log.exception("auto-ack of flow %s failed", flow_id)
 
 
-async def publish_in_order(
+async def publish_receipts(
     sink: Sink,
     principal: Principal,
     publications: Sequence[Publication],
     *,
     stop_at_refusal: bool,
     log: logging.LoggerAdapter[logging.Logger] | logging.Logger = log,
-) -> list[KeygateError | None]:
+) -> list[Receipt | KeygateError]:
     """Store a connection's publications in arrival order; one outcome per publication
-    tried (None = stored and committed).
+    tried: its Receipt once committed, or the error that refused it.
 
     All go in one transaction (``Sink.publish_many``). If storage fails, none was stored
     and each gets that error (retrying one by one would fail alike). If one publication
@@ -228,12 +228,15 @@ async def publish_in_order(
     order, so only the refused ones fail; with ``stop_at_refusal`` (a protocol whose
     refusal ends the connection) nothing after the first refusal is tried, and the
     outcomes end there. An unexpected error is logged and answered as unavailable.
+
+    The caller must not start another batch of the same connection before this one
+    returns: a later batch committed while this one is retried one by one would overtake
+    it.
     """
     try:
         if len(publications) == 1:
-            await sink.publish(principal, publications[0])
-        else:
-            await sink.publish_many(principal, publications)
+            return [await sink.publish(principal, publications[0])]
+        return list(await sink.publish_many(principal, publications))
     except (StorageError, Unavailable) as e:
         return [e] * len(publications)
     except KeygateError as e:
@@ -242,15 +245,29 @@ async def publish_in_order(
     except Exception:
         log.exception("publish of %d message(s) failed unexpectedly", len(publications))
         return [Unavailable("internal server error")] * len(publications)
-    else:
-        return [None] * len(publications)
-    outcomes: list[KeygateError | None] = []
+    outcomes: list[Receipt | KeygateError] = []
     for publication in publications:
-        (outcome,) = await publish_in_order(sink, principal, [publication], stop_at_refusal=False)
+        (outcome,) = await publish_receipts(sink, principal, [publication], stop_at_refusal=False)
         outcomes.append(outcome)
-        if outcome is not None and stop_at_refusal:
+        if isinstance(outcome, KeygateError) and stop_at_refusal:
             break
     return outcomes
+
+
+async def publish_in_order(
+    sink: Sink,
+    principal: Principal,
+    publications: Sequence[Publication],
+    *,
+    stop_at_refusal: bool,
+    log: logging.LoggerAdapter[logging.Logger] | logging.Logger = log,
+) -> list[KeygateError | None]:
+    """``publish_receipts`` for protocols whose confirms carry no message ids: None for
+    each publication stored."""
+    outcomes = await publish_receipts(
+        sink, principal, publications, stop_at_refusal=stop_at_refusal, log=log
+    )
+    return [outcome if isinstance(outcome, KeygateError) else None for outcome in outcomes]
 
 
 __all__ = [
@@ -261,4 +278,5 @@ __all__ = [
     "SettleWritten",
     "keep_alive",
     "publish_in_order",
+    "publish_receipts",
 ]

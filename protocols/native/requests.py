@@ -2,11 +2,13 @@
 
 How it works. The listener's reader hands ``Requests.handle`` the connection's events in
 arrival order; answers go out through the connection's ``Outbox`` (protocols/_io.py).
-PUBLISH is pipelined: each one runs in its own task, and because the sink's ``publish``
-hands its messages to the store's group commit before its first suspension, tasks started
-in arrival order are stored in arrival order; PUBLISH_OK goes out when the commit is done.
-The payload bytes of PUBLISHes not yet confirmed are held in a ``ByteBudget``: when it is
-spent the reader waits for confirms instead of reading (and spawning) more. BIND gives the
+PUBLISH is pipelined: the reader queues each one and goes on reading; one task per
+connection stores everything queued meanwhile with one ``publish_receipts`` call (one
+group-commit submission; refused ones fail alone), answers each in arrival order with
+PUBLISH_OK or ERROR once committed, and takes the next lot. One lot at a time keeps the
+connection's messages in the order sent, even when a lot is retried one by one. The
+payload bytes of PUBLISHes not yet confirmed are held in a ``ByteBudget``: when it is
+spent the reader waits for confirms instead of reading more. BIND gives the
 sink one ``FlowOutput`` per flow; each DELIVER is pushed with the way to encode it again,
 so a consumer that reads slowly holds its window of messages, not an encoded copy, and
 auto-ack deliveries are acked once the kernel took them; the flow's window bounds how much
@@ -29,9 +31,9 @@ from typing import Protocol
 from core import actions
 from core.errors import KeygateError, Unavailable
 from core.ingress import validate_client_name, validate_delay, validate_window
-from core.model import AckMode
+from core.model import AckMode, Publication
 from protocols import sink
-from protocols._io import Outbox
+from protocols._io import Outbox, publish_receipts
 from protocols._limits import Admission, ByteBudget, ConnectionLimits
 from protocols._log import ConnectionLog
 from protocols._tasks import Tasks
@@ -137,6 +139,8 @@ class Requests:
         self.flows: set[str] = set()
         self.session_id = uuid.uuid4().hex
         self.unconfirmed = ByteBudget(server.limits.max_unconfirmed_bytes)
+        self._queued: list[tuple[Publish, Publication]] = []
+        self._storing: asyncio.Task[None] | None = None
 
     def send(self, event: Event) -> None:
         # RuntimeError: the state machine is closed (after ERROR/CLOSE), nothing more goes out.
@@ -171,9 +175,11 @@ class Requests:
                 case Publish():
                     if self.server.closing:
                         raise Unavailable("the gateway is shutting down")
+                    # Refused at once when malformed (InvalidArgument answers this request).
+                    message = publication(event, self.producer)
                     # Waiting here stops the read loop: back-pressure, not buffering.
                     await self.unconfirmed.acquire(len(event.payload))
-                    self.publishes.spawn(self.publish(event), name="publish")
+                    self._queue(event, message)
                 case Ack():
                     self.settle(event.flow_id, sink.Ack(event.message_ids))
                     self.ok(event.request_id)
@@ -239,24 +245,45 @@ class Requests:
         self.admission.login(self.principal.username)
         self.send(self.conn.accept(self.server.server_name, self.session_id))
 
-    async def publish(self, event: Publish) -> None:
+    @property
+    def producer(self) -> str:
+        return f"native:{self.conn.client_name or self.session_id}"
+
+    def _queue(self, event: Publish, message: Publication) -> None:
+        self._queued.append((event, message))
+        if self._storing is None or self._storing.done():
+            self._storing = self.publishes.spawn(self._store_queued(), name="publish")
+
+    async def _store_queued(self) -> None:
+        """Store what is queued, lot by lot, until nothing is (then end: a new PUBLISH
+        starts the task again)."""
         assert self.principal is not None
-        producer = f"native:{self.conn.client_name or self.session_id}"
-        try:
-            receipt = await self.sink.publish(self.principal, publication(event, producer))
-        except KeygateError as e:
-            self.send(error_frame(e, event.request_id))
-            return
-        finally:
-            self.unconfirmed.release(len(event.payload))
-            self.server.unconfirmed_peak = max(self.server.unconfirmed_peak, self.unconfirmed.peak)
-        self.send(
-            PublishOk(
-                request_id=event.request_id,
-                message_ids=receipt.message_ids,
-                duplicate=receipt.duplicate,
-            )
-        )
+        while self._queued:
+            lot, self._queued = self._queued, []
+            try:
+                outcomes = await publish_receipts(
+                    self.sink,
+                    self.principal,
+                    [message for _, message in lot],
+                    stop_at_refusal=False,
+                    log=self.log,
+                )
+            finally:
+                self.unconfirmed.release(sum(len(event.payload) for event, _ in lot))
+                self.server.unconfirmed_peak = max(
+                    self.server.unconfirmed_peak, self.unconfirmed.peak
+                )
+            for (event, _), outcome in zip(lot, outcomes, strict=True):
+                if isinstance(outcome, KeygateError):
+                    self.send(error_frame(outcome, event.request_id))
+                else:
+                    self.send(
+                        PublishOk(
+                            request_id=event.request_id,
+                            message_ids=outcome.message_ids,
+                            duplicate=outcome.duplicate,
+                        )
+                    )
 
     def settle(self, flow_id: str, event: sink.Settle) -> None:
         assert self.principal is not None

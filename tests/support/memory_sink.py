@@ -284,3 +284,16 @@ class MemorySink:
                 self.stored_event.clear()
                 await self.stored_event.wait()
         return self.stored
+
+
+@dataclass
+class BatchSink(MemorySink):
+    """Records the size of every ``publish_many`` call (``publish`` is a call of one)."""
+
+    batches: list[int] = field(default_factory=list)
+
+    async def publish_many(
+        self, principal: Principal, publications: Sequence[Publication]
+    ) -> list[Receipt]:
+        self.batches.append(len(publications))
+        return await super().publish_many(principal, publications)

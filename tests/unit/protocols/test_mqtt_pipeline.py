@@ -4,13 +4,12 @@ inside a batch, QoS 2 between QoS 0/1 batches, the byte budget, and a task that 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
 
-from core.model import Publication, QueueConfig
+from core.model import QueueConfig
 from protocols._limits import ConnectionLimits
 from protocols.mqtt import (
     MQTT_3_1_1,
@@ -24,25 +23,12 @@ from protocols.mqtt import (
     ReasonCode,
     Will,
 )
-from protocols.sink import Principal, Receipt
-from tests.support.memory_sink import MemorySink
+from protocols.sink import Principal
+from tests.support.memory_sink import BatchSink, MemorySink
 from tests.support.mqtt_raw import RawMqtt as Raw
 from tests.support.wait import eventually
 
 ADMIN = Principal("admin", "test")
-
-
-@dataclass
-class BatchSink(MemorySink):
-    """Records the size of every ``publish_many`` call (``publish`` is a call of one)."""
-
-    batches: list[int] = field(default_factory=list)
-
-    async def publish_many(
-        self, principal: Principal, publications: Sequence[Publication]
-    ) -> list[Receipt]:
-        self.batches.append(len(publications))
-        return await super().publish_many(principal, publications)
 
 
 @pytest.fixture

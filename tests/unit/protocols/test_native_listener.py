@@ -13,8 +13,9 @@ from contextlib import asynccontextmanager
 import pytest
 
 from core.actions import Deliver as Delivery
-from core.model import AckMode, Message, Publication, QueueConfig
+from core.model import AckMode, Message, QueueConfig
 from protocols.native.connection import ClientConnection
+from protocols.native.events import Ack as NativeAck
 from protocols.native.events import (
     Bind,
     BindOk,
@@ -28,8 +29,8 @@ from protocols.native.events import (
     PublishOk,
 )
 from protocols.native.listener import NativeListener
-from protocols.sink import Ack, Principal, Receipt, Unbind
-from tests.support.memory_sink import MemorySink
+from protocols.sink import Ack, Principal, Settle, Unbind
+from tests.support.memory_sink import BatchSink, MemorySink
 from tests.support.wait import eventually
 
 ME = Principal(None, "test")
@@ -93,10 +94,10 @@ async def _client(port: int, *, receive_buffer: int | None = None) -> _Client:
 
 
 class _BuggySink(MemorySink):
-    async def publish(
-        self, principal: Principal, publication: Publication, *, qos2_packet_id: int | None = None
-    ) -> Receipt:
-        raise ValueError("a bug")
+    def settle(self, principal: Principal, flow_id: str, event: Settle) -> None:
+        if isinstance(event, Ack):
+            raise ValueError("a bug")
+        super().settle(principal, flow_id, event)
 
 
 async def test_a_crashed_task_ends_the_connection_with_an_error_and_unbinds_its_flows(
@@ -107,11 +108,13 @@ async def test_a_crashed_task_ends_the_connection_with_an_error_and_unbinds_its_
         client = await _client(port)
         flow_id = await client.bind("q")
         with caplog.at_level(logging.ERROR, logger="keygate.io"):
-            client.send(Publish(request_id=client.conn.next_request_id(), queue="q", payload=b"x"))
+            client.send(
+                NativeAck(request_id=client.conn.next_request_id(), flow_id=flow_id, message_ids=())
+            )
             error = await client.receive()
         assert isinstance(error, Error) and error.request_id == 0 and error.code == "error"
         assert await client.receive() is None  # closed
-        assert "task publish failed" in caplog.text and "ValueError: a bug" in caplog.text
+        assert "task reader failed" in caplog.text and "ValueError: a bug" in caplog.text
         await eventually(lambda: (flow_id, Unbind()) in sink.settled)
         client.writer.close()
 
@@ -160,4 +163,55 @@ async def test_closing_the_listener_confirms_publishes_already_received() -> Non
         assert isinstance(await client.receive(), PublishOk)
         assert await client.receive() is None
         await asyncio.wait_for(closing, 10)
+        client.writer.close()
+
+
+async def test_the_publishes_of_one_read_share_one_commit_and_are_answered_in_order() -> None:
+    """Five PUBLISHes in one write: one publish_many; the one too large for its queue is
+    refused alone (ERROR with its request id) and the others get PUBLISH_OK, in order."""
+    sink = BatchSink()
+    await sink.declare_queue(ME, QueueConfig("small", max_message_size=4))
+    async with _serving(sink) as (_, port):
+        client = await _client(port)
+        publishes = [
+            Publish(request_id=client.conn.next_request_id(), queue=queue, payload=payload)
+            for queue, payload in [
+                ("q", b"1"),
+                ("q", b"2"),
+                ("small", b"too large"),
+                ("q", b"4"),
+                ("q", b"5"),
+            ]
+        ]
+        client.writer.write(b"".join(client.conn.send(p) for p in publishes))  # one read
+        replies = [await client.receive() for _ in publishes]
+        assert [r.request_id for r in replies if isinstance(r, PublishOk | Error)] == [
+            p.request_id for p in publishes
+        ]
+        assert [type(r) for r in replies] == [PublishOk, PublishOk, Error, PublishOk, PublishOk]
+        assert sink.batches == [5, 1, 1, 1, 1, 1]  # refused as a lot, then one by one
+        assert [s.publication.payload for s in sink.stored] == [b"1", b"2", b"4", b"5"]
+        client.writer.close()
+
+
+async def test_a_malformed_publish_is_refused_alone_and_the_connection_goes_on() -> None:
+    """A PUBLISH naming both a queue and a topic gets ERROR with its request id; the
+    PUBLISHes around it, in the same read, are stored."""
+    sink = MemorySink()
+    async with _serving(sink) as (_, port):
+        client = await _client(port)
+        publishes = [
+            Publish(request_id=client.conn.next_request_id(), queue="q", payload=b"1"),
+            Publish(request_id=client.conn.next_request_id(), queue="q", topic="t", payload=b"2"),
+            Publish(request_id=client.conn.next_request_id(), queue="q", payload=b"3"),
+        ]
+        client.writer.write(b"".join(client.conn.send(p) for p in publishes))
+        replies = {}
+        for _ in publishes:
+            reply = await client.receive()
+            assert isinstance(reply, PublishOk | Error), reply
+            replies[reply.request_id] = reply
+        assert [type(replies[p.request_id]) for p in publishes] == [PublishOk, Error, PublishOk]
+        assert replies[publishes[1].request_id].code == "invalid-argument"
+        assert [s.publication.payload for s in sink.stored] == [b"1", b"3"]
         client.writer.close()
