@@ -124,19 +124,7 @@ def ensure_group(conn: sa.Connection, queue: str, group: str, now: float) -> Que
         starts[partition] = seq - 1
     conn.execute(
         statements.insert_missing(conn, kg_group_offsets),
-        [
-            {
-                "queue": queue,
-                "group_name": group,
-                "partition": partition,
-                "committed_seq": starts.get(partition, 0),
-                "dispatched_seq": starts.get(partition, 0),
-                "acked_above": [],
-                "acked_count": 0,
-                "updated_at": now,
-            }
-            for partition in range(config.slots)
-        ],
+        statements.first_offsets(queue, group, starts, config.slots, now),
     )
     return config
 

@@ -9,7 +9,7 @@ statement serves a whole executemany. Sync and async connections run them alike.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
 import sqlalchemy as sa
@@ -123,6 +123,26 @@ DROP_ACKED: Final = sa.delete(_d).where(
 )
 
 
+def first_offsets(
+    queue: str, group: str, starts: Mapping[int, int], slots: int, now: float
+) -> list[dict[str, Any]]:
+    """A new group's kg_group_offsets rows: every partition starts at ``starts`` (0 when
+    absent), nothing acked."""
+    return [
+        {
+            "queue": queue,
+            "group_name": group,
+            "partition": partition,
+            "committed_seq": starts.get(partition, 0),
+            "dispatched_seq": starts.get(partition, 0),
+            "acked_above": [],
+            "acked_count": 0,
+            "updated_at": now,
+        }
+        for partition in range(slots)
+    ]
+
+
 def write_offsets(
     conn: sa.Connection,
     queue: str,
@@ -197,6 +217,7 @@ __all__ = [
     "DROP_SETTLED",
     "OFFSET_WHERE",
     "WRITE_OFFSET",
+    "first_offsets",
     "group_is",
     "insert_missing",
     "lease_free",
