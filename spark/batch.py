@@ -38,7 +38,6 @@ from typing import Any, Final
 
 import sqlalchemy as sa
 from pyspark.sql import DataFrame, SparkSession
-from sqlalchemy.dialects import postgresql, sqlite
 
 from core.actions import DeadLetter
 from core.backoff import redelivery_delay
@@ -61,6 +60,7 @@ from spark.source import KeygateDataSource
 from storage.codec import message_from_row, message_row
 from storage.consumer import dead_letter_copy
 from storage.schema import kg_deliveries, kg_messages, kg_partitions
+from storage.statements import upsert
 
 DLQ_PARTITION: Final = 0
 _ID_CHUNK: Final = 500
@@ -213,16 +213,9 @@ def _record_nacks(
     redelivery backoff, as for a native consumer's nack)."""
     if not nacked:
         return
-    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
-    insert = dialect.insert(kg_deliveries)
+    keys = ("queue", "group_name", "partition", "seq")
     conn.execute(
-        insert.on_conflict_do_update(
-            index_elements=["queue", "group_name", "partition", "seq"],
-            set_={
-                "delivery_count": insert.excluded.delivery_count,
-                "redeliver_at": insert.excluded.redeliver_at,
-            },
-        ),
+        upsert(conn, kg_deliveries, keys, ("delivery_count", "redeliver_at")),
         [
             {
                 "queue": config.name,

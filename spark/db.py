@@ -14,21 +14,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 
-from core.actions import SeqRanges
+from core.actions import OffsetUpdate, SeqRanges
 from core.errors import QueueNotFound
 from core.ledger import AckLedger
 from core.model import GroupConfig, QueueConfig
-from storage.codec import (
-    decode_ranges,
-    encode_ranges,
-    group_row,
-    queue_from_row,
-    queue_row,
-    ranges_count,
-)
+from storage import statements
+from storage.codec import decode_ranges, group_row, queue_from_row, queue_row
 from storage.engine import SQLITE_BUSY_TIMEOUT_MS, is_sqlite, sync_engine
 from storage.schema import (
     kg_deliveries,
@@ -92,18 +85,13 @@ def read_queue(conn: sa.Connection, name: str) -> QueueConfig:
     return queue_from_row(row, tuple(sorted(patterns)))
 
 
-def _insert_ignoring_conflicts(conn: sa.Connection, table: sa.Table) -> Any:
-    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
-    return dialect.insert(table).on_conflict_do_nothing()
-
-
 def ensure_queue(conn: sa.Connection, config: QueueConfig, now: float) -> None:
     """Create the queue and its partitions unless it exists (used for a missing DLQ)."""
     conn.execute(
-        _insert_ignoring_conflicts(conn, kg_queues), [{**queue_row(config), "created_at": now}]
+        statements.insert_missing(conn, kg_queues), [{**queue_row(config), "created_at": now}]
     )
     conn.execute(
-        _insert_ignoring_conflicts(conn, kg_partitions),
+        statements.insert_missing(conn, kg_partitions),
         [{"queue": config.name, "partition": p, "head_seq": 0} for p in range(config.slots)],
     )
 
@@ -123,7 +111,7 @@ def ensure_group(conn: sa.Connection, queue: str, group: str, now: float) -> Que
     if exists is not None:
         return config
     conn.execute(
-        _insert_ignoring_conflicts(conn, kg_groups),
+        statements.insert_missing(conn, kg_groups),
         [{**group_row(GroupConfig(queue=queue, name=group)), "created_at": now}],
     )
     starts = {
@@ -135,20 +123,8 @@ def ensure_group(conn: sa.Connection, queue: str, group: str, now: float) -> Que
     for partition, seq in conn.execute(oldest.group_by(m.c.partition)):
         starts[partition] = seq - 1
     conn.execute(
-        _insert_ignoring_conflicts(conn, kg_group_offsets),
-        [
-            {
-                "queue": queue,
-                "group_name": group,
-                "partition": partition,
-                "committed_seq": starts.get(partition, 0),
-                "dispatched_seq": starts.get(partition, 0),
-                "acked_above": [],
-                "acked_count": 0,
-                "updated_at": now,
-            }
-            for partition in range(config.slots)
-        ],
+        statements.insert_missing(conn, kg_group_offsets),
+        statements.first_offsets(queue, group, starts, config.slots, now),
     )
     return config
 
@@ -290,27 +266,18 @@ def write_offsets(
     now: float,
 ) -> None:
     """Write each partition's ack state, never moving dispatched_seq backwards, and drop
-    the delivery records of seqs that are now settled."""
-    o, d = kg_group_offsets, kg_deliveries
-    for partition, ledger in ledgers.items():
-        ranges = ledger.ranges()
-        this = sa.and_(o.c.queue == queue, o.c.group_name == group, o.c.partition == partition)
-        seen = dispatched.get(partition, ledger.committed)
-        conn.execute(
-            sa.update(o)
-            .where(this)
-            .values(
-                committed_seq=ledger.committed,
-                acked_above=encode_ranges(ranges),
-                acked_count=ranges_count(ranges),
-                dispatched_seq=sa.case((o.c.dispatched_seq < seen, seen), else_=o.c.dispatched_seq),
-                updated_at=now,
-            )
+    the delivery records of seqs that are now settled (the store's statements; Spark
+    reserves nothing, so reserved_seq is left alone)."""
+    updates = [
+        OffsetUpdate(
+            partition=partition,
+            committed_seq=ledger.committed,
+            acked_above=ledger.ranges(),
+            dispatched_seq=dispatched.get(partition, ledger.committed),
         )
-        records = sa.and_(d.c.queue == queue, d.c.group_name == group, d.c.partition == partition)
-        conn.execute(sa.delete(d).where(records, d.c.seq <= ledger.committed))
-        for lo, hi in ranges:
-            conn.execute(sa.delete(d).where(records, d.c.seq.between(lo, hi)))
+        for partition, ledger in ledgers.items()
+    ]
+    statements.write_offsets(conn, queue, group, updates, now=now, keep_reserved=True)
 
 
 def commit_through(

@@ -1,4 +1,5 @@
-"""The Spark side of the group lease (DESIGN.md §7; storage/leases.py is the store's side).
+"""The Spark side of the group lease (DESIGN.md §7; storage/leases.py is the store's side,
+and both run the statements of storage/statements.py).
 
 A group is consumed by native flows or by one Spark job, never both. A Spark job that
 commits (a streaming query, ``consume_batch``) holds ``kg_groups.lease_kind = 'spark'``,
@@ -7,8 +8,9 @@ stops). It refuses a group that native consumers hold: a ``kg_flows`` row in sta
 ``running`` for the group, or an unexpired ``lease_kind = 'native'``. A plain batch read
 commits nothing, takes no lease and only checks for native holders.
 
-The update is conditional (free, expired, or already ours), so two jobs racing for the
-group cannot both win: the loser's UPDATE matches no row.
+The update is conditional (free, expired, or already ours: ``storage.statements.lease_free``,
+the gateway's definition too), so two jobs racing for the group cannot both win: the
+loser's UPDATE matches no row.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ import sqlalchemy as sa
 
 from core.errors import GroupLeased
 from core.model import FlowState
-from storage.schema import kg_flows, kg_groups
+from storage.schema import kg_flows
+from storage.statements import lease_holder, release_lease, take_lease
 
 # Waiting for a lease to lapse: allow for clock skew between the two jobs' machines.
 _EXPIRY_MARGIN: Final = 0.5
@@ -35,13 +38,9 @@ def new_owner(role: str) -> str:
     return f"{role}@{socket.gethostname()}/{uuid.uuid4().hex[:12]}"
 
 
-def _this(queue: str, group: str) -> sa.ColumnElement[bool]:
-    return sa.and_(kg_groups.c.queue == queue, kg_groups.c.group_name == group)
-
-
 def refuse_native_holders(conn: sa.Connection, queue: str, group: str, now: float) -> None:
     """GroupLeased when native flows are bound to the group or hold its lease."""
-    f, g = kg_flows, kg_groups
+    f = kg_flows
     running = conn.execute(
         sa.select(sa.func.count()).where(
             f.c.queue == queue, f.c.group_name == group, f.c.state == FlowState.RUNNING.value
@@ -52,12 +51,12 @@ def refuse_native_holders(conn: sa.Connection, queue: str, group: str, now: floa
             f"group {group!r} of {queue!r} has {running} running native flow(s); "
             "a Spark job cannot consume it until they unbind"
         )
-    holder = conn.execute(
-        sa.select(g.c.lease_owner, g.c.lease_expires).where(
-            _this(queue, group), g.c.lease_kind == NATIVE
-        )
-    ).first()
-    if holder is not None and (holder.lease_expires is None or holder.lease_expires > now):
+    holder = conn.execute(lease_holder(queue, group)).first()
+    if (
+        holder is not None
+        and holder.lease_kind == NATIVE
+        and (holder.lease_expires is None or holder.lease_expires > now)
+    ):
         raise GroupLeased(
             f"group {group!r} of {queue!r} is leased to native consumers "
             f"({holder.lease_owner!r}); a Spark job cannot consume it"
@@ -70,22 +69,10 @@ def acquire(
     """Take or renew the group's Spark lease for ``owner``; GroupLeased if anyone else holds
     it. The group must exist (see spark.db.ensure_group)."""
     refuse_native_holders(conn, queue, group, now)
-    g = kg_groups
-    free = sa.or_(
-        g.c.lease_kind.is_(None),
-        g.c.lease_expires.is_not(None) & (g.c.lease_expires <= now),
-        sa.and_(g.c.lease_kind == SPARK, g.c.lease_owner == owner),
-    )
-    taken = conn.execute(
-        sa.update(g)
-        .where(_this(queue, group), free)
-        .values(lease_kind=SPARK, lease_owner=owner, lease_expires=now + ttl)
-    )
+    taken = conn.execute(take_lease(queue, group, SPARK, owner, ttl=ttl, now=now))
     if taken.rowcount == 1:
         return
-    holder = conn.execute(
-        sa.select(g.c.lease_kind, g.c.lease_owner, g.c.lease_expires).where(_this(queue, group))
-    ).one()
+    holder = conn.execute(lease_holder(queue, group)).one()
     raise GroupLeased(
         f"group {group!r} of {queue!r} is held by {holder.lease_kind} consumer "
         f"{holder.lease_owner!r} until {holder.lease_expires}; stop that job or wait "
@@ -110,11 +97,7 @@ def acquire_waiting(engine: sa.Engine, queue: str, group: str, owner: str, ttl: 
             return
         except GroupLeased:
             with engine.connect() as conn:
-                holder = conn.execute(
-                    sa.select(kg_groups.c.lease_kind, kg_groups.c.lease_expires).where(
-                        _this(queue, group)
-                    )
-                ).first()
+                holder = conn.execute(lease_holder(queue, group)).first()
             if holder is None or holder.lease_kind != SPARK or holder.lease_expires is None:
                 raise
             wait = holder.lease_expires - now + _EXPIRY_MARGIN
@@ -125,12 +108,7 @@ def acquire_waiting(engine: sa.Engine, queue: str, group: str, owner: str, ttl: 
 
 def release(conn: sa.Connection, queue: str, group: str, owner: str) -> None:
     """Give the group up if ``owner`` still holds it (a no-op otherwise)."""
-    g = kg_groups
-    conn.execute(
-        sa.update(g)
-        .where(_this(queue, group), g.c.lease_kind == SPARK, g.c.lease_owner == owner)
-        .values(lease_kind=None, lease_owner=None, lease_expires=None)
-    )
+    conn.execute(release_lease(queue, group, owner))
 
 
 __all__ = [

@@ -1,8 +1,11 @@
 """Executor side: read one seq range of one partition straight from SQL as Arrow batches.
 
 Each task opens its own connection (nothing but plain data crosses the pickle boundary)
-and streams rows in seq order with a server-side cursor on PostgreSQL. Arrow batches
-avoid Spark's per-row Python conversion, which dominates the cost of small rows.
+and streams rows in seq order: on SQLite through ADBC, which returns Arrow record batches
+with no Python object per row; on PostgreSQL from a server-side cursor in binary format.
+The group's delivery records of the range are read once, before the messages, and
+matched by seq. Arrow batches avoid Spark's per-row Python conversion, which dominates
+the cost of small rows.
 
 Messages outside the group's tag filter are not shown (the group skips them, as native
 delivery does; a commit past them settles them). Properties are a ``map<string,string>``:
@@ -15,17 +18,22 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Final
 
+import adbc_driver_sqlite.dbapi as adbc_sqlite
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import sqlalchemy as sa
+from sqlalchemy.dialects import sqlite
+from sqlalchemy.engine import make_url
 
 from core.partition import property_text
 from spark.db import read_engine
 from spark.plan import ReadRange
 from storage.codec import B64_KEY, decode_properties
+from storage.engine import SQLITE_BUSY_TIMEOUT_MS, is_sqlite
 from storage.schema import kg_deliveries, kg_messages
 
 SCHEMA_DDL: Final = (
@@ -59,12 +67,6 @@ def render_value(value: Any) -> str:
     if isinstance(value, dict):
         return str(value.get(B64_KEY, ""))
     return repr(value) if isinstance(value, float) else str(value)
-
-
-def _json_objects(texts: Sequence[str]) -> list[dict[str, Any]]:
-    """Many JSON object texts decoded in one call (one parser run, not one per row).
-    Integers stay in their JSON spelling, the text Spark shows and tags compare."""
-    return _DECODER.decode("[" + ",".join(texts) + "]")  # type: ignore[no-any-return]
 
 
 def property_map(values: Sequence[Mapping[str, Any] | None]) -> pa.Array:
@@ -106,33 +108,30 @@ def _shown(r: ReadRange, seq: pa.Array, properties: Sequence[Mapping[str, Any]])
     return None if keep is None else pa.array(keep)
 
 
-def _query(r: ReadRange, dialect: sa.Dialect) -> str:
-    """The range's SQL with its (validated) values inlined, for the driver's own cursor.
-    Properties come as JSON text, decoded per batch in one call."""
-    m, d = kg_messages, kg_deliveries
-    # SQLite stores JSON as text already; PostgreSQL's jsonb is cast to its text form.
-    text = m.c.properties if dialect.name == "sqlite" else sa.cast(m.c.properties, sa.Text)
+def _wants_properties(r: ReadRange) -> bool:
+    return r.include_properties or bool(r.tags)
+
+
+def _messages_sql(r: ReadRange, dialect: sa.Dialect) -> str:
+    """The range's messages with its (validated) values inlined, for the driver's own
+    cursor. Properties come as JSON text, decoded per batch in one call."""
+    m = kg_messages
+    columns: list[sa.ColumnElement[Any]] = [m.c.seq, m.c.message_id]
+    if dialect.name == "sqlite":
+        # ADBC types each column from its first batch: a batch of NULL keys would be typed
+        # int64 and refuse the next batch's strings. Nullable texts come as '' plus a flag.
+        columns += [sa.func.coalesce(m.c.key, "").label("key"), m.c.payload]
+        columns += [sa.func.coalesce(m.c.topic, "").label("topic"), m.c.publish_time]
+        columns += [m.c.key.is_(None).label("key_null"), m.c.topic.is_(None).label("topic_null")]
+        text: sa.ColumnElement[Any] = m.c.properties
+    else:
+        columns += [m.c.key, m.c.payload, m.c.topic, m.c.publish_time]
+        # PostgreSQL's jsonb is read as its text form.
+        text = sa.cast(m.c.properties, sa.Text)
+    if _wants_properties(r):
+        columns.append(text.label("properties"))
     query = (
-        sa.select(
-            m.c.seq,
-            m.c.message_id,
-            m.c.key,
-            m.c.payload,
-            text if r.include_properties or r.tags else sa.null(),
-            m.c.topic,
-            m.c.publish_time,
-            d.c.delivery_count,
-        )
-        .select_from(m)
-        .outerjoin(
-            d,
-            sa.and_(
-                d.c.queue == m.c.queue,
-                d.c.group_name == r.group,
-                d.c.partition == m.c.partition,
-                d.c.seq == m.c.seq,
-            ),
-        )
+        sa.select(*columns)
         .where(m.c.queue == r.queue, m.c.partition == r.partition, m.c.seq > r.lo, m.c.seq <= r.hi)
         .order_by(m.c.seq)
     )
@@ -141,65 +140,148 @@ def _query(r: ReadRange, dialect: sa.Dialect) -> str:
     return str(query.compile(dialect=dialect, compile_kwargs={"literal_binds": True}))
 
 
-def _batch(r: ReadRange, rows: list[tuple[Any, ...]]) -> pa.RecordBatch:
-    seqs, ids, keys, payloads, texts, topics, times, records = zip(*rows, strict=True)
-    seq = pa.array(seqs, pa.int64())
-    properties = _json_objects(texts) if texts[0] is not None else []
-    # Shown count = deliveries so far + 1; a seq at or below dispatched_seq with no record
-    # was delivered once (a native consumer's unacked first delivery).
-    seen = pc.cast(pc.less_equal(seq, r.dispatched), pa.int32())
-    counts = pc.add(pc.coalesce(pa.array(records, pa.int32()), seen), 1)
-    micros = pc.round(pc.multiply(pa.array(times, pa.float64()), 1_000_000))
+def _records_sql(r: ReadRange, dialect: sa.Dialect) -> str:
+    """The group's delivery records in the range: few (unacked redeliveries), read once
+    per range instead of joined to every message."""
+    d = kg_deliveries
+    query = (
+        sa.select(d.c.seq, d.c.delivery_count)
+        .where(
+            d.c.queue == r.queue,
+            d.c.group_name == r.group,
+            d.c.partition == r.partition,
+            d.c.seq > r.lo,
+            d.c.seq <= r.hi,
+        )
+        .order_by(d.c.seq)
+    )
+    return str(query.compile(dialect=dialect, compile_kwargs={"literal_binds": True}))
+
+
+@dataclass(frozen=True, slots=True)
+class _Records:
+    """A range's delivery records as sorted seqs and their delivery counts."""
+
+    seqs: np.ndarray
+    counts: np.ndarray
+
+    def shown_counts(self, r: ReadRange, seq: pa.Array) -> pa.Array:
+        """Shown count = deliveries so far + 1; a seq at or below dispatched_seq with no
+        record was delivered once (a native consumer's unacked first delivery)."""
+        seqs = seq.to_numpy()
+        counts = (seqs <= r.dispatched).astype(np.int32) + 1
+        if len(self.seqs):
+            index = np.minimum(np.searchsorted(self.seqs, seqs), len(self.seqs) - 1)
+            found = self.seqs[index] == seqs
+            counts = np.where(found, self.counts[index] + 1, counts)
+        return pa.array(counts, pa.int32())
+
+
+def _records(rows: Sequence[tuple[Any, Any]] | pa.Table) -> _Records:
+    if isinstance(rows, pa.Table):
+        seqs, counts = rows.column(0).to_numpy(), rows.column(1).to_numpy()
+    else:
+        seqs = np.array([row[0] for row in rows], np.int64)
+        counts = np.array([row[1] for row in rows], np.int64)
+    return _Records(seqs.astype(np.int64), counts.astype(np.int32))
+
+
+def _json_objects(texts: pa.Array) -> list[dict[str, Any]]:
+    """Many JSON object texts decoded in one call (joined in Arrow, one parser run, not
+    one per row). Integers stay in their JSON spelling, the text Spark shows and tags
+    compare."""
+    offsets = pa.array([0, len(texts)], pa.int32())
+    joined = pc.binary_join(pa.ListArray.from_arrays(offsets, texts), ",")[0].as_py()
+    return _DECODER.decode("[" + joined + "]")  # type: ignore[no-any-return]
+
+
+def _batch(r: ReadRange, raw: pa.RecordBatch, records: _Records) -> pa.RecordBatch:
+    """The source's batch from the driver's columns (seq, message_id, key, payload, topic,
+    publish_time and, when wanted, properties as JSON text)."""
+    rows = raw.num_rows
+    seq = raw.column("seq").cast(pa.int64())
+    properties = _json_objects(raw.column("properties")) if _wants_properties(r) else []
+    micros = pc.round(pc.multiply(raw.column("publish_time").cast(pa.float64()), 1_000_000))
     columns = [
-        pa.repeat(pa.scalar(r.queue, pa.string()), len(rows)),
-        pa.repeat(pa.scalar(r.partition, pa.int32()), len(rows)),
+        pa.repeat(pa.scalar(r.queue, pa.string()), rows),
+        pa.repeat(pa.scalar(r.partition, pa.int32()), rows),
         seq,
-        pa.array(ids, pa.string()),
-        pa.array(keys, pa.string()),
-        pa.array(payloads, pa.binary()),
+        raw.column("message_id").cast(pa.string()),
+        raw.column("key").cast(pa.string()),
+        raw.column("payload").cast(pa.binary()),
         property_map(properties)
         if r.include_properties
-        else pa.nulls(len(rows), pa.map_(pa.string(), pa.string())),
-        pa.array(topics, pa.string()),
+        else pa.nulls(rows, pa.map_(pa.string(), pa.string())),
+        raw.column("topic").cast(pa.string()),
         pc.cast(micros, pa.int64()).cast(pa.timestamp("us", tz="UTC")),
-        pc.cast(counts, pa.int32()),
+        records.shown_counts(r, seq),
     ]
     batch = pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)
     keep = _shown(r, seq, properties)
     return batch if keep is None else batch.filter(keep)
 
 
-def _chunks(engine: sa.Engine, r: ReadRange) -> Iterator[list[tuple[Any, ...]]]:
-    """Raw driver tuples, BATCH_ROWS at a time: a server-side cursor in binary format on
-    PostgreSQL (bytea arrives as bytes, not hex), a plain cursor on SQLite (one statement,
-    one read snapshot). SQLAlchemy's per-row result processing is skipped."""
-    sql = _query(r, engine.dialect)
-    with engine.connect() as conn:
-        driver = conn.connection.driver_connection
-        assert driver is not None
-        if engine.dialect.name == "postgresql":
-            cursor = driver.cursor(name="keygate_read", binary=True)
-        else:
-            cursor = driver.cursor()
-        try:
-            cursor.execute(sql)
-            while chunk := cursor.fetchmany(BATCH_ROWS):
-                yield chunk
-        finally:
-            cursor.close()
+def _with_nulls(raw: pa.RecordBatch) -> pa.RecordBatch:
+    """SQLite's key and topic with their NULLs back (see ``_messages_sql``)."""
+    for name in ("key", "topic"):
+        flag = raw.column(f"{name}_null")
+        if pc.any(pc.not_equal(flag, 0)).as_py():
+            column = raw.column(name).cast(pa.string())
+            nulled = pc.if_else(pc.not_equal(flag, 0), pa.scalar(None, pa.string()), column)
+            raw = raw.set_column(raw.schema.get_field_index(name), name, nulled)
+    return raw
+
+
+def _sqlite_chunks(r: ReadRange) -> Iterator[tuple[pa.RecordBatch, _Records]]:
+    """Arrow record batches straight from SQLite through ADBC (no Python object per row),
+    BATCH_ROWS at a time. One deferred transaction: a WAL read snapshot shared by the
+    records and the messages, and no lock the gateway's writers wait on."""
+    path = make_url(r.url).database
+    assert path, "an in-memory SQLite database cannot be read from another process"
+    dialect = sqlite.dialect()
+    with adbc_sqlite.connect(path) as conn, conn.cursor() as cursor:
+        cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS:d}")
+        cursor.execute(_records_sql(r, dialect))
+        records = _records(cursor.fetch_arrow_table())
+        cursor.adbc_statement.set_options(**{"adbc.sqlite.query.batch_rows": str(BATCH_ROWS)})
+        cursor.execute(_messages_sql(r, dialect))
+        for raw in cursor.fetch_record_batch():
+            yield _with_nulls(raw), records
+
+
+def _postgres_chunks(r: ReadRange) -> Iterator[tuple[pa.RecordBatch, _Records]]:
+    """Driver tuples, BATCH_ROWS at a time, from a server-side cursor in binary format
+    (bytea arrives as bytes, not hex), without SQLAlchemy's per-row result processing.
+    Repeatable read: the records and the messages come from one snapshot."""
+    engine = read_engine(r.url)
+    try:
+        with engine.connect().execution_options(isolation_level="REPEATABLE READ") as conn:
+            driver = conn.connection.driver_connection
+            assert driver is not None
+            with driver.cursor() as plain:
+                plain.execute(_records_sql(r, engine.dialect))
+                records = _records(plain.fetchall())
+            names = _NAMES + (("properties",) if _wants_properties(r) else ())
+            with driver.cursor(name="keygate_read", binary=True) as cursor:
+                cursor.execute(_messages_sql(r, engine.dialect))
+                while chunk := cursor.fetchmany(BATCH_ROWS):
+                    arrays = [pa.array(column) for column in zip(*chunk, strict=True)]
+                    yield pa.RecordBatch.from_arrays(arrays, names=list(names)), records
+    finally:
+        engine.dispose()
+
+
+_NAMES: Final = ("seq", "message_id", "key", "payload", "topic", "publish_time")
 
 
 def read_range(r: ReadRange) -> Iterator[pa.RecordBatch]:
     """Rows of ``r`` in seq order, minus the seqs the group already acked above its
     committed seq."""
-    engine = read_engine(r.url)
-    try:
-        for chunk in _chunks(engine, r):
-            batch = _batch(r, chunk)
-            if batch.num_rows:
-                yield batch
-    finally:
-        engine.dispose()
+    chunks = _sqlite_chunks(r) if is_sqlite(r.url) else _postgres_chunks(r)
+    for raw, records in chunks:
+        batch = _batch(r, raw, records)
+        if batch.num_rows:
+            yield batch
 
 
 __all__ = ["ARROW_SCHEMA", "SCHEMA_DDL", "property_map", "read_range", "render_value"]

@@ -29,6 +29,7 @@ from storage.schema import (
     kg_queues,
     kg_subscriptions,
 )
+from storage.statements import first_offsets
 
 MAX_PATTERN_LENGTH: Final = 1000
 _QUEUE_TABLES: Final = (
@@ -275,22 +276,8 @@ class AdminOps(StoreBase):
         now = time.time()
         await conn.execute(sa.insert(kg_groups), [{**group_row(config), "created_at": now}])
         starts = await _positions(conn, queue, ResetPosition(ResetKind(config.start.value)))
-        await conn.execute(
-            sa.insert(kg_group_offsets),
-            [
-                {
-                    "queue": queue.name,
-                    "group_name": config.name,
-                    "partition": partition,
-                    "committed_seq": starts[partition],
-                    "dispatched_seq": starts[partition],
-                    "acked_above": [],
-                    "acked_count": 0,
-                    "updated_at": now,
-                }
-                for partition in range(queue.slots)
-            ],
-        )
+        offsets = first_offsets(queue.name, config.name, starts, queue.slots, now)
+        await conn.execute(sa.insert(kg_group_offsets), offsets)
 
     async def reset_group(self, queue: str, name: str, target: ResetPosition) -> dict[int, int]:
         """Move group ``name`` to ``target`` (replay or skip): per partition the committed seq

@@ -32,7 +32,6 @@ from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from core.errors import Fenced, QueueNotFound, StorageError, StorageUnavailable
@@ -375,22 +374,3 @@ def _insert_sql(dialect: sa.Dialect) -> str:
 
 async def _nothing() -> None:
     return None
-
-
-def upsert(
-    conn: sa.Connection | AsyncConnection,
-    table: sa.Table,
-    keys: Sequence[str],
-    set_: Iterable[str],
-    *,
-    where: sa.ColumnElement[bool] | None = None,
-) -> Any:
-    """INSERT ... ON CONFLICT (keys) DO UPDATE for the connection's dialect.
-
-    The ``set_`` columns take the inserted values; ``where`` limits which existing rows
-    are updated (the others are left alone).
-    """
-    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
-    stmt = dialect.insert(table)
-    values = {name: stmt.excluded[name] for name in set_}
-    return stmt.on_conflict_do_update(index_elements=list(keys), set_=values, where=where)

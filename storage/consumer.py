@@ -45,9 +45,9 @@ from core.model import (
 )
 from core.partition import has_tags
 from storage.admin import AdminOps
-from storage.base import Allocation, upsert
+from storage.base import Allocation
 from storage.batcher import GroupCommitter
-from storage.codec import encode_ranges, ranges_count, salvage_message
+from storage.codec import salvage_message
 from storage.schema import (
     kg_deliveries,
     kg_flows,
@@ -58,63 +58,19 @@ from storage.schema import (
     kg_partition_assignments,
     kg_partitions,
 )
+from storage.statements import ADVANCE_DISPATCHED, upsert, write_offsets
 
 DISPATCH_BATCH: Final = 1000
 DispatchCall = tuple[str, str, Sequence[RecordDispatch]]
 KeyChange = KeyParked | KeyReleased
 
-_o: Final = kg_group_offsets
 _d: Final = kg_deliveries
-_OFFSET_WHERE: Final = sa.and_(
-    _o.c.queue == sa.bindparam("b_queue"),
-    _o.c.group_name == sa.bindparam("b_group"),
-    _o.c.partition == sa.bindparam("b_partition"),
-)
-_DELIVERY_GROUP: Final = sa.and_(
-    _d.c.queue == sa.bindparam("b_queue"),
-    _d.c.group_name == sa.bindparam("b_group"),
-    _d.c.partition == sa.bindparam("b_partition"),
-)
-_ADVANCE_DISPATCHED: Final = (
-    sa.update(_o)
-    .where(_OFFSET_WHERE)
-    .values(
-        dispatched_seq=sa.case(
-            (sa.bindparam("b_seq") > _o.c.dispatched_seq, sa.bindparam("b_seq")),
-            else_=_o.c.dispatched_seq,
-        ),
-        reserved_seq=sa.case(
-            (sa.bindparam("b_reserved") > _o.c.reserved_seq, sa.bindparam("b_reserved")),
-            else_=_o.c.reserved_seq,
-        ),
-        updated_at=sa.bindparam("b_now"),
-    )
-)
-_WRITE_OFFSET: Final = (
-    sa.update(_o)
-    .where(_OFFSET_WHERE)
-    .values(
-        committed_seq=sa.bindparam("b_committed"),
-        acked_above=sa.bindparam("b_ranges", type_=_o.c.acked_above.type),
-        acked_count=sa.bindparam("b_count"),
-        dispatched_seq=sa.case(
-            (sa.bindparam("b_dispatched") > _o.c.dispatched_seq, sa.bindparam("b_dispatched")),
-            else_=_o.c.dispatched_seq,
-        ),
-        reserved_seq=sa.bindparam("b_reserved"),
-        updated_at=sa.bindparam("b_now"),
-    )
-)
 _k: Final = kg_parked_keys
 _UNPARK: Final = sa.delete(_k).where(
     _k.c.queue == sa.bindparam("b_queue"),
     _k.c.group_name == sa.bindparam("b_group"),
     _k.c.partition == sa.bindparam("b_partition"),
     _k.c.key == sa.bindparam("b_key"),
-)
-_DROP_SETTLED: Final = sa.delete(_d).where(_DELIVERY_GROUP, _d.c.seq <= sa.bindparam("b_hi"))
-_DROP_ACKED: Final = sa.delete(_d).where(
-    _DELIVERY_GROUP, _d.c.seq.between(sa.bindparam("b_lo"), sa.bindparam("b_hi"))
 )
 
 
@@ -190,7 +146,7 @@ class ConsumerOps(AdminOps):
                 )
 
         def advance(conn: sa.Connection) -> None:
-            conn.execute(_ADVANCE_DISPATCHED, advances)
+            conn.execute(ADVANCE_DISPATCHED, advances)
             if deliveries:
                 keys = ("queue", "group_name", "partition", "seq")
                 stmt = upsert(conn, _d, keys, ("delivery_count", "first_delivery_time"))
@@ -238,29 +194,7 @@ class ConsumerOps(AdminOps):
             # Never below a count the redelivery already recorded (it may precede the flush).
             newer = _d.c.delivery_count <= sa.literal_column("excluded.delivery_count")
             conn.execute(upsert(conn, _d, keys, changed, where=newer), records)
-        if not updates:
-            return
-        now = time.time()
-        rows: list[dict[str, object]] = []
-        ranges: list[dict[str, object]] = []
-        for update in updates:
-            key = {"b_queue": queue, "b_group": group, "b_partition": update.partition}
-            rows.append(
-                {
-                    **key,
-                    "b_committed": update.committed_seq,
-                    "b_ranges": encode_ranges(update.acked_above),
-                    "b_count": ranges_count(update.acked_above),
-                    "b_dispatched": update.dispatched_seq,
-                    "b_reserved": update.reserved_seq,
-                    "b_now": now,
-                }
-            )
-            ranges.extend({**key, "b_lo": lo, "b_hi": hi} for lo, hi in update.acked_above)
-        conn.execute(_WRITE_OFFSET, rows)
-        conn.execute(_DROP_SETTLED, [{**r, "b_hi": r["b_committed"]} for r in rows])
-        if ranges:
-            conn.execute(_DROP_ACKED, ranges)
+        write_offsets(conn, queue, group, updates, now=time.time())
 
     async def dead_letter(
         self,

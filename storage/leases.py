@@ -21,7 +21,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from core.errors import GroupLeased, GroupNotFound, InvalidArgument
 from storage.base import StoreBase
-from storage.schema import kg_gateway_lease, kg_groups
+from storage.schema import kg_gateway_lease
+from storage.statements import lease_holder, release_lease, take_lease
 
 LEASE_KINDS: Final = frozenset({"native", "spark"})
 # How long taking or renewing the gateway lease waits for row locks (PostgreSQL).
@@ -35,24 +36,11 @@ class LeaseOps(StoreBase):
         """Take or renew the group for ``(kind, owner)``; GroupLeased if another holds it."""
         if kind not in LEASE_KINDS:
             raise InvalidArgument(f"lease kind must be one of {sorted(LEASE_KINDS)}")
-        g = kg_groups
-        free = sa.or_(
-            g.c.lease_kind.is_(None),
-            g.c.lease_expires <= now,
-            sa.and_(g.c.lease_kind == kind, g.c.lease_owner == owner),
-        )
-        this = sa.and_(g.c.queue == queue, g.c.group_name == group)
         async with self.transaction() as conn:
-            result = await conn.execute(
-                sa.update(g)
-                .where(this, free)
-                .values(lease_kind=kind, lease_owner=owner, lease_expires=now + ttl)
-            )
+            result = await conn.execute(take_lease(queue, group, kind, owner, ttl=ttl, now=now))
             if result.rowcount == 1:
                 return
-            holder = (
-                await conn.execute(sa.select(g.c.lease_kind, g.c.lease_owner).where(this))
-            ).first()
+            holder = (await conn.execute(lease_holder(queue, group))).first()
         if holder is None:
             raise GroupNotFound(queue, group)
         raise GroupLeased(
@@ -62,13 +50,8 @@ class LeaseOps(StoreBase):
 
     async def release_group_lease(self, queue: str, group: str, owner: str) -> None:
         """Give the group up, if ``owner`` holds it."""
-        g = kg_groups
         async with self.transaction() as conn:
-            await conn.execute(
-                sa.update(g)
-                .where(g.c.queue == queue, g.c.group_name == group, g.c.lease_owner == owner)
-                .values(lease_kind=None, lease_owner=None, lease_expires=None)
-            )
+            await conn.execute(release_lease(queue, group, owner))
 
     async def acquire_gateway_lease(
         self, name: str, holder: str, *, ttl: float, epoch: int | None = None

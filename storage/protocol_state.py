@@ -13,8 +13,9 @@ from collections.abc import Iterable
 
 import sqlalchemy as sa
 
-from storage.base import StoreBase, upsert
+from storage.base import StoreBase
 from storage.schema import kg_amqp_exchanges, kg_mqtt_sessions
+from storage.statements import upsert
 
 
 def _encode_ids(packet_ids: frozenset[int]) -> str:

@@ -41,7 +41,7 @@ from core.errors import (
     StorageUnavailable,
 )
 from core.model import Message
-from storage.base import Allocation, upsert
+from storage.base import Allocation
 from storage.batcher import GroupCommitter
 from storage.codec import message_from_row, salvage_message, with_seq
 from storage.consumer import ConsumerOps
@@ -51,6 +51,7 @@ from storage.leases import LeaseOps
 from storage.migrate import migrate
 from storage.protocol_state import ProtocolStateOps
 from storage.schema import kg_dedup, kg_group_offsets, kg_groups, kg_messages
+from storage.statements import upsert
 from storage.writer import WriterThread
 
 _log = logging.getLogger("keygate.storage")
