@@ -84,3 +84,31 @@ def test_protocol_machines_do_no_io() -> None:
             continue
         io = _imports(path) & IO_MODULES
         assert not io, f"{name} imports {io}: I/O belongs in the listener"
+
+
+# Every protocol package is laid out alike (STYLE.md "Protocols: sans-IO"): its events,
+# its errors with the map from keygate errors to wire codes, the codec, the connection
+# state machine, the mapping to keygate's model, and the listener.
+PROTOCOL_FILES = {
+    "events.py",
+    "errors.py",
+    "codec.py",
+    "connection.py",
+    "mapping.py",
+    "listener.py",
+}
+PROTOCOL_PACKAGES = sorted(
+    path.parent.name
+    for path in (ROOT / "protocols").glob("*/__init__.py")
+    if not path.parent.name.startswith("_")
+)
+
+
+def test_the_protocol_packages_are_the_four_protocols() -> None:
+    assert PROTOCOL_PACKAGES == ["amqp", "mqtt", "native", "stomp"]
+
+
+@pytest.mark.parametrize("package", PROTOCOL_PACKAGES)
+def test_every_protocol_package_has_the_same_files(package: str) -> None:
+    present = {path.name for path in (ROOT / "protocols" / package).glob("*.py")}
+    assert not PROTOCOL_FILES - present, f"protocols/{package} lacks {PROTOCOL_FILES - present}"
