@@ -29,6 +29,7 @@ import psycopg
 from psycopg import sql
 from sqlalchemy.engine import make_url
 
+from benchmarks.cpu import cpu_per_100k, cpu_text
 from gateway.client import Client
 
 PAYLOAD = os.urandom(1024)
@@ -160,13 +161,18 @@ def peak_rss_mb(pid: int) -> float:
 
 
 async def run(
-    url: str, messages: int, partitions: int, rate: int | None, keys: int
-) -> dict[str, float]:
+    url: str, pid: int, messages: int, partitions: int, rate: int | None, keys: int
+) -> dict[str, float | None]:
     queue = "bench-" + uuid.uuid4().hex[:8]
     async with Client(url) as admin:
         await admin.declare_queue(queue, partitions=partitions)
-    out = {"publish_msgs_s": await publish_rate(url, queue, messages, keys)}
-    out["consume_msgs_s"] = await consume_rate(url, queue, messages)
+    out: dict[str, float | None] = {}
+    out["publish_msgs_s"], out["publish_cpu"] = await cpu_per_100k(
+        pid, messages, publish_rate(url, queue, messages, keys)
+    )
+    out["consume_msgs_s"], out["consume_cpu"] = await cpu_per_100k(
+        pid, messages, consume_rate(url, queue, messages)
+    )
     if rate is not None:
         out["p50_ms"], out["p99_ms"] = await latency(url, queue, rate, 5.0)
     return out
@@ -189,12 +195,14 @@ def main() -> None:
         for name, db in targets.items():
             with gateway(db) as (url, pid):
                 rate = None if args.no_latency else args.rate
-                result = asyncio.run(run(url, args.messages, args.partitions, rate, args.keys))
+                result = asyncio.run(run(url, pid, args.messages, args.partitions, rate, args.keys))
                 rss = peak_rss_mb(pid)
                 line = (
                     f"{name:10s} {args.partitions} partitions, {args.keys} keys | publish "
-                    f"{result['publish_msgs_s']:8.0f} msg/s (confirmed, {IN_FLIGHT} in flight) | "
-                    f"consume {result['consume_msgs_s']:8.0f} msg/s (client acks)"
+                    f"{result['publish_msgs_s']:8.0f} msg/s (confirmed, {IN_FLIGHT} in flight)"
+                    f"{cpu_text(result['publish_cpu'])} | consume "
+                    f"{result['consume_msgs_s']:8.0f} msg/s (client acks)"
+                    f"{cpu_text(result['consume_cpu'])}"
                 )
                 if rate is not None:
                     line += (

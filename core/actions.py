@@ -18,13 +18,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from core.frozen import frozen
 from core.model import AckMode, DeadLetterReason, FlowState, Message, PartitionState
 
 SeqRanges = tuple[tuple[int, int], ...]
 """Inclusive, sorted, non-overlapping, non-adjacent (lo, hi) ranges of seqs."""
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Deliver:
     flow_id: str
     message: Message

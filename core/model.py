@@ -16,6 +16,7 @@ from enum import StrEnum
 from typing import Final, TypeAlias
 
 from core.errors import InvalidArgument
+from core.frozen import frozen
 
 PropertyValue: TypeAlias = str | int | float | bool | bytes
 Properties: TypeAlias = Mapping[str, PropertyValue]
@@ -262,7 +263,7 @@ class GroupConfig:
             raise InvalidArgument("ack_timeout must be > 0 or None")
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Message:
     """A stored message. ``seq`` is strictly increasing within (queue, partition)."""
 
@@ -322,7 +323,7 @@ class Message:
         return size
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Publication:
     """What a publisher hands to the gateway, before routing (DESIGN.md §3).
 

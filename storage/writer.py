@@ -8,7 +8,9 @@ clock at 1,000 msg/s while its SQL took well under one (and, SQLite having one w
 every other write queued behind it). The hot transactions (appends, ack offsets) run
 instead as one plain function on a dedicated thread that owns one blocking connection
 (sqlite3, or psycopg on PostgreSQL): the loop hands the function over and is woken once,
-when it has committed.
+when it has committed. The hand-over is a ``queue.SimpleQueue`` and the wake-up one
+``call_soon_threadsafe``: half the CPU of ``run_in_executor``'s round trip (21 against
+43 µs under uvloop), which a lone publish pays once per commit.
 
 The connection is kept for the life of the store. A connection the database dropped
 (restart, failover, an idle-connection killer) fails the transaction's first statement;
@@ -21,15 +23,27 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import queue
+import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 
 T = TypeVar("T")
 
 Body = Callable[[sa.Connection], T]
+# A job: the loop and future to wake, and the function to run on the writer thread.
+_Job = tuple[asyncio.AbstractEventLoop, "asyncio.Future[Any]", Callable[[], Any]]
+
+
+def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    if future.cancelled():
+        return  # the caller gave up waiting; the transaction ran (or failed) regardless
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
 
 
 class WriterThread:
@@ -37,23 +51,51 @@ class WriterThread:
 
     def __init__(self, engine: sa.Engine, *, name: str = "kg-writer") -> None:
         self._engine = engine
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
         self._conn: sa.Connection | None = None
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._closing = False
+        # A daemon: a store nobody closed must not keep the interpreter alive.
+        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self._thread.start()
 
     async def run(self, first: Body[None], body: Body[T]) -> T:
         """Run ``first`` then ``body`` in one transaction on the writer thread and commit;
         returns what ``body`` returned. ``first`` is the transaction's first statement: if
         it finds the connection dropped, the transaction is tried once more on a new one.
         Driver errors propagate as SQLAlchemy raised them."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self._transaction, first, body)
+        result: T = await self._call(lambda: self._transaction(first, body))
+        return result
 
     async def close(self) -> None:
-        """Wait for the transaction in progress, then close the connection and the engine
+        """Wait for the transactions handed over, then close the connection and the engine
         (on the writer thread: an sqlite3 connection may only be closed by its thread)."""
+        if self._closing:
+            return
+        future = self._call(self._shut_down)
+        self._closing = True
+        await future
+        self._jobs.put(None)
+        await asyncio.to_thread(self._thread.join)
+
+    def _call(self, function: Callable[[], Any]) -> asyncio.Future[Any]:
+        if self._closing:
+            raise RuntimeError("the writer thread is closed")
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._executor, self._shut_down)
-        self._executor.shutdown(wait=True)
+        future = loop.create_future()
+        self._jobs.put((loop, future, function))
+        return future
+
+    def _serve(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            loop, future, function = job
+            result, error = None, None
+            try:
+                result = function()
+            except BaseException as e:  # handed to the caller, as run_in_executor does
+                error = e
+            with contextlib.suppress(RuntimeError):  # the caller's loop is closed
+                loop.call_soon_threadsafe(_settle, future, result, error)
+            del job, result, error  # no reference to the last result while idle
 
     def _shut_down(self) -> None:
         self._disconnect()

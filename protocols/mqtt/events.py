@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Final, TypeAlias
 
+from core.frozen import frozen
+
 MQTT_3_1_1: Final = 4
 MQTT_5: Final = 5
 
@@ -92,7 +94,7 @@ class ConnectReturnCode(IntEnum):
     NOT_AUTHORIZED = 5
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class MqttProperties:
     """MQTT 5 properties (§2.2.2.2). None / empty = absent."""
 
@@ -158,7 +160,7 @@ class ConnAck:
     properties: MqttProperties = NO_PROPERTIES
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Publish:
     topic: str
     payload: bytes = b""
@@ -169,7 +171,7 @@ class Publish:
     properties: MqttProperties = NO_PROPERTIES
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class PubAck:
     packet_id: int
     reason_code: int = 0

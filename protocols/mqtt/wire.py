@@ -13,7 +13,7 @@ from enum import Enum
 from typing import Final
 
 from protocols.mqtt.errors import MalformedPacket, MqttProtocolError
-from protocols.mqtt.events import MqttProperties, PacketType
+from protocols.mqtt.events import NO_PROPERTIES, MqttProperties, PacketType
 
 MAX_VBI: Final = 268_435_455
 
@@ -234,6 +234,8 @@ def read_properties(reader: Reader, packet_type: int) -> MqttProperties:
             values[name] = value
     for name, items in repeated.items():
         values[name] = tuple(items)
+    if not values:
+        return NO_PROPERTIES  # most packets carry none: no object to build
     return MqttProperties(**values)  # type: ignore[arg-type]
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Final, TypeAlias
 
+from core.frozen import frozen
 from core.model import AckMode, GroupMode, KeyOrder, Properties, StartPosition
 
 PROTOCOL_VERSION: Final = 1
@@ -93,7 +94,7 @@ class HelloOk:
     max_frame: int
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class Publish:
     """Exactly one of ``queue`` and ``topic`` is set (checked by the gateway)."""
 
@@ -111,7 +112,7 @@ class Publish:
     reply_to: str | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class PublishOk:
     """Sent after commit. A topic publish copied into N queues has N ids."""
 
@@ -147,7 +148,7 @@ class BindOk:
     window: int
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@frozen(kw_only=True)
 class Deliver:
     request_id: int = 0
     flow_id: str

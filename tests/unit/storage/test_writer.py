@@ -3,8 +3,9 @@ whole, and a connection found dropped at the first statement replaced once."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -103,3 +104,27 @@ async def test_a_connection_that_stays_dropped_fails_the_transaction(
     assert bodies == [] and _values(reader) == []
     await thread.run(_nothing, lambda conn: conn.exec_driver_sql("INSERT INTO t VALUES (8)"))
     assert _values(reader) == [8]
+
+
+async def test_close_lets_the_transactions_handed_over_commit_then_ends_the_thread(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite:///{tmp_path / 'c.db'}"
+    reader = sync_engine(url)
+    with reader.begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE t (v INTEGER)")
+    thread = WriterThread(sync_engine(url), name="kg-writer-close")
+
+    def insert(value: int) -> Callable[[sa.Connection], None]:
+        return lambda conn: conn.exec_driver_sql("INSERT INTO t VALUES (?)", (value,))
+
+    runs = [asyncio.ensure_future(thread.run(_nothing, insert(v))) for v in range(3)]
+    await asyncio.sleep(0)  # the three are handed over before close
+    await thread.close()
+    await asyncio.gather(*runs)
+    assert _values(reader) == [0, 1, 2]
+    with pytest.raises(RuntimeError, match="closed"):
+        await thread.run(_nothing, insert(3))
+    assert "kg-writer-close" not in [t.name for t in threading.enumerate()]
+    await thread.close()  # a second close is a no-op
+    reader.dispose()

@@ -1,0 +1,39 @@
+"""``frozen``: the dataclass decorator of the value classes built for every message.
+
+A ``@dataclass(frozen=True)`` pays one ``object.__setattr__`` call per field in its
+``__init__``: 1.9 µs for 18 fields against 0.3 µs for a plain slotted dataclass (CPython
+3.11), and a publish passes through four such objects on its way in (the decoded event, a
+``Publication``, a ``Message`` and the ``Message`` with its seq), a delivery through two
+or three. In the gateway's profiles those ``__init__``s were 15 to 17 % of all samples.
+
+``frozen`` builds a plain slotted dataclass whose hash is computed from its fields, as a
+frozen one's is, and tells type checkers (PEP 681, ``frozen_default``) that its instances
+are frozen: mypy rejects an assignment to a field exactly as it does for
+``frozen=True``. What is given up is only the runtime check against code that bypasses
+the type checker. Everything not on the per-message path stays
+``@dataclass(frozen=True, slots=True)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar, dataclass_transform, overload
+
+T = TypeVar("T")
+
+__all__ = ["frozen"]
+
+
+@overload
+def frozen(cls: type[T], /) -> type[T]: ...
+@overload
+def frozen(*, kw_only: bool = False) -> Callable[[type[T]], type[T]]: ...
+
+
+@dataclass_transform(frozen_default=True)
+def frozen(cls: type[T] | None = None, /, *, kw_only: bool = False) -> Any:
+    def build(c: type[T]) -> type[T]:
+        return dataclass(slots=True, unsafe_hash=True, kw_only=kw_only)(c)
+
+    return build if cls is None else build(cls)
