@@ -211,6 +211,20 @@ class Outbox:
                 log.exception("auto-ack of flow %s failed", flow_id)
 
 
+async def send_heartbeats(outbox: Outbox, frame: bytes, period: Callable[[], float | None]) -> None:
+    """A connection's heartbeat task: push ``frame`` whenever nothing has been written for
+    half of ``period()`` seconds, the longest silence the peer accepts (None: no
+    heartbeats for now, asked again every second), so the peer hears from us well within
+    it; checked four times a period."""
+    loop = asyncio.get_running_loop()
+    while True:
+        every = period()
+        await asyncio.sleep(every / 4 if every else 1.0)
+        every = period()
+        if every and loop.time() - outbox.last_sent >= every / 2:
+            outbox.push(frame)
+
+
 async def publish_receipts(
     sink: Sink,
     principal: Principal,
@@ -279,4 +293,5 @@ __all__ = [
     "keep_alive",
     "publish_in_order",
     "publish_receipts",
+    "send_heartbeats",
 ]

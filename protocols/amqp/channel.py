@@ -13,7 +13,7 @@ from protocols.amqp.constants import ReplyCode
 from protocols.amqp.consumers import ChannelConsumers
 from protocols.amqp.errors import AmqpChannelError, AmqpConnectionError
 from protocols.amqp.events import Publish
-from protocols.amqp.properties import to_publication
+from protocols.amqp.mapping import to_publication
 
 
 class ChannelState(Enum):

@@ -2,31 +2,28 @@
 asyncio listener."""
 
 from protocols.stomp.codec import Codec
-from protocols.stomp.connection import (
-    HEARTBEAT,
-    Commit,
-    Connect,
-    Disconnect,
-    Event,
-    Publish,
-    ReceiptRequest,
-    ServerConnection,
-    Settle,
-    State,
-    Subscribe,
-    Unsubscribe,
-)
-from protocols.stomp.frames import (
-    SUPPORTED_VERSIONS,
-    Frame,
+from protocols.stomp.connection import HEARTBEAT, ServerConnection, State
+from protocols.stomp.errors import (
     FrameTooLarge,
     InvalidDestination,
     InvalidFrame,
     StompProtocolError,
     TransactionTooLarge,
     UnsupportedVersion,
-    Version,
+    error_message,
 )
+from protocols.stomp.events import (
+    Commit,
+    Connect,
+    Disconnect,
+    Event,
+    Publish,
+    ReceiptRequest,
+    Settle,
+    Subscribe,
+    Unsubscribe,
+)
+from protocols.stomp.frames import SUPPORTED_VERSIONS, Frame, Version
 from protocols.stomp.listener import StompListener
 from protocols.stomp.mapping import publication_from_send
 
@@ -54,5 +51,6 @@ __all__ = [
     "Unsubscribe",
     "UnsupportedVersion",
     "Version",
+    "error_message",
     "publication_from_send",
 ]

@@ -21,14 +21,8 @@ from __future__ import annotations
 from typing import Final
 
 from protocols._limits import parse_decimal
-from protocols.stomp.frames import (
-    UNESCAPED_COMMANDS,
-    Frame,
-    FrameTooLarge,
-    InvalidFrame,
-    StompProtocolError,
-    Version,
-)
+from protocols.stomp.errors import FrameTooLarge, InvalidFrame, StompProtocolError
+from protocols.stomp.frames import UNESCAPED_COMMANDS, Frame, Version
 
 DEFAULT_MAX_FRAME_SIZE: Final = 5 * 1024 * 1024 + 64 * 1024
 DEFAULT_MAX_HEADERS: Final = 128

@@ -1,12 +1,13 @@
 """The sans-IO STOMP server connection: frames in, requests for the gateway out.
 
-How it works: ``receive_data`` feeds the codec; ``next_event`` turns the next client frame
-into one of the events below, or buffers it (a SEND inside a transaction), or raises a
-``StompProtocolError`` carrying the ``receipt-id`` the ERROR frame must echo. Which
-commands a state accepts is data (``_ACCEPTS``). The caller answers with the methods that
-return bytes: ``connected`` after authentication, ``receipt`` once the work a frame asked
+How it works (h11-style): ``receive_data`` feeds the codec; ``next_event`` turns the next
+client frame into one of the events of ``protocols.stomp.events``, or buffers it (a SEND
+inside a transaction), or raises a ``StompProtocolError`` carrying the ``receipt-id`` the
+ERROR frame must echo. Which commands a state accepts is data (``_ACCEPTS``). The caller
+answers with ``connected`` after authentication, ``receipt`` once the work a frame asked
 for is committed, ``error`` for any failure (the connection is then closed, as STOMP says
-after an ERROR frame), ``HEARTBEAT`` for an idle line.
+after an ERROR frame); their frames accumulate in ``data_to_send()``, as the MQTT and AMQP
+connections' do. ``HEARTBEAT`` is the idle line.
 
 Transactions live here: BEGIN opens a buffer, transactional SENDs go into it, COMMIT hands
 the whole buffer to the caller as one ``Commit`` (stored with ``Sink.publish_many``, one
@@ -19,37 +20,32 @@ encodes a delivery as a MESSAGE frame.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from enum import Enum
-from typing import Final, TypeAlias
+from typing import Final
 
 from core.actions import Deliver
-from core.errors import (
-    AuthenticationFailed,
-    AuthError,
-    KeygateError,
-    MessageTooLarge,
-    NoRoute,
-    NotFound,
-    PermissionDenied,
-    QueueFull,
-    StorageError,
-    Unavailable,
-)
+from core.errors import KeygateError
 from core.model import Publication
 from protocols._limits import DEFAULT_MAX_LOGIN_FRAME, parse_decimal
 from protocols.stomp.codec import DEFAULT_MAX_FRAME_SIZE, DEFAULT_MAX_HEADERS, Codec
-from protocols.stomp.frames import (
-    SUPPORTED_VERSIONS,
-    Frame,
+from protocols.stomp.errors import (
     InvalidFrame,
     StompProtocolError,
     TransactionTooLarge,
     UnsupportedVersion,
-    Version,
+    error_message,
 )
+from protocols.stomp.events import (
+    Commit,
+    Connect,
+    Disconnect,
+    Event,
+    Publish,
+    ReceiptRequest,
+)
+from protocols.stomp.frames import SUPPORTED_VERSIONS, Frame, Version
 from protocols.stomp.mapping import publication_from_send
-from protocols.stomp.subscriptions import Settle, Subscribe, Subscriptions, Unsubscribe
+from protocols.stomp.subscriptions import Subscriptions
 
 HEARTBEAT: Final = b"\n"
 MAX_OPEN_TRANSACTIONS: Final = 64
@@ -77,74 +73,6 @@ _ACCEPTS: Final = {
     State.CONNECTED: frozenset({"SEND", "BEGIN", "COMMIT", "ABORT", "DISCONNECT"}) | _CONSUMING,
     State.CLOSED: frozenset[str](),
 }
-
-
-@dataclass(frozen=True, slots=True)
-class Connect:
-    """CONNECT or STOMP, version already negotiated; authenticate, then ``connected()``."""
-
-    version: Version
-    login: str | None
-    passcode: str | None
-    host: str | None
-    heartbeat: tuple[int, int]
-    client_id: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Publish:
-    """A SEND outside any transaction."""
-
-    publication: Publication
-    receipt: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class Commit:
-    """COMMIT: every SEND of the transaction, in order, to be stored atomically."""
-
-    transaction: str
-    publications: tuple[Publication, ...]
-    receipt: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class ReceiptRequest:
-    """A frame with nothing to store (BEGIN, ABORT, a transactional SEND) asked a receipt."""
-
-    receipt: str
-
-
-@dataclass(frozen=True, slots=True)
-class Disconnect:
-    receipt: str | None
-
-
-Event: TypeAlias = (
-    Connect | Publish | Commit | ReceiptRequest | Disconnect | Subscribe | Unsubscribe | Settle
-)
-
-# The ERROR frame's short ``message`` header for each gateway error.
-_ERROR_MESSAGES: Final[tuple[tuple[type[KeygateError], str], ...]] = (
-    (NoRoute, "unknown destination"),
-    (NotFound, "unknown destination"),
-    (AuthenticationFailed, "authentication failed"),
-    (PermissionDenied, "not authorized"),
-    (AuthError, "not authorized"),
-    (MessageTooLarge, "message too large"),
-    (QueueFull, "queue full"),
-    (StorageError, "storage failure"),
-    (Unavailable, "server unavailable"),
-)
-
-
-def _error_message(exc: KeygateError) -> str:
-    if isinstance(exc, StompProtocolError):
-        return exc.stomp_message
-    for cls, text in _ERROR_MESSAGES:
-        if isinstance(exc, cls):
-            return text
-    return "rejected"
 
 
 def _negotiate(frame: Frame) -> Version:
@@ -203,9 +131,19 @@ class ServerConnection:
         self._transactions: dict[str, list[Publication]] = {}
         self._transaction_bytes = 0
         self.subscriptions = Subscriptions()
+        self._out = bytearray()
 
     def receive_data(self, data: bytes) -> None:
         self.codec.receive_data(data)
+
+    def data_to_send(self) -> bytes:
+        """The frames produced since the last call, in order."""
+        data = bytes(self._out)
+        self._out.clear()
+        return data
+
+    def _send_frame(self, frame: Frame) -> None:
+        self._out += self.codec.send(frame)
 
     def next_event(self) -> Event | None:
         """The next event, None when more bytes are needed, or a StompProtocolError."""
@@ -307,8 +245,8 @@ class ServerConnection:
         self._transactions.clear()
         self._transaction_bytes = 0
 
-    def connected(self, session: str) -> bytes:
-        """The CONNECTED frame; fixes the heart-beat intervals both ways.
+    def connected(self, session: str) -> None:
+        """Send CONNECTED; fixes the heart-beat intervals both ways.
 
         The producer of every message is ``stomp:<client-id>`` when CONNECT named one (so
         that ``message-id`` dedup spans reconnects), else ``stomp:<session>``.
@@ -327,20 +265,21 @@ class ServerConnection:
                 self.send_interval = max(sx, cy) / 1000.0
             if cx and sy:
                 self.receive_timeout = max(cx, sy) * HEARTBEAT_TOLERANCE / 1000.0
-        return self.codec.send(Frame("CONNECTED", tuple(headers)))
+        self._send_frame(Frame("CONNECTED", tuple(headers)))
 
-    def message(self, subscription: str, delivery: Deliver) -> bytes:
-        """The MESSAGE frame of one delivery to ``subscription`` (remembered for its ACK)."""
+    def message(self, subscription: str, delivery: Deliver) -> None:
+        """Send one delivery to ``subscription`` as a MESSAGE frame (remembered for its
+        ACK); raises, sending nothing, when the frame cannot carry it."""
         frame = self.subscriptions.message(
             subscription, delivery.message, delivery.delivery_count, delivery.redelivered
         )
-        return self.codec.send(frame)
+        self._send_frame(frame)
 
-    def receipt(self, receipt_id: str) -> bytes:
-        return self.codec.send(Frame("RECEIPT", (("receipt-id", receipt_id),)))
+    def receipt(self, receipt_id: str) -> None:
+        self._send_frame(Frame("RECEIPT", (("receipt-id", receipt_id),)))
 
-    def error(self, exc: KeygateError, receipt_id: str | None = None) -> bytes:
-        """The ERROR frame for ``exc``; the connection is closed from now on."""
+    def error(self, exc: KeygateError, receipt_id: str | None = None) -> None:
+        """Send the ERROR frame for ``exc``; the connection is closed from now on."""
         self.state = State.CLOSED
         self._drop_transactions()
         if isinstance(exc, StompProtocolError):
@@ -349,7 +288,7 @@ class ServerConnection:
         else:
             extra = ()
         body = f"{exc.code}: {exc.message}\n".encode()
-        headers = [("message", _error_message(exc))]
+        headers = [("message", error_message(exc))]
         if receipt_id is not None:
             headers.append(("receipt-id", receipt_id))
         headers += [
@@ -357,20 +296,7 @@ class ServerConnection:
             ("content-type", "text/plain"),
             ("content-length", str(len(body))),
         ]
-        return self.codec.send(Frame("ERROR", tuple(headers), body))
+        self._send_frame(Frame("ERROR", tuple(headers), body))
 
 
-__all__ = [
-    "HEARTBEAT",
-    "Commit",
-    "Connect",
-    "Disconnect",
-    "Event",
-    "Publish",
-    "ReceiptRequest",
-    "ServerConnection",
-    "Settle",
-    "State",
-    "Subscribe",
-    "Unsubscribe",
-]
+__all__ = ["HEARTBEAT", "ServerConnection", "State"]

@@ -17,7 +17,8 @@ from core.model import Publication, validate_name
 from core.schedule import STOMP_DELAY_HEADER, delay_seconds
 from core.topics import normalize_topic
 from protocols._limits import parse_decimal
-from protocols.stomp.frames import Frame, InvalidDestination, InvalidFrame
+from protocols.stomp.errors import InvalidDestination, InvalidFrame
+from protocols.stomp.frames import Frame
 
 QUEUE_PREFIX: Final = "/queue/"
 TOPIC_PREFIX: Final = "/topic/"

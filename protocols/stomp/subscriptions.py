@@ -22,7 +22,9 @@ from typing import Final
 
 from core.model import GROUP_ID_PROPERTY, Message
 from protocols._limits import parse_decimal
-from protocols.stomp.frames import Frame, InvalidFrame, Version
+from protocols.stomp.errors import InvalidFrame
+from protocols.stomp.events import Settle, Subscribe, Unsubscribe
+from protocols.stomp.frames import Frame, Version
 from protocols.stomp.mapping import QUEUE_PREFIX, destination_of
 
 ACK_MODES: Final = frozenset({"auto", "client", "client-individual"})
@@ -31,38 +33,6 @@ DEFAULT_GROUP: Final = "default"
 PREFETCH_HEADERS: Final = ("activemq.prefetchSize", "prefetch-count")
 GROUP_HEADER: Final = "x-group"
 MAX_PREFETCH: Final = 2**31 - 1
-
-
-@dataclass(frozen=True, slots=True)
-class Subscribe:
-    """SUBSCRIBE to ``/queue/NAME``: bind a flow of ``group`` (DESIGN.md §5b)."""
-
-    subscription: str
-    queue: str
-    group: str
-    ack: str  # one of ACK_MODES
-    prefetch: int | None
-    receipt: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class Unsubscribe:
-    subscription: str
-    receipt: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class Settle:
-    """An ACK or NACK resolved to what it settles. ``cumulative``: every message of the
-    subscription in ``partition`` up to ``seq`` (ack mode ``client``)."""
-
-    subscription: str
-    message_id: str
-    partition: int
-    seq: int
-    ack: bool
-    cumulative: bool
-    receipt: str | None
 
 
 @dataclass(slots=True)
@@ -215,11 +185,4 @@ def _text(value: object) -> str:
     return str(value)
 
 
-__all__ = [
-    "ACK_MODES",
-    "DEFAULT_GROUP",
-    "Settle",
-    "Subscribe",
-    "Subscriptions",
-    "Unsubscribe",
-]
+__all__ = ["ACK_MODES", "DEFAULT_GROUP", "Subscriptions"]

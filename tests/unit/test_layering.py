@@ -58,11 +58,15 @@ def test_core_does_no_io() -> None:
         assert not io, f"{path.relative_to(ROOT)} imports {io}"
 
 
-# The asyncio side of protocols/: listeners and their helpers. Everything else there is
-# sans-IO (codecs, connection state machines, mappings), testable with bytes alone.
+# The asyncio side of protocols/: each package's listener and session (a connection's
+# sockets and its ordered work), the kit they share, and a few helpers of theirs.
+# Everything else there is sans-IO (codecs, connection state machines, mappings),
+# testable with bytes alone.
+PROTOCOL_ADAPTER_NAMES = {"listener.py", "session.py"}
 PROTOCOL_ADAPTERS = {
-    "protocols/_io.py",  # the shared outbox writer
+    "protocols/_io.py",  # the shared outbox writer, heartbeats, publish pipeline
     "protocols/_limits.py",  # the byte budget a reader waits on
+    "protocols/_queue.py",  # the ordered work queue between a reader and its worker
     "protocols/_tasks.py",  # the owner of a connection's tasks
     "protocols/sink.py",  # the Listener protocol's start() takes an ssl context
     "protocols/amqp/flows.py",
@@ -70,14 +74,41 @@ PROTOCOL_ADAPTERS = {
     "protocols/mqtt/pipeline.py",  # the publish worker
     "protocols/mqtt/stored_session.py",
     "protocols/native/requests.py",
-    "protocols/stomp/pipeline.py",
 }
 
 
 def test_protocol_machines_do_no_io() -> None:
     for path in sorted((ROOT / "protocols").rglob("*.py")):
         name = str(path.relative_to(ROOT))
-        if path.name == "listener.py" or name in PROTOCOL_ADAPTERS:
+        if path.name in PROTOCOL_ADAPTER_NAMES or name in PROTOCOL_ADAPTERS:
             continue
         io = _imports(path) & IO_MODULES
         assert not io, f"{name} imports {io}: I/O belongs in the listener"
+
+
+# Every protocol package is laid out alike (STYLE.md "Protocols: sans-IO"): its events,
+# its errors with the map from keygate errors to wire codes, the codec, the connection
+# state machine, the mapping to keygate's model, and the listener.
+PROTOCOL_FILES = {
+    "events.py",
+    "errors.py",
+    "codec.py",
+    "connection.py",
+    "mapping.py",
+    "listener.py",
+}
+PROTOCOL_PACKAGES = sorted(
+    path.parent.name
+    for path in (ROOT / "protocols").glob("*/__init__.py")
+    if not path.parent.name.startswith("_")
+)
+
+
+def test_the_protocol_packages_are_the_four_protocols() -> None:
+    assert PROTOCOL_PACKAGES == ["amqp", "mqtt", "native", "stomp"]
+
+
+@pytest.mark.parametrize("package", PROTOCOL_PACKAGES)
+def test_every_protocol_package_has_the_same_files(package: str) -> None:
+    present = {path.name for path in (ROOT / "protocols" / package).glob("*.py")}
+    assert not PROTOCOL_FILES - present, f"protocols/{package} lacks {PROTOCOL_FILES - present}"

@@ -58,6 +58,7 @@ def connected(version: str = "1.2", heartbeat: str = "0,0") -> ServerConnection:
     )
     assert isinstance(event, Connect)
     conn.connected("s1")
+    conn.data_to_send()  # the CONNECTED frame
     return conn
 
 
@@ -79,7 +80,8 @@ def test_version_is_the_highest_offered_and_absent_means_1_0(
     (event,) = events(conn, frame("STOMP", *headers))
     assert isinstance(event, Connect)
     assert event.version is chosen
-    reply = decode(conn.connected("abc"))
+    conn.connected("abc")
+    reply = decode(conn.data_to_send())
     assert reply.command == "CONNECTED"
     assert reply.header("version") == chosen.value
     assert reply.header("session") == "abc"
@@ -90,7 +92,8 @@ def test_no_common_version_is_an_error_listing_the_supported_ones() -> None:
     conn = ServerConnection()
     with pytest.raises(UnsupportedVersion) as info:
         events(conn, frame("CONNECT", ("accept-version", "2.0")))
-    reply = decode(conn.error(info.value))
+    conn.error(info.value)
+    reply = decode(conn.data_to_send())
     assert reply.command == "ERROR"
     assert reply.header("version") == "1.0,1.1,1.2"
     assert conn.state is State.CLOSED
@@ -167,7 +170,8 @@ def test_other_destinations_are_refused_with_the_receipt_id(destination: str) ->
     conn = connected()
     with pytest.raises(InvalidDestination) as info:
         events(conn, frame("SEND", ("destination", destination), ("receipt", "r7")))
-    reply = decode(conn.error(info.value))
+    conn.error(info.value)
+    reply = decode(conn.data_to_send())
     assert reply.header("message") == "unknown destination"
     assert reply.header("receipt-id") == "r7"
     assert reply.header("content-type") == "text/plain"
@@ -250,7 +254,8 @@ def test_subscribe_then_ack_become_consume_events() -> None:
     message = Message(
         message_id="m1", queue="q", partition=3, seq=9, key="k", payload=b"hi", publish_time=1.0
     )
-    sent = decode(conn.message("s1", Deliver("f", message, 2, True)))
+    conn.message("s1", Deliver("f", message, 2, True))
+    sent = decode(conn.data_to_send())
     assert sent.command == "MESSAGE"
     assert sent.header("x-partition") == "3" and sent.header("redelivered") == "true"
     (ack,) = events(conn, frame("ACK", ("id", sent.header("ack") or "")))
@@ -275,12 +280,15 @@ def test_disconnect_closes_and_drops_open_transactions() -> None:
 
 def test_gateway_errors_become_error_frames_with_body_and_length() -> None:
     conn = connected("1.1")
-    reply = decode(conn.error(QueueNotFound("orders"), "r2"), Version.V1_1)
+    conn.error(QueueNotFound("orders"), "r2")
+    reply = decode(conn.data_to_send(), Version.V1_1)
     assert reply.header("message") == "unknown destination"
     assert reply.header("receipt-id") == "r2"
     assert reply.body == b"queue-not-found: queue 'orders' does not exist\n"
     assert reply.header("content-length") == str(len(reply.body))
-    auth = decode(ServerConnection().error(AuthenticationFailed("bad\npassword")), Version.V1_0)
+    refused = ServerConnection()
+    refused.error(AuthenticationFailed("bad\npassword"))
+    auth = decode(refused.data_to_send(), Version.V1_0)
     assert auth.header("message") == "authentication failed"
 
 
@@ -309,4 +317,6 @@ def test_arbitrary_bytes_after_connect_raise_only_stomp_protocol_errors(
             while conn.next_event() is not None:
                 pass
     except StompProtocolError:
-        assert decode(conn.error(StompProtocolError("x"))).command == "ERROR"
+        conn.data_to_send()
+        conn.error(StompProtocolError("x"))
+        assert decode(conn.data_to_send()).command == "ERROR"

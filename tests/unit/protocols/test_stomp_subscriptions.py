@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from core.model import Message
-from protocols.stomp.frames import Frame, InvalidFrame, Version
+from protocols.stomp.errors import InvalidFrame
+from protocols.stomp.frames import Frame, Version
 from protocols.stomp.subscriptions import Subscriptions
 
 

@@ -1,0 +1,101 @@
+"""What the sans-IO STOMP connection hands its listener: one event per client frame that
+needs the gateway (a SEND inside a transaction is buffered until COMMIT)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TypeAlias
+
+from core.model import Publication
+from protocols.stomp.frames import Version
+
+
+@dataclass(frozen=True, slots=True)
+class Connect:
+    """CONNECT or STOMP, version already negotiated; authenticate, then ``connected()``."""
+
+    version: Version
+    login: str | None
+    passcode: str | None
+    host: str | None
+    heartbeat: tuple[int, int]
+    client_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Publish:
+    """A SEND outside any transaction."""
+
+    publication: Publication
+    receipt: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Commit:
+    """COMMIT: every SEND of the transaction, in order, to be stored atomically."""
+
+    transaction: str
+    publications: tuple[Publication, ...]
+    receipt: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ReceiptRequest:
+    """A frame with nothing to store (BEGIN, ABORT, a transactional SEND) asked a receipt."""
+
+    receipt: str
+
+
+@dataclass(frozen=True, slots=True)
+class Disconnect:
+    receipt: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Subscribe:
+    """SUBSCRIBE to ``/queue/NAME``: bind a flow of ``group`` (DESIGN.md §5b)."""
+
+    subscription: str
+    queue: str
+    group: str
+    ack: str  # one of ACK_MODES
+    prefetch: int | None
+    receipt: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Unsubscribe:
+    subscription: str
+    receipt: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Settle:
+    """An ACK or NACK resolved to what it settles. ``cumulative``: every message of the
+    subscription in ``partition`` up to ``seq`` (ack mode ``client``)."""
+
+    subscription: str
+    message_id: str
+    partition: int
+    seq: int
+    ack: bool
+    cumulative: bool
+    receipt: str | None
+
+
+Event: TypeAlias = (
+    Connect | Publish | Commit | ReceiptRequest | Disconnect | Subscribe | Unsubscribe | Settle
+)
+
+
+__all__ = [
+    "Commit",
+    "Connect",
+    "Disconnect",
+    "Event",
+    "Publish",
+    "ReceiptRequest",
+    "Settle",
+    "Subscribe",
+    "Unsubscribe",
+]
