@@ -79,7 +79,7 @@ class Broker(ProtocolState):
         *,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.store = store
+        self._store = store
         self.config = config
         self.metrics = metrics
         self.clock = clock
@@ -92,9 +92,9 @@ class Broker(ProtocolState):
         metrics.watch(self._queue_gauges, self._group_gauges, clock)
 
     async def start(self) -> None:
-        for queue in await self.store.list_queues():
+        for queue in await self._store.list_queues():
             self._remember(queue)
-        self.store.add_commit_listener(self._on_commit)
+        self._store.add_commit_listener(self._on_commit)
 
     async def close(self) -> None:
         """Flush every group's acks and stop the runtimes."""
@@ -124,17 +124,17 @@ class Broker(ProtocolState):
     async def create_queue(self, config: QueueConfig, *, exist_ok: bool = False) -> QueueConfig:
         for pattern in config.subscriptions:
             validate_pattern(pattern)
-        stored = await self.store.create_queue(config, exist_ok=exist_ok)
+        stored = await self._store.create_queue(config, exist_ok=exist_ok)
         self._remember(stored)
         if stored.dlq_name:
-            self._remember(await self.store.get_queue(stored.dlq_name))
+            self._remember(await self._store.get_queue(stored.dlq_name))
         return stored
 
     async def alter_queue(self, name: str, **changes: object) -> QueueConfig:
-        stored = await self.store.alter_queue(name, **changes)
+        stored = await self._store.alter_queue(name, **changes)
         self._remember(stored)
         if stored.dlq_name and stored.dlq_name not in self._queues:
-            self._remember(await self.store.get_queue(stored.dlq_name))
+            self._remember(await self._store.get_queue(stored.dlq_name))
         for runtime in self.runtimes(name):
             runtime.reconfigure(stored)
         return stored
@@ -146,7 +146,7 @@ class Broker(ProtocolState):
             runtime = self.groups.unload(name, loaded.group.name)
             if runtime is not None:
                 await runtime.close(gone)
-        count = await self.store.delete_queue(name)
+        count = await self._store.delete_queue(name)
         old = self._queues.pop(name)
         for pattern in old.subscriptions:
             self._index.remove(pattern, name)
@@ -164,14 +164,14 @@ class Broker(ProtocolState):
         Raises QueueNotFound, AlreadyExists when a group of that name exists.
         """
         self.queue(config.queue)
-        group, _ = await self.store.create_group(config, exist_ok=False)
+        group, _ = await self._store.create_group(config, exist_ok=False)
         return group
 
     async def delete_group(self, queue: str, name: str) -> None:
         """Delete a group and its progress. Refused (Conflict) while consumers are bound,
         as Pulsar refuses to delete a subscription with consumers: a bound consumer would
         otherwise re-create the group on its next reconnect."""
-        await self.store.get_group(queue, name)
+        await self._store.get_group(queue, name)
         runtime = self.groups.running(queue, name)
         if runtime is not None and runtime.outputs:
             raise Conflict(
@@ -182,7 +182,7 @@ class Broker(ProtocolState):
             self.groups.unload(queue, name)
             await runtime.close()
         await self.groups.release_lease(queue, name)
-        await self.store.delete_group(queue, name)
+        await self._store.delete_group(queue, name)
 
     # --- Sink -----------------------------------------------------------------------
 
@@ -277,7 +277,7 @@ class Broker(ProtocolState):
             flat = [m for batch in batches for m in batch]
             self._appends_in_flight += len(flat)
             try:
-                stored = await self.store.append(flat, now=now, qos2=qos2)
+                stored = await self._store.append(flat, now=now, qos2=qos2)
             finally:
                 self._appends_in_flight -= len(flat)
         except KeygateError as e:
@@ -325,7 +325,7 @@ class Broker(ProtocolState):
     async def check_heads(self) -> None:
         """Let running groups see rows other writers appended (a Spark job's dead letters,
         a fenced-off gateway's last commits): one query for every queue with a group."""
-        advanced = await self.store.foreign_heads(queue for queue, _ in self.groups.items())
+        advanced = await self._store.foreign_heads(queue for queue, _ in self.groups.items())
         for queue, runtime in self.groups.items():
             if queue in advanced:
                 runtime.heads(advanced[queue])
@@ -353,24 +353,24 @@ class Broker(ProtocolState):
     async def purge_queue(self, principal: Principal, name: str) -> int:
         self.access.check_admin(principal)
         self.queue(name)
-        return await self.store.purge_queue(name)
+        return await self._store.purge_queue(name)
 
     async def queue_depth(self, principal: Principal, name: str) -> int:
         self.access.check_monitor(principal, name)
         self.queue(name)
-        return (await self.store.depth(name))[0]
+        return (await self._store.depth(name))[0]
 
     async def subscribe(self, principal: Principal, queue: str, pattern: str) -> None:
         self.access.check_admin(principal)
         self.queue(queue)
-        await self.store.add_subscription(queue, validate_pattern(pattern))
-        self._remember(await self.store.get_queue(queue))
+        await self._store.add_subscription(queue, validate_pattern(pattern))
+        self._remember(await self._store.get_queue(queue))
 
     async def unsubscribe(self, principal: Principal, queue: str, pattern: str) -> None:
         self.access.check_admin(principal)
         self.queue(queue)
-        await self.store.remove_subscription(queue, pattern)
-        self._remember(await self.store.get_queue(queue))
+        await self._store.remove_subscription(queue, pattern)
+        self._remember(await self._store.get_queue(queue))
 
     # --- consumers --------------------------------------------------------------------
 
@@ -469,7 +469,7 @@ class Broker(ProtocolState):
         return self.groups.runtimes(queue)
 
     def _group_gauges(self) -> Iterable[GroupGauge]:
-        return group_gauges(self.runtimes(), self.store.heads)
+        return group_gauges(self.runtimes(), self._store.heads)
 
     def _queue_gauges(self) -> Iterable[QueueGauge]:
-        return queue_gauges(self.queues(), self.runtimes(), self.store.depths)
+        return queue_gauges(self.queues(), self.runtimes(), self._store.depths)

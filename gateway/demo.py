@@ -216,9 +216,9 @@ def _owners(gateway: Gateway) -> dict[str, frozenset[int]]:
 
 
 async def _show(gateway: Gateway, title: str) -> None:
-    assert gateway.broker is not None
+    assert gateway.broker is not None and gateway.store is not None
     print(f"\n--- {title}")
-    print_inspection(await inspect_queue(gateway.broker, QUEUE))
+    print_inspection(await inspect_queue(gateway.broker, gateway.store, QUEUE))
 
 
 async def run_demo(messages: int = 3000) -> int:

@@ -19,6 +19,7 @@ from storage.redrive import redrive_batch
 
 if TYPE_CHECKING:
     from gateway.broker import Broker
+    from storage import SqlStore
 
 log = logging.getLogger("keygate.broker")
 
@@ -27,13 +28,19 @@ REDRIVE_BATCH: Final = 500
 
 
 async def reset_group(
-    broker: Broker, queue: str, name: str, target: ResetPosition, *, force: bool = False
+    broker: Broker,
+    store: SqlStore,
+    queue: str,
+    name: str,
+    target: ResetPosition,
+    *,
+    force: bool = False,
 ) -> dict[int, int]:
     """Move a group to ``target`` (keygate group reset). Refused (Conflict) while
     consumers are bound, unless ``force``: then the group's state machine is flushed and
     reloaded at the new position, and its consumers are bound again to the reloaded
     group with the partitions they held; what they had not acked is delivered anew."""
-    await broker.store.get_group(queue, name)
+    await store.get_group(queue, name)
     # Held while the group is rewritten, so a consumer binding meanwhile loads the group
     # after the reset, not before it.
     groups = broker.groups
@@ -50,7 +57,7 @@ async def reset_group(
         if runtime is not None:
             groups.unload(queue, name)
             await runtime.close()
-        positions = await broker.store.reset_group(queue, name, target)
+        positions = await store.reset_group(queue, name, target)
     if bound:
         assert runtime is not None
         reloaded = await groups.load(runtime.group)
@@ -79,13 +86,13 @@ async def reset_group(
 
 
 async def release_key(
-    broker: Broker, queue: str, name: str, key: str, *, skip: bool = False
+    broker: Broker, store: SqlStore, queue: str, name: str, key: str, *, skip: bool = False
 ) -> list[int]:
     """Let a parked key of the group flow again (on_dead_letter = park_key); with
     ``skip`` its messages stored until now are dead-lettered first. Loads the group
     if it is not running here. Returns the partitions the key was parked in; raises
     GroupNotFound, KeyNotParked."""
-    runtime = await broker.groups.load(await broker.store.get_group(queue, name))
+    runtime = await broker.groups.load(await store.get_group(queue, name))
     partitions = [p.partition for p in runtime.parked_keys() if p.key == key]
     runtime.release_key(key, skip=skip)
     await runtime.flush()  # the release (and any skipped letters) is in SQL on return
@@ -102,6 +109,7 @@ async def release_key(
 
 async def redrive(
     broker: Broker,
+    store: SqlStore,
     principal: Principal,
     dlq: str,
     *,
@@ -117,7 +125,7 @@ async def redrive(
     broker.queue(dlq)
     if to is not None:
         broker.queue(to)
-    keys = sorted((dlq, g.name) for g in await broker.store.list_groups(dlq))
+    keys = sorted((dlq, g.name) for g in await store.list_groups(dlq))
     async with contextlib.AsyncExitStack() as stack:
         for k in keys:
             await stack.enter_async_context(broker.groups.lock(*k))
@@ -132,7 +140,7 @@ async def redrive(
         while limit is None or moved < limit:
             now = broker.clock()
             batch = await redrive_batch(
-                broker.store,
+                store,
                 dlq,
                 to=to,
                 key=key,

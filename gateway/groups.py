@@ -96,7 +96,7 @@ class Groups:
         budget = self._config.gateway_buffer_bytes // max(1, len(self._runtimes))
         budget = max(1, min(self._config.group_buffer_bytes, budget))
         for runtime in self._runtimes.values():
-            runtime.machine.set_buffer_bytes(budget)
+            runtime.set_buffer_bytes(budget)
 
     def running(self, queue: str, group: str) -> GroupRuntime | None:
         return self._runtimes.get((queue, group))

@@ -22,6 +22,7 @@ from typing import Final
 
 from core.errors import KeygateError
 from gateway.broker import Broker
+from storage import SqlStore
 
 log = logging.getLogger("keygate.housekeeping")
 
@@ -32,8 +33,11 @@ HEAD_CHECK_INTERVAL: Final = 0.5
 
 
 class Housekeeping:
-    def __init__(self, broker: Broker, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, broker: Broker, store: SqlStore, *, clock: Callable[[], float] = time.time
+    ) -> None:
         self.broker = broker
+        self.store = store
         self._clock = clock
         self._task: asyncio.Task[None] | None = None
         # Set by another writer's notification (PostgreSQL): check the heads at the next tick.
@@ -52,7 +56,7 @@ class Housekeeping:
 
     async def _run(self) -> None:
         try:
-            stop_listening = await self.broker.store.listen_heads(self._hint)
+            stop_listening = await self.store.listen_heads(self._hint)
         except KeygateError as e:
             log.warning("cannot listen for other writers' appends (polling only): %s", e)
         else:
@@ -64,7 +68,7 @@ class Housekeeping:
         await self._loop()
 
     async def _loop(self) -> None:
-        broker, store = self.broker, self.broker.store
+        broker, store = self.broker, self.store
         interval = broker.config.ack_flush_interval
         retention_every = max(1, round(broker.config.retention_interval / interval))
         heads_every = max(1, round(HEAD_CHECK_INTERVAL / interval))
@@ -93,7 +97,7 @@ class Housekeeping:
         for queue in self.broker.queues():
             if queue.max_depth_messages is None and queue.max_depth_bytes is None:
                 continue
-            messages, size = await self.broker.store.depth(queue.name)
+            messages, size = await self.store.depth(queue.name)
             if (queue.max_depth_messages and 2 * messages >= queue.max_depth_messages) or (
                 queue.max_depth_bytes and 2 * size >= queue.max_depth_bytes
             ):
@@ -107,4 +111,4 @@ class Housekeeping:
             for flow in runtime.status().flows
         }
         if pending:
-            await self.broker.store.update_flow_pending(pending, now=self._clock())
+            await self.store.update_flow_pending(pending, now=self._clock())

@@ -65,6 +65,7 @@ from gateway.console import STATIC_DIR
 from gateway.inspect import inspect_queue, queue_summary
 from gateway.openapi import openapi_document, package_version
 from protocols.sink import Principal, peer_identity
+from storage import SqlStore
 
 log = logging.getLogger("keygate.http")
 
@@ -208,8 +209,11 @@ class AdminServer:
 
     name = "http"
 
-    def __init__(self, broker: Broker, *, ports: Mapping[str, int] | None = None) -> None:
+    def __init__(
+        self, broker: Broker, store: SqlStore, *, ports: Mapping[str, int] | None = None
+    ) -> None:
         self.broker = broker
+        self.store = store
         # The gateway's bound ports by listener, filled in as its listeners start.
         self._ports = ports if ports is not None else {}
         app = web.Application(
@@ -299,7 +303,7 @@ class AdminServer:
                 "role": "active",
                 "version": package_version(),
                 "python": platform.python_version(),
-                "database": self.broker.store.engine.dialect.name,
+                "database": self.store.engine.dialect.name,
                 "listeners": dict(self._ports),
                 "queues": len(self.broker.queues()),
                 "groups_loaded": len(self.broker.runtimes()),
@@ -313,7 +317,7 @@ class AdminServer:
         self.broker.access.check_monitor(_principal(request), "*")
         metrics = self.broker.metrics
         try:
-            await metrics.refresh_oldest(self.broker.store.oldest_waiting)
+            await metrics.refresh_oldest(self.store.oldest_waiting)
         except KeygateError as e:
             log.warning("/metrics: oldest message ages not refreshed (%s)", e)
         return web.Response(body=metrics.render(), content_type="text/plain")
@@ -321,7 +325,7 @@ class AdminServer:
     async def _list(self, request: web.Request) -> web.Response:
         principal = _principal(request)
         out = [
-            await queue_summary(self.broker, q)
+            await queue_summary(self.store, q)
             for q in self.broker.queues()
             if self.broker.access.may_monitor(principal, q.name)
         ]
@@ -338,7 +342,7 @@ class AdminServer:
     async def _show(self, request: web.Request) -> web.Response:
         self.broker.access.check_monitor(_principal(request), request.match_info["name"])
         queue = self.broker.queue(request.match_info["name"])
-        return web.json_response(await queue_summary(self.broker, queue))
+        return web.json_response(await queue_summary(self.store, queue))
 
     async def _alter(self, request: web.Request) -> web.Response:
         changes = queue_settings(await _body(request))
@@ -357,13 +361,15 @@ class AdminServer:
 
     async def _inspect(self, request: web.Request) -> web.Response:
         self.broker.access.check_monitor(_principal(request), request.match_info["name"])
-        return web.json_response(await inspect_queue(self.broker, request.match_info["name"]))
+        return web.json_response(
+            await inspect_queue(self.broker, self.store, request.match_info["name"])
+        )
 
     async def _groups(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
         self.broker.access.check_monitor(_principal(request), name)
         self.broker.queue(name)
-        groups = await self.broker.store.list_groups(name)
+        groups = await self.store.list_groups(name)
         return web.json_response([group_json(g) for g in groups])
 
     async def _create_group(self, request: web.Request) -> web.Response:
@@ -389,6 +395,7 @@ class AdminServer:
             raise InvalidArgument("redrive takes optional to (str), key (str), limit (int >= 1)")
         result = await group_ops.redrive(
             self.broker,
+            self.store,
             _principal(request),
             request.match_info["name"],
             to=to,
@@ -405,7 +412,7 @@ class AdminServer:
         self.broker.access.check_admin(_principal(request))
         target = ResetPosition.parse(body["to"])
         positions = await group_ops.reset_group(
-            self.broker, name, group, target, force=body.get("force", False)
+            self.broker, self.store, name, group, target, force=body.get("force", False)
         )
         return web.json_response(
             {"queue": name, "group": group, "committed": {str(p): s for p, s in positions.items()}}
@@ -419,7 +426,9 @@ class AdminServer:
             raise InvalidArgument('a release takes an optional "skip" (bool)')
         self.broker.access.check_admin(_principal(request))
         skip = body.get("skip", False)
-        partitions = await group_ops.release_key(self.broker, name, group, key, skip=skip)
+        partitions = await group_ops.release_key(
+            self.broker, self.store, name, group, key, skip=skip
+        )
         return web.json_response(
             {"queue": name, "group": group, "key": key, "partitions": partitions, "skip": skip}
         )
@@ -430,7 +439,7 @@ class AdminServer:
         self.broker.access.authorize(_principal(request), "consume", name)
         query = request.query
         partition = _int_param(query, "partition", None, 0)
-        rows = await self.broker.store.browse(
+        rows = await self.store.browse(
             name,
             partition=partition,
             from_seq=_int_param(query, "from_seq", 0, 0) or 0,

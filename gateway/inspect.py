@@ -7,10 +7,11 @@ from typing import Any
 
 from core.model import QueueConfig
 from gateway.broker import Broker
+from storage import SqlStore
 
 
-async def queue_summary(broker: Broker, queue: QueueConfig) -> dict[str, Any]:
-    stats = await broker.store.queue_stats(queue.name)
+async def queue_summary(store: SqlStore, queue: QueueConfig) -> dict[str, Any]:
+    stats = await store.queue_stats(queue.name)
     return {
         "name": queue.name,
         "partitions": queue.partitions,
@@ -39,7 +40,7 @@ _KEY_COLUMNS = (
 )
 
 
-async def inspect_queue(broker: Broker, name: str) -> dict[str, Any]:
+async def inspect_queue(broker: Broker, store: SqlStore, name: str) -> dict[str, Any]:
     """Per group: mode, per-partition state/owner/backlog/in-flight/committed/lag, the
     flows with window, slots (free window) and pending (PAI-EAS attributes style), and the
     keys held back (kg_key_status: retrying, parked, handing off)."""
@@ -47,9 +48,9 @@ async def inspect_queue(broker: Broker, name: str) -> dict[str, Any]:
     runtimes = {rt.group.name: rt for rt in broker.runtimes(name)}
     for runtime in runtimes.values():
         await runtime.flush()
-    rows = await broker.store.partition_status(name)
+    rows = await store.partition_status(name)
     groups: dict[str, dict[str, Any]] = {}
-    for group in await broker.store.list_groups(name):
+    for group in await store.list_groups(name):
         groups[group.name] = {
             "group": group.name,
             "mode": group.mode.value,
@@ -77,7 +78,7 @@ async def inspect_queue(broker: Broker, name: str) -> dict[str, Any]:
                     )
                 }
             )
-    for row in await broker.store.key_status(name):
+    for row in await store.key_status(name):
         entry = groups.get(row["group_name"])
         if entry is not None:
             entry["keys"].append({k: row[k] for k in _KEY_COLUMNS})
@@ -105,6 +106,6 @@ async def inspect_queue(broker: Broker, name: str) -> dict[str, Any]:
             for flow in status.flows
         ]
     return {
-        "queue": await queue_summary(broker, queue),
+        "queue": await queue_summary(store, queue),
         "groups": list(groups.values()),
     }

@@ -9,27 +9,27 @@ from storage.store import SqlStore
 
 
 class ProtocolState:
-    store: SqlStore
+    _store: SqlStore
     clock: Callable[[], float]
 
     async def amqp_exchanges(self) -> dict[str, str]:
-        return await self.store.amqp_exchanges()
+        return await self._store.amqp_exchanges()
 
     async def save_amqp_exchange(self, name: str, type_name: str | None) -> None:
-        await self.store.save_amqp_exchange(name, type_name)
+        await self._store.save_amqp_exchange(name, type_name)
 
     async def mqtt_session(self, client_id: str) -> set[int] | None:
-        return await self.store.mqtt_session(client_id, now=self.clock())
+        return await self._store.mqtt_session(client_id, now=self.clock())
 
     async def save_mqtt_session(self, client_id: str, *, expires_in: float | None) -> None:
         expires_at = None if expires_in is None else self.clock() + expires_in
-        await self.store.save_mqtt_session(client_id, expires_at=expires_at)
+        await self._store.save_mqtt_session(client_id, expires_at=expires_at)
 
     async def mqtt_released(self, client_id: str, packet_ids: frozenset[int]) -> None:
-        await self.store.mqtt_released(client_id, packet_ids)
+        await self._store.mqtt_released(client_id, packet_ids)
 
     async def drop_mqtt_session(self, client_id: str) -> None:
-        await self.store.drop_mqtt_session(client_id)
+        await self._store.drop_mqtt_session(client_id)
 
 
 __all__ = ["ProtocolState"]

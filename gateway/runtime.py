@@ -236,6 +236,10 @@ class GroupRuntime:
         """Let a parked key flow again (see GroupMachine.release_key); raises KeyNotParked."""
         self.submit(self.machine.release_key(self._clock(), key, skip=skip))
 
+    def set_buffer_bytes(self, budget: int) -> None:
+        """The group's share of gateway_buffer_bytes; applies from its next event."""
+        self.machine.set_buffer_bytes(budget)
+
     def request_flush(self) -> None:
         if self._pending_offsets or self._pending_retries:
             self._actions.put_nowait(_FLUSH)

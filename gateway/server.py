@@ -68,6 +68,7 @@ class PortInUse(KeygateError):
 def _listener(
     protocol: str,
     broker: Broker,
+    store: SqlStore,
     config: GatewayConfig,
     ports: Mapping[str, int],
     limits: ConnectionLimits,
@@ -93,11 +94,11 @@ def _listener(
         from protocols.stomp import StompListener
 
         return StompListener(broker, limits=limits)
-    return AdminServer(broker, ports=ports)
+    return AdminServer(broker, store, ports=ports)
 
 
 def _listeners(
-    broker: Broker, config: GatewayConfig, ports: Mapping[str, int]
+    broker: Broker, store: SqlStore, config: GatewayConfig, ports: Mapping[str, int]
 ) -> dict[str, Listener]:
     """Every enabled listener by name; a ``<protocol>_tls`` twin only with a certificate.
     They share one set of limits, so connections are counted across all of them."""
@@ -107,7 +108,7 @@ def _listeners(
     for name in LISTENERS:
         if config.port(name) is None or (name in TLS_LISTENERS and not config.tls_cert):
             continue
-        out[name] = _listener(name.removesuffix("_tls"), broker, config, ports, limits)
+        out[name] = _listener(name.removesuffix("_tls"), broker, store, config, ports, limits)
     return out
 
 
@@ -205,10 +206,12 @@ class Gateway:
         # Their MQTT sessions were never given an expiry: the longest a session may have.
         await self.store.orphan_mqtt_sessions(expires_at=time.time() + MAX_SESSION_EXPIRY)
         await self.broker.start()
-        self._housekeeping = Housekeeping(self.broker)
+        self._housekeeping = Housekeeping(self.broker, self.store)
         self._housekeeping.start()
         try:
-            for name, listener in _listeners(self.broker, self.config, self.ports).items():
+            for name, listener in _listeners(
+                self.broker, self.store, self.config, self.ports
+            ).items():
                 port = self.config.port(name)
                 assert port is not None
                 tls = context if name in TLS_LISTENERS else None

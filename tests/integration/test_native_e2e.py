@@ -44,7 +44,7 @@ def _parse(msg: Message) -> tuple[str, int]:
 
 async def _states(gateway: Gateway, queue: str, group: str) -> dict[int, str]:
     assert gateway.broker is not None
-    data = await inspect_queue(gateway.broker, queue)
+    data = await inspect_queue(gateway.broker, gateway.store, queue)
     (entry,) = [g for g in data["groups"] if g["group"] == group]
     return {p["partition"]: p["state"] for p in entry["partitions"]}
 
@@ -132,7 +132,7 @@ async def test_reconnect_within_rebalance_delay_keeps_partitions(gateway: Gatewa
 
 async def _owned_by(gateway: Gateway, partitions: frozenset[int], client: str) -> bool:
     assert gateway.broker is not None
-    data = await inspect_queue(gateway.broker, "orders")
+    data = await inspect_queue(gateway.broker, gateway.store, "orders")
     (entry,) = data["groups"]
     by_partition = {p["partition"]: p for p in entry["partitions"]}
     return all(

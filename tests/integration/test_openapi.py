@@ -37,7 +37,7 @@ async def test_every_route_the_server_has_is_in_the_openapi_document(
     documented -= {(path, "PARAMETERS") for path in paths}
     assert sqlite_gateway.broker is not None
     served = set()
-    for route in AdminServer(sqlite_gateway.broker).app.router.routes():
+    for route in AdminServer(sqlite_gateway.broker, sqlite_gateway.store).app.router.routes():
         info = route.resource.get_info() if route.resource is not None else {}
         if "prefix" in info or route.method not in _METHODS:
             continue  # static assets (/console/...) and automatic HEADs

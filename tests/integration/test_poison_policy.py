@@ -68,7 +68,7 @@ async def test_a_parked_key_waits_while_other_keys_flow_and_resumes_in_order_on_
     gateway: Gateway,
 ) -> None:
     assert gateway.broker is not None
-    store = gateway.broker.store
+    store = gateway.store
     async with Client(native_url(gateway)) as client:
         consumer = await _setup(client, "park_key")
         assert await _payloads(consumer, 2) == [b"b1", b"b2"]
@@ -131,7 +131,7 @@ async def test_release_with_skip_from_the_cli_dead_letters_the_held_messages(
 
 async def test_dead_letter_key_moves_the_rest_of_the_key_in_order(gateway: Gateway) -> None:
     assert gateway.broker is not None
-    store = gateway.broker.store
+    store = gateway.store
     async with Client(native_url(gateway)) as client:
         consumer = await _setup(client, "dead_letter_key")
         assert await _payloads(consumer, 2) == [b"b1", b"b2"]
@@ -182,7 +182,7 @@ async def test_kg_key_status_shows_parked_redelivered_and_waiting_keys(gateway: 
             ("d", "retry", None, 1, 1),
         ]
         # The admin API (console, `keygate inspect`) shows the same keys for the group.
-        (group,) = (await inspect_queue(gateway.broker, "orders"))["groups"]
+        (group,) = (await inspect_queue(gateway.broker, gateway.store, "orders"))["groups"]
         shown = [(k["key"], k["reason"], k["attempts"]) for k in group["keys"]]
         assert shown == [("a", "parked", None), ("c", "retry", 2), ("d", "retry", 1)]
 
@@ -195,7 +195,7 @@ async def test_dead_letter_key_moves_stored_messages_the_group_has_not_read_yet(
     gateway = await start_gateway(db_url, buffer_size=4)
     try:
         assert gateway.broker is not None
-        store = gateway.broker.store
+        store = gateway.store
         async with Client(native_url(gateway)) as client:
             await client.declare_queue(
                 "orders", partitions=1, max_deliveries=1, on_dead_letter="dead_letter_key"

@@ -24,7 +24,7 @@ KEYS = [f"k{i}" for i in range(12)]
 async def _partitions(gateway: Gateway) -> dict[int, tuple[str, str | None]]:
     """Per partition of group g of queue orders: (state, owner client), as stored."""
     assert gateway.broker is not None
-    (entry,) = (await inspect_queue(gateway.broker, "orders"))["groups"]
+    (entry,) = (await inspect_queue(gateway.broker, gateway.store, "orders"))["groups"]
     return {p["partition"]: (p["state"], p["owner_client"]) for p in entry["partitions"]}
 
 

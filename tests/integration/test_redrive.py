@@ -40,7 +40,7 @@ async def _dead_letter_everything(client: Client, count: int) -> None:
 async def _dead_lettered(gateway: Gateway, count: int) -> None:
     """Dead letters are written by the group's executor after the reject: wait for them."""
     assert gateway.broker is not None
-    store = gateway.broker.store
+    store = gateway.store
 
     async def stored() -> bool:
         return (await store.depth("orders.dlq"))[0] == count

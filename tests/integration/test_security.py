@@ -388,7 +388,7 @@ async def test_an_mqtt_client_id_is_taken_over_only_by_its_own_user(sqlite_url: 
 
 async def _all_reserved(gateway: Gateway) -> bool:
     assert gateway.broker is not None
-    (group,) = (await inspect_queue(gateway.broker, "orders"))["groups"]
+    (group,) = (await inspect_queue(gateway.broker, gateway.store, "orders"))["groups"]
     return all(p["state"] == "unbound" for p in group["partitions"])
 
 

@@ -156,7 +156,7 @@ async def _is(value: Awaitable[int], expected: int) -> bool:
 async def test_a_window_above_max_window_is_clamped_on_bind_and_credit(gateway: Gateway) -> None:
     async def window() -> int:
         assert gateway.broker is not None
-        (group,) = (await inspect_queue(gateway.broker, "orders"))["groups"]
+        (group,) = (await inspect_queue(gateway.broker, gateway.store, "orders"))["groups"]
         (flow,) = group["flows"]
         return int(flow["window"])
 
