@@ -26,7 +26,8 @@ import logging
 import ssl
 from typing import Final
 
-from protocols._io import Outbox, keep_alive, send_heartbeats
+from protocols._accept import Acceptor
+from protocols._io import Outbox, send_heartbeats
 from protocols._limits import DEFAULT_LIMITS, ConnectionLimits
 from protocols._log import ConnectionLog
 from protocols._tasks import Tasks
@@ -175,45 +176,21 @@ class AmqpListener:
         self.frame_max = frame_max
         self.channel_max = channel_max
         self.heartbeat = heartbeat
-        self._server: asyncio.Server | None = None
-        self._connections: set[_Connection] = set()
-        self._tasks = Tasks("amqp listener")
+        self._acceptor = Acceptor("amqp", lambda r, w: _Connection(self, r, w))
         self._watching = Tasks("amqp blocked watch")
 
     async def start(self, host: str, port: int, ssl_context: ssl.SSLContext | None) -> int:
         self.exchanges.load(await self.sink.amqp_exchanges())
-        self._server = await asyncio.start_server(self._accept, host, port, ssl=ssl_context)
+        bound = await self._acceptor.start(host, port, ssl_context)
         self._watching.spawn(self._watch_blocked(), name=f"{self.name}-blocked")
-        bound: int = self._server.sockets[0].getsockname()[1]
-        logger.info("amqp listening on %s:%d", host, bound)
         return bound
 
     async def close(self) -> None:
-        if self._server is None:
-            return
-        self._server.close()
+        self._acceptor.stop_accepting()
         await self._watching.close()
-        for connection in list(self._connections):
+        for connection in list(self._acceptor.connections):
             connection.shutdown()
-        await self._tasks.wait()
-        await self._tasks.close()
-        await self._server.wait_closed()
-        self._server = None
-
-    def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if self._tasks.closed:
-            writer.close()
-            return
-        keep_alive(writer)
-        connection = _Connection(self, reader, writer)
-        self._tasks.spawn(self._serve(connection), name=f"amqp {connection.peer}")
-
-    async def _serve(self, connection: _Connection) -> None:
-        self._connections.add(connection)
-        try:
-            await connection.run()
-        finally:
-            self._connections.discard(connection)
+        await self._acceptor.finish()
 
     async def _watch_blocked(self) -> None:
         # The Sink exposes backpressure as a property, so it is polled; a few reads of a
@@ -221,7 +198,7 @@ class AmqpListener:
         while True:
             await asyncio.sleep(BLOCKED_POLL)
             blocked = self.sink.blocked
-            for connection in list(self._connections):
+            for connection in list(self._acceptor.connections):
                 connection.connection.set_blocked(blocked)
                 connection.session.flush()
 

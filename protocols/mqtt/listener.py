@@ -22,7 +22,8 @@ import ssl
 from typing import Final
 
 from core.errors import ConnectionLimitReached
-from protocols._io import Outbox, keep_alive
+from protocols._accept import Acceptor
+from protocols._io import Outbox
 from protocols._limits import DEFAULT_LIMITS, ConnectionLimits
 from protocols._log import ConnectionLog
 from protocols._tasks import Tasks
@@ -67,6 +68,7 @@ class _Client:
         self.admission = listener.connections.open("mqtt")
         self.principal: Principal | None = None
         peer = writer.get_extra_info("peername")
+        self.peer = str(peer)
         self.log = ConnectionLog(log, "mqtt", peer)
         self.loop = asyncio.get_running_loop()
         self.done = asyncio.Event()
@@ -78,8 +80,14 @@ class _Client:
         # The session as kept by the sink (SQL), so it survives a restart or failover.
         self._stored = StoredSession(listener.sink, self.log, self._released, self._abort)
 
-    async def serve(self) -> None:
+    async def run(self) -> None:
         """Run the connection to its end; never raises for peer behaviour."""
+        try:
+            await self._serve()
+        finally:
+            self.admission.release()
+
+    async def _serve(self) -> None:
         self.listener.stats.connections += 1
         tasks = self._tasks
         writer_task = tasks.spawn(self._write_loop(), name="mqtt writer")
@@ -253,37 +261,21 @@ class MqttListener:
         self.sessions = SessionStore()
         self.stats = MqttStats()
         self.clients = Clients(sink, self.sessions, self.stats)
-        self._server: asyncio.Server | None = None
-        self._connections: set[_Client] = set()
+        self._acceptor = Acceptor("mqtt", lambda r, w: _Client(self, r, w))
 
     async def start(self, host: str, port: int, ssl_context: ssl.SSLContext | None) -> int:
-        self._server = await asyncio.start_server(self._accept, host, port, ssl=ssl_context)
-        bound: int = self._server.sockets[0].getsockname()[1]
-        log.info("mqtt listener %s on %s:%d", self.name, host, bound)
-        return bound
+        return await self._acceptor.start(host, port, ssl_context)
 
     async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
+        self._acceptor.stop_accepting()
         await asyncio.gather(
             *(
                 c.shutdown(ReasonCode.SERVER_SHUTTING_DOWN, graceful=True)
-                for c in list(self._connections)
+                for c in list(self._acceptor.connections)
             )
         )
         await self.clients.close()
-        if self._server is not None:
-            await self._server.wait_closed()
-
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        keep_alive(writer)
-        client = _Client(self, reader, writer)
-        self._connections.add(client)
-        try:
-            await client.serve()
-        finally:
-            client.admission.release()
-            self._connections.discard(client)
+        await self._acceptor.finish()
 
 
 __all__ = ["MqttListener", "MqttStats"]

@@ -25,7 +25,7 @@ import ssl
 from typing import Final
 
 from core.errors import KeygateError
-from protocols._io import keep_alive
+from protocols._accept import Acceptor
 from protocols._limits import DEFAULT_LIMITS, ConnectionLimits
 from protocols._log import ConnectionLog
 from protocols._tasks import Tasks
@@ -168,38 +168,16 @@ class NativeListener:
         self.server_name = server_name
         self.max_frame = max_frame
         self.closing = False
-        self._server: asyncio.Server | None = None
-        self._sessions: set[_Session] = set()
-        self._tasks = Tasks("native listener")
+        self._acceptor = Acceptor("native", lambda r, w: _Session(self, r, w))
 
     async def start(self, host: str, port: int, ssl_context: ssl.SSLContext | None) -> int:
-        self._server = await asyncio.start_server(self._accept, host, port, ssl=ssl_context)
-        return int(self._server.sockets[0].getsockname()[1])
-
-    def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if self._tasks.closed:
-            writer.close()
-            return
-        keep_alive(writer)
-        session = _Session(self, reader, writer)
-        self._tasks.spawn(self._serve(session), name=f"native {session.peer}")
-
-    async def _serve(self, session: _Session) -> None:
-        self._sessions.add(session)
-        try:
-            await session.run()
-        finally:
-            self._sessions.discard(session)
+        return await self._acceptor.start(host, port, ssl_context)
 
     async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
+        self._acceptor.stop_accepting()
         self.closing = True
-        sessions = list(self._sessions)
+        sessions = list(self._acceptor.connections)
         await asyncio.gather(*(session.publishes.wait(DRAIN_TIMEOUT) for session in sessions))
         for session in sessions:
             session.stop()
-        await self._tasks.wait(DRAIN_TIMEOUT)
-        await self._tasks.close()
-        if self._server is not None:
-            await self._server.wait_closed()
+        await self._acceptor.finish(DRAIN_TIMEOUT)

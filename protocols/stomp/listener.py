@@ -30,7 +30,8 @@ import ssl
 from typing import Final
 
 from core.errors import KeygateError
-from protocols._io import Outbox, keep_alive, send_heartbeats
+from protocols._accept import Acceptor
+from protocols._io import Outbox, send_heartbeats
 from protocols._limits import DEFAULT_LIMITS, ConnectionLimits
 from protocols._log import ConnectionLog
 from protocols._tasks import Tasks
@@ -214,43 +215,18 @@ class StompListener:
         self.heartbeat = heartbeat
         self.limits = limits
         self.server_name = server_name
-        self._server: asyncio.Server | None = None
-        self._connections: set[_Connection] = set()
-        self._tasks = Tasks("stomp listener")
+        self._acceptor = Acceptor(
+            "stomp", lambda r, w: _Connection(self, r, w), read_limit=READ_SIZE
+        )
 
     async def start(self, host: str, port: int, ssl_context: ssl.SSLContext | None) -> int:
-        self._server = await asyncio.start_server(
-            self._accept, host, port, ssl=ssl_context, limit=READ_SIZE
-        )
-        bound: int = self._server.sockets[0].getsockname()[1]
-        log.info("stomp listener %s on %s:%d", self.name, host, bound)
-        return bound
-
-    def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if self._tasks.closed:
-            writer.close()
-            return
-        keep_alive(writer)
-        connection = _Connection(self, reader, writer)
-        self._tasks.spawn(self._serve(connection), name=f"stomp {connection.peer}")
-
-    async def _serve(self, connection: _Connection) -> None:
-        self._connections.add(connection)
-        try:
-            await connection.run()
-        finally:
-            self._connections.discard(connection)
+        return await self._acceptor.start(host, port, ssl_context)
 
     async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-        for connection in list(self._connections):
+        self._acceptor.stop_accepting()
+        for connection in list(self._acceptor.connections):
             connection.stop()
-        await self._tasks.wait(CLOSE_TIMEOUT * 2)
-        await self._tasks.close()
-        if self._server is not None:
-            await self._server.wait_closed()
-            self._server = None
+        await self._acceptor.finish(CLOSE_TIMEOUT * 2)
 
 
 __all__ = ["StompListener"]

@@ -150,7 +150,7 @@ async def test_a_full_byte_budget_stops_reading_until_commits_free_it(
     await client.send_together(
         *(Publish("orders/b", b"%02d" % i + body, 1, packet_id=i) for i in range(1, 21))
     )
-    (connection,) = listener._connections
+    (connection,) = listener._acceptor.connections
     assert connection.pipeline is not None
     budget = connection.pipeline.budget
     await eventually(lambda: budget.held + len(body) > budget.limit)  # the next one waits
