@@ -28,12 +28,14 @@ __all__ = ["frozen"]
 @overload
 def frozen(cls: type[T], /) -> type[T]: ...
 @overload
-def frozen(*, kw_only: bool = False) -> Callable[[type[T]], type[T]]: ...
+def frozen(*, kw_only: bool = False, eq: bool = True) -> Callable[[type[T]], type[T]]: ...
 
 
 @dataclass_transform(frozen_default=True)
-def frozen(cls: type[T] | None = None, /, *, kw_only: bool = False) -> Any:
+def frozen(cls: type[T] | None = None, /, *, kw_only: bool = False, eq: bool = True) -> Any:
+    """``eq=False``: compared and hashed by identity, like ``@dataclass(eq=False)``."""
+
     def build(c: type[T]) -> type[T]:
-        return dataclass(slots=True, unsafe_hash=True, kw_only=kw_only)(c)
+        return dataclass(slots=True, eq=eq, unsafe_hash=eq, kw_only=kw_only)(c)
 
     return build if cls is None else build(cls)

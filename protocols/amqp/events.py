@@ -9,16 +9,17 @@ The adapter runs them in the order they were emitted and reports each result bac
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from pamqp import commands
 
 from core.errors import KeygateError
+from core.frozen import frozen
 from core.model import Publication, QueueConfig
 from protocols.amqp.consumers import ConsumeRequest, Settled
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@frozen(eq=False)
 class Authenticate:
     mechanism: str
     username: str | None
@@ -26,14 +27,14 @@ class Authenticate:
     client_id: str | None
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@frozen(eq=False)
 class ChannelOperation:
     channel: int
     serial: int
     nowait: bool
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@frozen(eq=False)
 class DeclareQueue(ChannelOperation):
     """``given`` maps each QueueConfig field the declare named to its x-argument: only
     those must match an existing queue (protocols.amqp.arguments.check_equivalent)."""
@@ -43,19 +44,19 @@ class DeclareQueue(ChannelOperation):
     given: Mapping[str, str] = field(default_factory=dict)
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@frozen(eq=False)
 class DeleteQueue(ChannelOperation):
     queue: str
     if_unused: bool
     if_empty: bool
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@frozen(eq=False)
 class PurgeQueue(ChannelOperation):
     queue: str
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@frozen(eq=False)
 class BindQueue(ChannelOperation):
     """Queue.Bind (``unbind`` False) or Queue.Unbind as a topic subscription change.
     ``pattern`` None: an unbind from an exchange that does not exist (nothing to do)."""
@@ -65,7 +66,7 @@ class BindQueue(ChannelOperation):
     unbind: bool
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@frozen(eq=False)
 class Publish(ChannelOperation):
     """A complete message. ``rejected`` is set when the listener refused it itself
     (too large, unroutable by construction); it still travels in order so that its
@@ -81,28 +82,28 @@ class Publish(ChannelOperation):
     payload: bytes
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@frozen(eq=False)
 class Consume(ChannelOperation):
     """basic.consume: bind a flow; answer with ``AmqpConnection.consumed``."""
 
     request: ConsumeRequest
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@frozen(eq=False)
 class Cancel(ChannelOperation):
     """basic.cancel of a known consumer: unbind its flow, then ``cancelled``."""
 
     consumer_tag: str
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@frozen(eq=False)
 class SettleDeliveries(ChannelOperation):
     """basic.ack, nack, reject or recover, resolved to settles per consumer."""
 
     settled: tuple[Settled, ...]
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@frozen(eq=False)
 class Get(ChannelOperation):
     """basic.get: one message of ``group``, answered with ``AmqpConnection.got``."""
 
@@ -111,7 +112,7 @@ class Get(ChannelOperation):
     no_ack: bool
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@frozen(eq=False)
 class ChannelGone:
     """A channel closed (by either side): unbind the flows its consumers had."""
 
@@ -119,7 +120,7 @@ class ChannelGone:
     serial: int
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@frozen(eq=False)
 class ConnectionClosed:
     """The connection is finished: flush what is pending and close the socket."""
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TypeAlias
 
+from core.frozen import frozen
 from core.model import Publication
 from protocols.stomp.frames import Version
 
@@ -22,7 +23,7 @@ class Connect:
     client_id: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Publish:
     """A SEND outside any transaction."""
 

@@ -7,9 +7,10 @@ Entries") and a body of bytes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from enum import StrEnum
 from typing import Final
+
+from core.frozen import frozen
 
 
 class Version(StrEnum):
@@ -24,7 +25,7 @@ SUPPORTED_VERSIONS: Final = (Version.V1_0, Version.V1_1, Version.V1_2)
 UNESCAPED_COMMANDS: Final = frozenset({"CONNECT", "STOMP", "CONNECTED"})
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Frame:
     """One STOMP frame. ``headers`` keeps wire order; ``header()`` returns the first one."""
 
