@@ -8,6 +8,7 @@ consumer, 1 KiB messages, 1,000 keys.
 keygate runs in its own process (``keygate serve``, native protocol, SQLite with fsync and,
 with ``--postgres``, PostgreSQL); RabbitMQ is the one on amqp://guest:guest@127.0.0.1:5672
 (durable quorum and classic queues, persistent messages, publisher confirms, aio-pika).
+For both, the publisher runs in a process of its own and the consumer in this one.
 """
 
 from __future__ import annotations
@@ -21,7 +22,15 @@ from collections.abc import Awaitable, Callable
 
 import aio_pika
 
-from benchmarks.native import KEYS, PAYLOAD, gateway, latency, percentiles, postgres_target
+from benchmarks.native import (
+    KEYS,
+    PAYLOAD,
+    gateway,
+    latency,
+    percentiles,
+    postgres_target,
+    publisher_process,
+)
 from gateway.client import Client
 
 Measure = Callable[[int, float], Awaitable[tuple[float, float]]]
@@ -32,6 +41,33 @@ async def keygate_latency(url: str, rate: int, seconds: float) -> tuple[float, f
     async with Client(url) as admin:
         await admin.declare_queue(queue, partitions=16)
     return await latency(url, queue, rate, seconds)
+
+
+async def rabbitmq_publish_at(url: str, name: str, rate: int, seconds: float) -> None:
+    """Publish persistent messages with confirms at a fixed offered rate, each stamped
+    with its send time."""
+    connection = await aio_pika.connect(url)
+    async with connection:
+        publishing = await connection.channel(publisher_confirms=True)
+        start = time.perf_counter()
+        pending = set()
+        for i in range(int(rate * seconds)):
+            delay = start + i / rate - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            message = aio_pika.Message(
+                PAYLOAD,
+                headers={"sent": repr(time.time()), "JMSXGroupID": f"key-{i % KEYS}"},
+                delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+            )
+            pending.add(
+                asyncio.create_task(publishing.default_exchange.publish(message, routing_key=name))
+            )
+        await asyncio.gather(*pending)
+
+
+def _rabbitmq_publisher(url: str, name: str, rate: int, seconds: float) -> None:
+    asyncio.run(rabbitmq_publish_at(url, name, rate, seconds))
 
 
 async def rabbitmq_latency(
@@ -56,23 +92,11 @@ async def rabbitmq_latency(
                 done.set_result(None)
 
         tag = await queue.consume(on_message)
-        publishing = await connection.channel(publisher_confirms=True)
-        start = time.perf_counter()
-        pending = set()
-        for i in range(total):
-            delay = start + i / rate - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            message = aio_pika.Message(
-                PAYLOAD,
-                headers={"sent": repr(time.time()), "JMSXGroupID": f"key-{i % KEYS}"},
-                delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-            )
-            pending.add(
-                asyncio.create_task(publishing.default_exchange.publish(message, routing_key=name))
-            )
-        await asyncio.gather(*pending)
-        await asyncio.wait_for(done, 60)
+        publisher = publisher_process(_rabbitmq_publisher, url, name, rate, seconds)
+        try:
+            await asyncio.wait_for(done, 60 + seconds)
+        finally:
+            await asyncio.to_thread(publisher.join, 60)
         await queue.cancel(tag)
         await queue.delete(if_unused=False, if_empty=False)
     return percentiles(samples)
