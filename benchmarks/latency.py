@@ -27,6 +27,7 @@ from benchmarks.native import (
     PAYLOAD,
     gateway,
     latency,
+    paced,
     percentiles,
     postgres_target,
     publisher_process,
@@ -49,12 +50,8 @@ async def rabbitmq_publish_at(url: str, name: str, rate: int, seconds: float) ->
     connection = await aio_pika.connect(url)
     async with connection:
         publishing = await connection.channel(publisher_confirms=True)
-        start = time.perf_counter()
         pending = set()
-        for i in range(int(rate * seconds)):
-            delay = start + i / rate - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
+        async for i in paced(rate, seconds):
             message = aio_pika.Message(
                 PAYLOAD,
                 headers={"sent": repr(time.time()), "JMSXGroupID": f"key-{i % KEYS}"},

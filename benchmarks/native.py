@@ -22,7 +22,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from multiprocessing.process import BaseProcess
 from pathlib import Path
@@ -105,16 +105,22 @@ async def consume_rate(url: str, queue: str, count: int) -> float:
         return rate
 
 
+async def paced(rate: int, seconds: float) -> AsyncIterator[int]:
+    """0, 1, ... up to ``rate * seconds``, each at its time on a fixed offered rate."""
+    start = time.perf_counter()
+    for i in range(int(rate * seconds)):
+        delay = start + i / rate - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        yield i
+
+
 async def publish_at(url: str, queue: str, rate: int, seconds: float) -> None:
     """Publish ``rate * seconds`` confirmed messages at a fixed offered rate, each
     stamped with its send time."""
     async with Client(url) as producer:
-        start = time.perf_counter()
         pending = set()
-        for i in range(int(rate * seconds)):
-            delay = start + i / rate - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
+        async for i in paced(rate, seconds):
             pending.add(
                 asyncio.create_task(
                     producer.publish(
