@@ -13,15 +13,12 @@ server. A socket accepted after ``stop_accepting`` raced the close: it is closed
 from __future__ import annotations
 
 import asyncio
-import logging
 import ssl
 from collections.abc import Callable, Coroutine
 from typing import Any, Generic, Protocol, TypeVar
 
 from protocols._io import keep_alive
 from protocols._tasks import Tasks
-
-log = logging.getLogger("keygate.io")
 
 
 class Served(Protocol):
@@ -54,9 +51,7 @@ class Acceptor(Generic[C]):
         self._server = await asyncio.start_server(
             self._accept, host, port, ssl=ssl_context, limit=self._read_limit
         )
-        bound = int(self._server.sockets[0].getsockname()[1])
-        log.info("%s listener on %s:%d", self._protocol, host, bound)
-        return bound
+        return int(self._server.sockets[0].getsockname()[1])  # server.py logs it
 
     def stop_accepting(self) -> None:
         if self._server is not None:
