@@ -34,13 +34,12 @@ from core.errors import (
     AlreadyExists,
     GroupNotFound,
     InvalidArgument,
-    MessageTooLarge,
-    QueueFull,
     QueueNotFound,
 )
 from core.model import GroupConfig, Message, QueueConfig, ResetKind, ResetPosition
 from storage.admin import _ALTERABLE, _with_patterns, validate_pattern
 from storage.consumer import dead_letter_copy
+from storage.limits import check_append
 from storage.memory_group import GroupState, KeyChange
 from storage.store import DedupKey, _dedup_key
 
@@ -77,7 +76,7 @@ class MemoryStore:
         """As SqlStore's; ``qos2`` is ignored: MQTT sessions are not twinned."""
         if not messages:
             return []
-        self._check(messages)
+        check_append(messages, self.queue, self.depths, {})
         result: list[Message] = []
         new: list[Message] = []
         for message in messages:
@@ -94,30 +93,6 @@ class MemoryStore:
             new.append(stored)
         self._committed(new)
         return result
-
-    def _check(self, messages: Sequence[Message]) -> None:
-        """The limits of one append call, all checked before anything is stored."""
-        added: dict[str, list[int]] = {}
-        for message in messages:
-            config = self.queue(message.queue)
-            if message.size > config.max_message_size:
-                raise MessageTooLarge(
-                    f"message of {message.size} bytes exceeds {config.max_message_size} "
-                    f"allowed by queue {config.name!r}"
-                )
-            if message.partition not in range(config.slots):
-                raise InvalidArgument(f"queue {config.name!r} has no partition {message.partition}")
-            count_size = added.setdefault(message.queue, [0, 0])
-            count_size[0] += 1
-            count_size[1] += message.size
-        for name, (count, size) in added.items():
-            config = self.queues[name]
-            stored_count, stored_size = self.depths[name]
-            limit_messages, limit_bytes = config.max_depth_messages, config.max_depth_bytes
-            if limit_messages is not None and stored_count + count > limit_messages:
-                raise QueueFull(f"queue {name!r} holds its maximum of {limit_messages} messages")
-            if limit_bytes is not None and stored_size + size > limit_bytes:
-                raise QueueFull(f"queue {name!r} holds its maximum of {limit_bytes} bytes")
 
     def _store(self, message: Message, queue: str, partition: int) -> Message:
         seq = self.heads.get((queue, partition), 0) + 1

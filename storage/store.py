@@ -33,10 +33,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from core.errors import (
     Fenced,
-    InvalidArgument,
     KeygateError,
-    MessageTooLarge,
-    QueueFull,
     StorageError,
     StorageUnavailable,
 )
@@ -48,6 +45,7 @@ from storage.consumer import ConsumerOps
 from storage.engine import async_engine, sync_engine
 from storage.inspection import InspectionOps
 from storage.leases import LeaseOps
+from storage.limits import check_append
 from storage.migrate import migrate
 from storage.protocol_state import ProtocolStateOps
 from storage.schema import kg_dedup, kg_group_offsets, kg_groups, kg_messages
@@ -160,34 +158,6 @@ class SqlStore(InspectionOps, LeaseOps, ProtocolStateOps, ConsumerOps):
             return []
         return await self.appender.submit(AppendCall(messages, now, qos2), len(messages))
 
-    def _check(self, messages: Sequence[Message], pending: dict[str, list[int]]) -> None:
-        added: dict[str, list[int]] = {}
-        for message in messages:
-            config = self.queue(message.queue)
-            if message.size > config.max_message_size:
-                raise MessageTooLarge(
-                    f"message of {message.size} bytes exceeds {config.max_message_size} "
-                    f"allowed by queue {config.name!r}"
-                )
-            if not 0 <= message.partition < config.slots:
-                raise InvalidArgument(f"queue {config.name!r} has no partition {message.partition}")
-            totals = added.setdefault(message.queue, [0, 0])
-            totals[0] += 1
-            totals[1] += message.size
-        for queue, (count, size) in added.items():
-            config = self.queues[queue]
-            stored = self.depths.get(queue, [0, 0])
-            before = pending.get(queue, [0, 0])
-            limit_messages, limit_bytes = config.max_depth_messages, config.max_depth_bytes
-            if limit_messages is not None and stored[0] + before[0] + count > limit_messages:
-                raise QueueFull(f"queue {queue!r} holds its maximum of {limit_messages} messages")
-            if limit_bytes is not None and stored[1] + before[1] + size > limit_bytes:
-                raise QueueFull(f"queue {queue!r} holds its maximum of {limit_bytes} bytes")
-        for queue, (count, size) in added.items():
-            total = pending.setdefault(queue, [0, 0])
-            total[0] += count
-            total[1] += size
-
     async def _write_appends(self, calls: list[AppendCall]) -> list[list[Message] | BaseException]:
         # Checked under seq_lock: a queue deleted or altered meanwhile is seen as it is now.
         async with self.seq_lock:
@@ -196,7 +166,7 @@ class SqlStore(InspectionOps, LeaseOps, ProtocolStateOps, ConsumerOps):
             pending: dict[str, list[int]] = {}
             for index, call in enumerate(calls):
                 try:
-                    self._check(call.messages, pending)
+                    check_append(call.messages, self.queue, self.depths, pending)
                 except KeygateError as e:
                     outcomes.append(e)
                 else:
