@@ -26,6 +26,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from multiprocessing.process import BaseProcess
 from pathlib import Path
+from typing import IO
 
 import psycopg
 from psycopg import sql
@@ -40,7 +41,9 @@ IN_FLIGHT = 1000
 
 
 @contextmanager
-def gateway(db: str) -> Iterator[tuple[str, int]]:
+def gateway(db: str, stderr: IO[str] | None = None) -> Iterator[tuple[str, int]]:
+    """A ``keygate serve`` process on ``db`` with the native port only: (its URL, its pid).
+    Its log goes to ``stderr`` (discarded by default)."""
     with tempfile.TemporaryDirectory() as tmp:
         ports = Path(tmp) / "ports.json"
         proc = subprocess.Popen(
@@ -66,7 +69,7 @@ def gateway(db: str) -> Iterator[tuple[str, int]]:
                 "--ports-file",
                 str(ports),
             ],
-            stderr=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL if stderr is None else stderr,
         )
         try:
             deadline = time.monotonic() + 30
