@@ -7,7 +7,8 @@ its protocol ports closed (its admin port answers only ``/healthz``, 503 "standb
 the lease is free or has lapsed (by the database's clock); taking it over increments the
 lease's epoch. The active gateway fences its store with that epoch, so every write
 transaction proves in the database that the lease is still its own.
-It renews every ``lease_ttl / 3`` (each attempt bounded by ``lease_ttl / 3``); if a write
+It renews every ``lease_ttl / 3`` (each attempt bounded by ``lease_ttl / 3``) unless its
+writes renewed it meanwhile (they do, at most every ``lease_ttl / 3``); if a write
 is fenced off, a renewal finds the lease taken, or it cannot renew within ``lease_ttl``,
 it stops at once (listeners closed together, no drain: nothing more can commit) and the
 CLI exits non-zero. A clean stop lets the lease lapse, so a standby takes over at once
@@ -44,8 +45,8 @@ from protocols._limits import ConnectionLimits
 from protocols.mqtt.connection import MAX_SESSION_EXPIRY
 from protocols.native.listener import NativeListener
 from protocols.sink import Listener
-from storage.base import GatewayLease
 from storage.engine import GATEWAY_APPLICATION
+from storage.fence import GatewayLease
 from storage.store import SqlStore, open_store
 
 # Young-generation allocations per pass, then passes per older-generation pass.
@@ -247,24 +248,34 @@ class Gateway:
                 announced = True
             await asyncio.sleep(self.config.lease_ttl / 3)
         self._epoch = epoch
-        self.store.fence(GatewayLease(self.config.name, self.holder, epoch), self._fenced_off)
+        lease = GatewayLease(self.config.name, self.holder, epoch, self.config.lease_ttl)
+        self.store.fence(lease, self._fenced_off)
         self._active = True
         if announced:
             log.info("took over as the active gateway %r (epoch %d)", self.config.name, epoch)
 
     async def _keep_lease(self) -> None:
+        """Renew the lease every ``lease_ttl / 3`` unless the store's writes renewed it
+        since (a busy gateway's lease is kept by its appends: StoreBase.write); stop once
+        it is lost or neither renewed it for ``lease_ttl``."""
+        assert self.store is not None
         ttl = self.config.lease_ttl
         renewed = time.monotonic()
         while True:
             await asyncio.sleep(ttl / 3)
+            renewed = max(renewed, self.store.lease_renewed_at)
+            if time.monotonic() - renewed < ttl / 3:
+                continue
+            attempt = time.monotonic()
             try:
                 async with asyncio.timeout(ttl / 3):
                     held = await self._acquire(self._epoch) is not None
             except (KeygateError, TimeoutError) as e:
                 log.warning("renewing the gateway lease failed: %s", str(e) or "timed out")
+                renewed = max(renewed, self.store.lease_renewed_at)
                 held = time.monotonic() - renewed < ttl
             else:
-                renewed = time.monotonic() if held else renewed
+                renewed = attempt if held else renewed
             if not held:
                 self._lose_lease("lost the gateway lease")
                 return

@@ -16,9 +16,14 @@ administration, dead letters). The statement helpers they share (``lock_heads``,
 run them through ``AsyncConnection.run_sync``. On SQLite both ways queue on one in-process lock.
 
 Fencing: the active gateway arms ``fence`` with its lease epoch; from then on every write
-transaction proves, as its first statement, that the lease is still its own. One that
-finds it taken raises Fenced (the transaction rolls back; the publish it carried is not
-confirmed) and tells the gateway, which stops at once.
+transaction proves, as its first statement, that the lease is still its own
+(storage.fence). One that finds it taken raises Fenced (the transaction rolls back; the
+publish it carried is not confirmed) and tells the gateway, which stops at once. The
+writer thread's transactions also renew the lease: at most every ``ttl / 3`` the proof is
+an UPDATE that pushes the expiry on (``lease_renewed_at`` says when, once committed). A
+gateway whose writes queue behind each other for the single SQLite writer cannot then
+lose its lease while they are committing: the writes keep it, and the gateway's own
+renewals only matter when idle.
 """
 
 from __future__ import annotations
@@ -26,20 +31,27 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import math
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
-from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from core.errors import Fenced, QueueNotFound, StorageError, StorageUnavailable
+from core.errors import (
+    Fenced,
+    KeygateError,
+    QueueNotFound,
+    StorageError,
+    StorageUnavailable,
+)
 from core.model import Message, QueueConfig
 from storage.codec import message_values, queue_from_row
 from storage.engine import HEADS_CHANNEL
+from storage.fence import GatewayLease, LeaseTaken, is_lease_taken, prove
 from storage.schema import (
-    kg_gateway_lease,
     kg_messages,
     kg_partitions,
     kg_queues,
@@ -63,17 +75,18 @@ _WRITE_HEADS = (
     .where(_p.c.queue == sa.bindparam("b_queue"), _p.c.partition == sa.bindparam("b_p"))
     .values(head_seq=sa.bindparam("b_head"))
 )
-_lease = kg_gateway_lease
-_FENCE = sa.select(_lease.c.epoch).where(
-    _lease.c.name == sa.bindparam("name"), _lease.c.holder == sa.bindparam("holder")
-)
-_FENCE_SHARED = _FENCE.with_for_update(read=True)
 _PING = sa.select(sa.literal(1))
+# Migration 0016: moves heads only from the values given, else raises HEADS_MOVED.
+_ADVANCE_HEADS = sa.text("CALL kg_advance_heads(:b_queues, :b_partitions, :b_olds, :b_news)")
+_HEADS_MOVED_SQLSTATE: Final = "KG002"
 
 
-class _LeaseTaken(Exception):
-    """Raised inside a transaction (possibly on the writer thread) that found the gateway
-    lease taken over; the store turns it into Fenced on the event loop."""
+class HeadsMoved(StorageError):
+    """A pipelined append found partition heads that another writer moved since the
+    store's cache read them: nothing was written; the append runs again, reading them."""
+
+    def __init__(self) -> None:
+        super().__init__("partition heads moved")
 
 
 _log = logging.getLogger("keygate.storage")
@@ -114,20 +127,15 @@ class Allocation:
         self._heads = dict(heads)
         self.assigned: dict[tuple[str, int], int] = {}
 
+    def start(self, key: tuple[str, int]) -> int:
+        """The head ``key`` had before this transaction."""
+        return self._heads.get(key, 0)
+
     def next(self, queue: str, partition: int) -> int:
         key = (queue, partition)
         seq = self.assigned.get(key, self._heads.get(key, 0)) + 1
         self.assigned[key] = seq
         return seq
-
-
-@dataclass(frozen=True, slots=True)
-class GatewayLease:
-    """The gateway lease this store's writes are fenced with: ``epoch`` is the token."""
-
-    name: str
-    holder: str
-    epoch: int
 
 
 class StoreBase:
@@ -150,6 +158,10 @@ class StoreBase:
         self._on_fenced: Callable[[Fenced], None] | None = None
         # True once a transaction found the gateway lease taken over.
         self.fenced = False
+        # time.monotonic() before the last committed write that renewed the lease
+        # (never later than the database's own renewal); -inf until one has.
+        self.lease_renewed_at = -math.inf
+        self._renewing = False
 
     def add_commit_listener(self, fn: Callable[[Sequence[Message]], None]) -> None:
         """Call ``fn`` with every committed batch of new messages, in commit order and seq
@@ -179,6 +191,21 @@ class StoreBase:
                 ],
             )
 
+    def advance_heads(self, conn: sa.Connection, allocation: Allocation) -> None:
+        """``write_heads`` for a pipelined append (PostgreSQL): heads it did not lock are
+        moved only from the values it allocated from, else the transaction fails at its
+        COMMIT with HeadsMoved (``write``)."""
+        keys = sorted(allocation.assigned)
+        conn.execute(
+            _ADVANCE_HEADS,
+            {
+                "b_queues": [queue for queue, _ in keys],
+                "b_partitions": [partition for _, partition in keys],
+                "b_olds": [allocation.start(key) for key in keys],
+                "b_news": [allocation.assigned[key] for key in keys],
+            },
+        )
+
     def committed(self, allocation: Allocation, messages: Sequence[Message]) -> None:
         """After COMMIT: advance the caches, then tell the listeners."""
         self.heads.update(allocation.assigned)
@@ -202,15 +229,12 @@ class StoreBase:
         self._on_fenced = on_fenced
 
     def _check_fence(self, conn: sa.Connection) -> None:
-        """Prove inside the transaction that the lease is still ours. On PostgreSQL the row
-        is read FOR SHARE: a takeover (an UPDATE of it) waits until this transaction ends,
-        so nothing it writes can commit after another gateway became active. SQLite's
-        BEGIN IMMEDIATE excludes every other writer for the whole transaction already."""
         assert self._fence is not None
-        query = _FENCE_SHARED if conn.dialect.name == "postgresql" else _FENCE
-        params = {"name": self._fence.name, "holder": self._fence.holder}
-        if conn.execute(query, params).scalar_one_or_none() != self._fence.epoch:
-            raise _LeaseTaken
+        prove(conn, self._fence, renew=False)
+
+    def _renew_fence(self, conn: sa.Connection) -> None:
+        assert self._fence is not None
+        prove(conn, self._fence, renew=True)
 
     def _first_write(self, conn: sa.Connection) -> None:
         """The writer thread's first statement: the fence check, else a ping (PostgreSQL;
@@ -220,20 +244,48 @@ class StoreBase:
         elif conn.dialect.name == "postgresql":
             conn.execute(_PING)
 
-    async def write(self, body: Body[T]) -> T:
+    async def write(self, body: Body[T], *, pipelined: bool = False) -> T:
         """Run ``body`` as one fenced write transaction on the writer thread
-        (storage.writer); returns its result after COMMIT. Errors as ``transaction``."""
+        (storage.writer); returns its result after COMMIT. Errors as ``transaction``.
+        ``pipelined``: see WriterThread.run (PostgreSQL only; ignored on SQLite)."""
         if self._fence is not None and self.fenced:
             raise self._fenced_off()
+        started = time.monotonic()
+        renew = self._renewal_due(started)
         try:
             if self._sqlite_lock is None:
-                return await self.writer.run(self._first_write, body)
-            async with self._sqlite_lock:
-                return await self.writer.run(self._first_write, body)
-        except _LeaseTaken:
+                result = await self.writer.run(self._first(renew), body, pipelined=pipelined)
+            else:
+                async with self._sqlite_lock:
+                    result = await self.writer.run(self._first(renew), body)
+        except LeaseTaken:
             raise self._fenced_off() from None
         except (sa.exc.SQLAlchemyError, OSError) as e:
-            raise storage_error(e) from e
+            raise self._driver_error(e) from e
+        finally:
+            self._renewing = self._renewing and not renew
+        if renew:
+            self.lease_renewed_at = max(self.lease_renewed_at, started)
+        return result
+
+    def _renewal_due(self, now: float) -> bool:
+        """Whether this write should renew the lease (one renewal in flight at a time)."""
+        if self._fence is None or self._renewing:
+            return False
+        self._renewing = now - self.lease_renewed_at >= self._fence.ttl / 3
+        return self._renewing
+
+    def _first(self, renew: bool) -> Body[None]:
+        return self._renew_fence if renew else self._first_write
+
+    def _driver_error(self, error: BaseException) -> KeygateError:
+        """What a driver error means: the lease taken (kg_fence), heads moved
+        (kg_advance_heads), or a storage failure."""
+        if is_lease_taken(error):
+            return self._fenced_off()
+        if getattr(getattr(error, "orig", None), "sqlstate", None) == _HEADS_MOVED_SQLSTATE:
+            return HeadsMoved()
+        return storage_error(error)
 
     def _fenced_off(self) -> Fenced:
         assert self._fence is not None
@@ -312,10 +364,10 @@ class StoreBase:
                     if check:
                         await connection.run_sync(self._check_fence)
                     yield connection
-        except _LeaseTaken:
+        except LeaseTaken:
             raise self._fenced_off() from None
         except (sa.exc.SQLAlchemyError, OSError) as e:
-            raise storage_error(e) from e
+            raise self._driver_error(e) from e
 
     async def load_caches(self) -> None:
         async with self.transaction() as conn:

@@ -17,10 +17,10 @@ from typing import Final
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from core.errors import GroupLeased, GroupNotFound, InvalidArgument
 from storage.base import StoreBase
+from storage.fence import database_now
 from storage.schema import kg_gateway_lease
 from storage.statements import lease_holder, release_lease, take_lease
 
@@ -66,7 +66,7 @@ class LeaseOps(StoreBase):
         """
         lease = kg_gateway_lease
         async with self.transaction(fenced=False) as conn:
-            now = database_now(conn)
+            now = database_now(conn.dialect.name)
             if conn.dialect.name == "postgresql":
                 await conn.exec_driver_sql(f"SET LOCAL lock_timeout = '{LEASE_LOCK_TIMEOUT_MS}ms'")
             mine = sa.and_(lease.c.name == name, lease.c.holder == holder)
@@ -101,10 +101,3 @@ class LeaseOps(StoreBase):
                 .where(lease.c.name == name, lease.c.holder == holder)
                 .values(expires_at=0.0)
             )
-
-
-def database_now(conn: AsyncConnection) -> sa.ColumnElement[float]:
-    """The database server's clock in Unix seconds, as a SQL expression."""
-    if conn.dialect.name == "postgresql":
-        return sa.cast(sa.func.extract("epoch", sa.func.clock_timestamp()), sa.Double)
-    return (sa.func.julianday("now") - 2440587.5) * 86400.0

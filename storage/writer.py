@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import queue
+import select
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -33,8 +34,19 @@ import sqlalchemy as sa
 T = TypeVar("T")
 
 Body = Callable[[sa.Connection], T]
+
 # A job: the loop and future to wake, and the function to run on the writer thread.
 _Job = tuple[asyncio.AbstractEventLoop, "asyncio.Future[Any]", Callable[[], Any]]
+
+
+def _quiet(conn: sa.Connection) -> bool:
+    """Whether an idle connection's socket has nothing to read: no sign the server ended
+    the session (a healthy idle PostgreSQL session is sent nothing)."""
+    if conn.invalidated:
+        return False
+    driver: Any = conn.connection.driver_connection
+    readable, _, _ = select.select([driver.fileno()], [], [], 0)
+    return not readable
 
 
 def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
@@ -58,12 +70,20 @@ class WriterThread:
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._thread.start()
 
-    async def run(self, first: Body[None], body: Body[T]) -> T:
+    async def run(self, first: Body[None], body: Body[T], *, pipelined: bool = False) -> T:
         """Run ``first`` then ``body`` in one transaction on the writer thread and commit;
         returns what ``body`` returned. ``first`` is the transaction's first statement: if
         it finds the connection dropped, the transaction is tried once more on a new one.
-        Driver errors propagate as SQLAlchemy raised them."""
-        result: T = await self._call(lambda: self._transaction(first, body))
+        Driver errors propagate as SQLAlchemy raised them.
+
+        ``pipelined`` (PostgreSQL): ``first``, ``body`` and the COMMIT go out in one psycopg
+        pipeline, a single round trip, so neither may read a result (their statements'
+        errors surface at the COMMIT). A dropped connection must still be found before
+        anything is sent: a server that ends a session (restart, failover, an idle
+        killer, ``pg_terminate_backend``) says so on the socket first, so when the idle
+        connection has something to read, ``first`` runs on its own as above, then the
+        pipeline."""
+        result: T = await self._call(lambda: self._transaction(first, body, pipelined))
         return result
 
     async def close(self) -> None:
@@ -101,7 +121,10 @@ class WriterThread:
         self._disconnect()
         self._engine.dispose()
 
-    def _transaction(self, first: Body[None], body: Body[T]) -> T:
+    def _transaction(self, first: Body[None], body: Body[T], pipelined: bool) -> T:
+        if pipelined and self._conn is not None and _quiet(self._conn):
+            self._conn.begin()
+            return self._pipelined(self._conn, first, body)
         for attempt in range(2):
             conn = self._connection()
             try:
@@ -119,11 +142,35 @@ class WriterThread:
             except BaseException:
                 self._rollback(conn)
                 raise
+        return self._pipelined(conn, None, body) if pipelined else self._finish(conn, body)
+
+    def _finish(self, conn: sa.Connection, body: Body[T]) -> T:
         try:
             result = body(conn)
             conn.commit()
         except BaseException:
             self._rollback(conn)
+            raise
+        return result
+
+    def _pipelined(self, conn: sa.Connection, first: Body[None] | None, body: Body[T]) -> T:
+        """``first`` (if any), ``body`` and the COMMIT in one psycopg pipeline."""
+        driver: Any = conn.connection.driver_connection
+        try:
+            with driver.pipeline():
+                if first is not None:
+                    first(conn)
+                result = body(conn)
+                conn.commit()
+        except BaseException:
+            # A statement that failed in the pipeline fails the COMMIT, after which
+            # SQLAlchemy takes the transaction as ended; the server's is still open (aborted).
+            self._rollback(conn)
+            if self._conn is not None:
+                try:
+                    driver.rollback()
+                except Exception:
+                    self._disconnect()
             raise
         return result
 

@@ -16,7 +16,7 @@ from core.errors import Fenced
 from core.model import QueueConfig
 from gateway.client import Client
 from storage import SqlStore, open_store
-from storage.base import GatewayLease
+from storage.fence import GatewayLease
 from storage.schema import kg_gateway_lease, kg_group_offsets
 from tests.conftest import MessageFactory
 from tests.integration.conftest import native_url, start_gateway
@@ -55,7 +55,7 @@ async def test_a_store_whose_lease_was_taken_over_stores_nothing_more(
     fenced: list[Fenced] = []
     epoch = await store.acquire_gateway_lease("main", "gw-a", ttl=0.3)
     assert epoch is not None
-    store.fence(GatewayLease("main", "gw-a", epoch), fenced.append)
+    store.fence(GatewayLease("main", "gw-a", epoch, 0.3), fenced.append)
     await store.create_queue(QueueConfig("orders"))
     [kept] = await store.append([make_message("orders", payload=b"kept")], now=NOW)
     # gw-a freezes (stops renewing); gw-b takes the lease over.
@@ -82,12 +82,60 @@ async def test_the_holder_writes_while_it_renews(
 ) -> None:
     epoch = await store.acquire_gateway_lease("main", "gw-a", ttl=10)
     assert epoch is not None
-    store.fence(GatewayLease("main", "gw-a", epoch), pytest.fail)
+    store.fence(GatewayLease("main", "gw-a", epoch, 10), pytest.fail)
     await store.create_queue(QueueConfig("orders"))
     for n in range(3):
         assert await store.acquire_gateway_lease("main", "gw-a", ttl=10, epoch=epoch) == epoch
         await store.append([make_message("orders", payload=b"%d" % n)], now=NOW)
     assert [m.payload for m in await store.read("orders", 0, 0, 10)] == [b"0", b"1", b"2"]
+
+
+async def test_a_busy_holder_keeps_its_lease_with_its_writes_alone(
+    store: SqlStore, other: SqlStore, make_message: MessageFactory
+) -> None:
+    """The gateway's own renewals can wait behind its appends for the single SQLite
+    writer; the appends themselves must keep the lease, or a flood makes it stop."""
+    fenced: list[Fenced] = []
+    epoch = await store.acquire_gateway_lease("main", "gw-a", ttl=0.6)
+    assert epoch is not None
+    store.fence(GatewayLease("main", "gw-a", epoch, 0.6), fenced.append)
+    await store.create_queue(QueueConfig("orders"))
+    until = time.monotonic() + 2.0  # over three TTLs with no renewal but the writes'
+    while time.monotonic() < until:
+        await store.append([make_message("orders")], now=NOW)
+        assert await other.acquire_gateway_lease("main", "gw-b", ttl=10) is None
+    assert not fenced
+    assert time.monotonic() - store.lease_renewed_at < 0.6
+    # Once the writes stop, nothing renews: the lease lapses and gw-b takes over.
+    assert await eventually(lambda: other.acquire_gateway_lease("main", "gw-b", ttl=10)) == 2
+    with pytest.raises(Fenced):
+        await store.append([make_message("orders")], now=NOW)
+
+
+async def test_a_gateway_whose_renewals_hang_stays_active_while_it_writes(
+    db_url: str,
+) -> None:
+    gateway = await start_gateway(db_url, lease_ttl=1.0)
+    hung = asyncio.Event()
+
+    async def renewal_behind_a_flood(epoch: int | None = None) -> int | None:
+        hung.set()
+        await asyncio.Event().wait()  # never answers, like a renewal queued behind appends
+        return epoch
+
+    gateway._acquire = renewal_behind_a_flood  # type: ignore[method-assign]
+    try:
+        async with Client(native_url(gateway)) as client:
+            await client.declare_queue("orders")
+            until = time.monotonic() + 3.0  # three TTLs
+            while time.monotonic() < until:
+                await client.publish("orders", b"x", key="k")
+            assert not gateway.lost_lease
+        # Idle, with renewals that never answer: the gateway gives the lease up.
+        await asyncio.wait_for(gateway.wait_closed(), 10)
+        assert hung.is_set() and gateway.lost_lease
+    finally:
+        await gateway.stop()
 
 
 async def test_a_gateway_fenced_off_with_consumers_stops_at_once_without_writing(
