@@ -247,7 +247,9 @@ class StoreBase:
     async def write(self, body: Body[T], *, pipelined: bool = False) -> T:
         """Run ``body`` as one fenced write transaction on the writer thread
         (storage.writer); returns its result after COMMIT. Errors as ``transaction``.
-        ``pipelined``: see WriterThread.run (PostgreSQL only; ignored on SQLite)."""
+        ``pipelined`` (PostgreSQL; ignored on SQLite): the fence, ``body`` and the COMMIT
+        go out as one pipeline, one round trip; ``body`` must not read any result
+        (WriterThread.run)."""
         if self._fence is not None and self.fenced:
             raise self._fenced_off()
         started = time.monotonic()

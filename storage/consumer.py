@@ -152,7 +152,7 @@ class ConsumerOps(AdminOps):
                 stmt = upsert(conn, _d, keys, ("delivery_count", "first_delivery_time"))
                 conn.execute(stmt, deliveries)
 
-        await self.write(advance)
+        await self.write(advance, pipelined=True)
         return [None] * len(calls)
 
     async def write_offsets(
@@ -166,7 +166,10 @@ class ConsumerOps(AdminOps):
         """Write full ack state per partition and forget the settled delivery records;
         ``retries`` are recorded first, so any of them settled meanwhile is dropped too."""
         if updates or retries:
-            await self.write(lambda conn: self._write_offsets(conn, queue, group, updates, retries))
+            await self.write(
+                lambda conn: self._write_offsets(conn, queue, group, updates, retries),
+                pipelined=True,
+            )
 
     def _write_offsets(
         self,
@@ -397,7 +400,7 @@ class ConsumerOps(AdminOps):
                 drop = sa.delete(kg_flows).where(kg_flows.c.flow_id == sa.bindparam("b_flow"))
                 conn.execute(drop, exited)
 
-        await self.write(record)
+        await self.write(record, pipelined=True)
 
     async def forget_consumers(self, lease_owner: str) -> None:
         """At a gateway's start: the flows of any earlier run, and the partitions they
@@ -435,4 +438,4 @@ class ConsumerOps(AdminOps):
             .values(pending=sa.bindparam("b_pending"), last_seen=sa.bindparam("b_now"))
         )
         rows = [{"b_flow": k, "b_pending": v, "b_now": now} for k, v in pending.items()]
-        await self.write(lambda conn: conn.execute(stmt, rows))
+        await self.write(lambda conn: conn.execute(stmt, rows), pipelined=True)

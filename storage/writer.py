@@ -27,7 +27,7 @@ import queue
 import select
 import threading
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 import sqlalchemy as sa
 
@@ -35,6 +35,8 @@ T = TypeVar("T")
 
 Body = Callable[[sa.Connection], T]
 
+# psycopg's pq.TransactionStatus.IDLE, without importing psycopg (SQLite needs none).
+_IDLE: Final = 0
 # A job: the loop and future to wake, and the function to run on the writer thread.
 _Job = tuple[asyncio.AbstractEventLoop, "asyncio.Future[Any]", Callable[[], Any]]
 
@@ -47,6 +49,21 @@ def _quiet(conn: sa.Connection) -> bool:
     driver: Any = conn.connection.driver_connection
     readable, _, _ = select.select([driver.fileno()], [], [], 0)
     return not readable
+
+
+def _wrapped(conn: sa.Connection, error: Exception) -> sa.exc.StatementError:
+    """A psycopg error raised outside SQLAlchemy as SQLAlchemy would have raised it, the
+    connection invalidated if it is lost."""
+    driver: Any = conn.connection.driver_connection
+    if driver.broken:
+        conn.invalidate()
+    return sa.exc.DBAPIError.instance(
+        "-- a pipelined transaction",
+        None,
+        error,
+        type(driver).Error,
+        connection_invalidated=bool(driver.broken),
+    )
 
 
 def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
@@ -142,9 +159,6 @@ class WriterThread:
             except BaseException:
                 self._rollback(conn)
                 raise
-        return self._pipelined(conn, None, body) if pipelined else self._finish(conn, body)
-
-    def _finish(self, conn: sa.Connection, body: Body[T]) -> T:
         try:
             result = body(conn)
             conn.commit()
@@ -153,26 +167,43 @@ class WriterThread:
             raise
         return result
 
-    def _pipelined(self, conn: sa.Connection, first: Body[None] | None, body: Body[T]) -> T:
-        """``first`` (if any), ``body`` and the COMMIT in one psycopg pipeline."""
+    def _pipelined(self, conn: sa.Connection, first: Body[None], body: Body[T]) -> T:
+        """``first``, ``body`` and the COMMIT in one psycopg pipeline: one round
+        trip. The driver connection is in autocommit mode meanwhile, because psycopg would
+        otherwise send a BEGIN of its own and wait for its answer (two more round trips
+        with the pipeline's own closing sync); BEGIN and COMMIT are ours, queued with the
+        rest, and SQLAlchemy's transaction around them sends nothing."""
         driver: Any = conn.connection.driver_connection
+        driver.autocommit = True
         try:
-            with driver.pipeline():
-                if first is not None:
+            try:
+                with driver.pipeline():
+                    conn.exec_driver_sql("BEGIN")
                     first(conn)
-                result = body(conn)
-                conn.commit()
+                    result = body(conn)
+                    conn.exec_driver_sql("COMMIT")
+            except sa.exc.DBAPIError:
+                raise
+            except driver.Error as e:  # raised by the pipeline's sync, outside SQLAlchemy
+                raise _wrapped(conn, e) from e
         except BaseException:
-            # A statement that failed in the pipeline fails the COMMIT, after which
-            # SQLAlchemy takes the transaction as ended; the server's is still open (aborted).
-            self._rollback(conn)
-            if self._conn is not None:
-                try:
-                    driver.rollback()
-                except Exception:
-                    self._disconnect()
+            self._abandon(conn, driver)
             raise
+        driver.autocommit = False
+        conn.commit()
         return result
+
+    def _abandon(self, conn: sa.Connection, driver: Any) -> None:
+        """After a failed pipeline: roll the server's transaction back (a failed statement
+        leaves it open and aborted) and the driver out of autocommit, else drop it."""
+        try:
+            if not driver.broken and driver.info.transaction_status != _IDLE:
+                driver.execute("ROLLBACK")
+            driver.autocommit = False
+        except Exception:
+            self._disconnect()
+            return
+        self._rollback(conn)
 
     def _connection(self) -> sa.Connection:
         if self._conn is not None and self._conn.invalidated:
