@@ -178,7 +178,8 @@ def _int_param(
 
 def browsed_json(row: dict[str, Any]) -> dict[str, Any]:
     """A browsed kg_messages row as JSON: the payload as text when it is UTF-8, and always
-    as base64; properties in their stored form (bytes as {"$b64": ...})."""
+    as base64; properties in their stored form (bytes as {"$b64": ...}, some floats as
+    {"$f": ...})."""
     payload = bytes(row.pop("payload"))
     try:
         text: str | None = payload.decode()

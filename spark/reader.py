@@ -32,7 +32,7 @@ from sqlalchemy.engine import make_url
 from core.partition import property_text
 from spark.db import read_engine
 from spark.plan import ReadRange
-from storage.codec import B64_KEY, decode_properties
+from storage.codec import B64_KEY, FLOAT_KEY, decode_properties
 from storage.engine import SQLITE_BUSY_TIMEOUT_MS, is_sqlite
 from storage.schema import kg_deliveries, kg_messages
 
@@ -65,7 +65,7 @@ def render_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, dict):
-        return str(value.get(B64_KEY, ""))
+        return str(value.get(B64_KEY, value.get(FLOAT_KEY, "")))
     return repr(value) if isinstance(value, float) else str(value)
 
 

@@ -1,8 +1,12 @@
 """Conversions between model objects and kg_ rows.
 
 Property values are JSON: strings, numbers and booleans as themselves, bytes as
-``{"$b64": "<base64>"}`` (the only object-valued property form, so it cannot be confused
-with a user value). Ack ranges are ``[[lo, hi], ...]``.
+``{"$b64": "<base64>"}``, and the floats JSON cannot carry as floats as ``{"$f": "<repr>"}``:
+infinities and NaN (not JSON at all; PostgreSQL refuses them) and those Python writes
+with a positive exponent (``1e+20``), which PostgreSQL's JSONB turns into integers (an
+exact numeric with no fraction: 1e300 came back as a 301-digit int). These are the only
+object-valued property forms, so they cannot be confused with a user value. Ack ranges
+are ``[[lo, hi], ...]``.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import fields
 from typing import Any, Final
@@ -28,25 +33,31 @@ from core.model import (
 )
 
 B64_KEY: Final = "$b64"
+FLOAT_KEY: Final = "$f"
 # QueueConfig fields whose column is named differently (WINDOW is reserved in PostgreSQL).
 _QUEUE_COLUMN: Final = {"window": "window_size"}
 _QUEUE_FIELDS: Final = tuple(f.name for f in fields(QueueConfig) if f.name != "subscriptions")
 
 
 def encode_properties(properties: Properties) -> dict[str, Any]:
-    return {
-        name: {B64_KEY: base64.b64encode(value).decode("ascii")}
-        if isinstance(value, bytes)
-        else value
-        for name, value in properties.items()
-    }
+    return {name: _encode_value(value) for name, value in properties.items()}
+
+
+def _encode_value(value: PropertyValue) -> Any:
+    if isinstance(value, bytes):
+        return {B64_KEY: base64.b64encode(value).decode("ascii")}
+    if isinstance(value, float) and not (math.isfinite(value) and abs(value) < 1e16):
+        return {FLOAT_KEY: repr(value)}
+    return value
 
 
 def _decode_value(name: str, value: Any) -> PropertyValue:
     if isinstance(value, dict):
         try:
+            if FLOAT_KEY in value:
+                return float(value[FLOAT_KEY])
             return base64.b64decode(value[B64_KEY], validate=True)
-        except (KeyError, TypeError, binascii.Error) as e:
+        except (KeyError, TypeError, ValueError, binascii.Error) as e:
             raise StorageError(f"property {name!r} holds an unreadable value") from e
     if isinstance(value, str | int | float | bool):
         return value

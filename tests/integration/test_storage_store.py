@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 from collections.abc import Callable, Sequence
 
 import pytest
@@ -372,3 +373,20 @@ async def test_a_call_the_database_refuses_fails_alone_and_its_batch_mates_are_s
         assert isinstance(error, StorageError) and error.message == "storage error"
     stored = [m for p in range(4) for m in await store.read("orders", p, 0, 100)]
     assert sorted(m.payload for m in stored) == sorted(m.payload for m in good)
+
+
+FLOATS = (1e300, -1e20, 1e16, 9999999999999998.0, 2.0, 1.5, 5e-324, math.inf, -math.inf)
+
+
+async def test_float_properties_come_back_as_the_same_floats(
+    store: SqlStore, make_message: MessageFactory
+) -> None:
+    """PostgreSQL's JSONB turned 1e300 into a 301-digit integer and refused inf and NaN."""
+    await store.create_queue(QueueConfig("orders"))
+    properties = {f"f{i}": value for i, value in enumerate(FLOATS)} | {"nan": math.nan}
+    await store.append([make_message("orders", properties=properties)], now=NOW)
+    [stored] = await store.read("orders", 0, 0, 1)
+    back = dict(stored.properties)
+    assert math.isnan(back.pop("nan"))  # type: ignore[arg-type]
+    assert back == {f"f{i}": value for i, value in enumerate(FLOATS)}
+    assert all(type(value) is float for value in back.values())
