@@ -175,17 +175,24 @@ class WriterThread:
         rest, and SQLAlchemy's transaction around them sends nothing."""
         driver: Any = conn.connection.driver_connection
         driver.autocommit = True
+        failed: BaseException | None = None
         try:
             try:
                 with driver.pipeline():
-                    conn.exec_driver_sql("BEGIN")
-                    first(conn)
-                    result = body(conn)
-                    conn.exec_driver_sql("COMMIT")
-            except sa.exc.DBAPIError:
-                raise
+                    try:
+                        conn.exec_driver_sql("BEGIN")
+                        first(conn)
+                        result = body(conn)
+                        conn.exec_driver_sql("COMMIT")
+                    except BaseException as e:
+                        # Leave the block normally: an exception through it makes psycopg
+                        # log its own failing sync as a warning.
+                        failed = e
             except driver.Error as e:  # raised by the pipeline's sync, outside SQLAlchemy
-                raise _wrapped(conn, e) from e
+                if failed is None:
+                    raise _wrapped(conn, e) from e
+            if failed is not None:
+                raise failed
         except BaseException:
             self._abandon(conn, driver)
             raise
