@@ -385,9 +385,10 @@ class SqlStore(InspectionOps, LeaseOps, ProtocolStateOps, ConsumerOps):
         published longer ago than it), expired messages of queues without groups and expired
         dedup records. Returns the number of messages deleted.
 
-        Deletes run in short transactions of at most RETENTION_CHUNK seqs of one partition,
-        so publishes are not held up behind a large clean-up (SQLite has one writer)."""
-        m, o = kg_messages, kg_group_offsets
+        Deletes run in short transactions of at most RETENTION_CHUNK seqs of one partition
+        (or expired messages), so publishes are not held up behind a large clean-up (SQLite
+        has one writer)."""
+        m, o, d = kg_messages, kg_group_offsets, kg_dedup
         async with self.transaction() as conn:
             lows = list(
                 await conn.execute(
@@ -409,16 +410,28 @@ class SqlStore(InspectionOps, LeaseOps, ProtocolStateOps, ConsumerOps):
                 await self.write(functools.partial(self._delete, where=where, deleted=deleted))
                 total += self._forget_depth(deleted)
                 self._retained[(queue, partition)] = done = upto
-        deleted = {}
-        ungrouped = m.c.queue.not_in(sa.select(kg_groups.c.queue).distinct())
-        expired = sa.and_(m.c.expire_at <= now, ungrouped)
+        expiring: dict[str, list[int]] = {}
+        while await self.write(functools.partial(self._expire_some, now=now, deleted=expiring)):
+            pass
+        await self.write(lambda conn: conn.execute(sa.delete(d).where(d.c.expires_at <= now)))
+        return total + self._forget_depth(expiring)
 
-        def expire(conn: sa.Connection) -> None:
-            self._delete(conn, where=expired, deleted=deleted)
-            conn.execute(sa.delete(kg_dedup).where(kg_dedup.c.expires_at <= now))
-
-        await self.write(expire)
-        return total + self._forget_depth(deleted)
+    def _expire_some(
+        self, conn: sa.Connection, *, now: float, deleted: dict[str, list[int]]
+    ) -> bool:
+        """Delete up to RETENTION_CHUNK expired messages (``expired_messages``), oldest expiry
+        first; True if there may be more. Read in expiry order through the expiry index,
+        so the sweep costs what it deletes, not the size of the table."""
+        m = kg_messages
+        rows = conn.execute(expired_messages(now)).all()
+        if rows:
+            keys = [(queue, partition, seq) for queue, partition, seq, _ in rows]
+            conn.execute(sa.delete(m).where(sa.tuple_(m.c.queue, m.c.partition, m.c.seq).in_(keys)))
+            for queue, _, _, size in rows:
+                total = deleted.setdefault(queue, [0, 0])
+                total[0] += 1
+                total[1] += size
+        return len(rows) == RETENTION_CHUNK
 
     async def _retention_bound(
         self, queue: str, partition: int, settled: int, done: int, now: float
@@ -469,6 +482,20 @@ class SqlStore(InspectionOps, LeaseOps, ProtocolStateOps, ConsumerOps):
             found = True
         if found:
             conn.execute(sa.delete(m).where(where))
+
+
+def expired_messages(now: float) -> sa.Select[tuple[str, int, int, int]]:
+    """(queue, partition, seq, size) of up to RETENTION_CHUNK messages the expiry sweep
+    deletes, oldest expiry first: expired, in a queue without groups (a group
+    dead-letters or drops its own). Read through ix_kg_messages_expire_at."""
+    m = kg_messages
+    ungrouped = m.c.queue.not_in(sa.select(kg_groups.c.queue).distinct())
+    return (
+        sa.select(m.c.queue, m.c.partition, m.c.seq, m.c.size)
+        .where(m.c.expire_at <= now, ungrouped)
+        .order_by(m.c.expire_at)
+        .limit(RETENTION_CHUNK)
+    )
 
 
 async def open_store(

@@ -22,6 +22,7 @@ from core.errors import (
 from core.model import GroupConfig, Message, QueueConfig, StartPosition
 from storage import SqlStore, open_store
 from storage.schema import kg_partitions
+from storage.store import expired_messages
 
 MessageFactory = Callable[..., Message]
 
@@ -390,3 +391,20 @@ async def test_float_properties_come_back_as_the_same_floats(
     assert math.isnan(back.pop("nan"))  # type: ignore[arg-type]
     assert back == {f"f{i}": value for i, value in enumerate(FLOATS)}
     assert all(type(value) is float for value in back.values())
+
+
+async def test_the_expiry_sweep_finds_expired_messages_through_an_index(store: SqlStore) -> None:
+    """It runs every few seconds with the write lock held: a scan of kg_messages there
+    stalled appends for seconds with millions of messages stored, and the gateway lost
+    its lease."""
+    query = expired_messages(NOW)
+    async with store.transaction() as conn:
+        if conn.dialect.name == "postgresql":
+            await conn.exec_driver_sql("SET LOCAL enable_seqscan = off")
+            compiled = query.compile(conn.sync_connection, compile_kwargs={"literal_binds": True})
+            plan = await conn.exec_driver_sql(f"EXPLAIN {compiled}")
+        else:
+            compiled = query.compile(conn.sync_connection, compile_kwargs={"literal_binds": True})
+            plan = await conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {compiled}")
+        text = "\n".join(str(row[-1]) for row in plan)
+    assert "ix_kg_messages_expire_at" in text, text
