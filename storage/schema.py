@@ -103,6 +103,7 @@ kg_messages: Final = sa.Table(
     # messages have no TTL and cost the index nothing.
     sa.Index(
         "ix_kg_messages_expire_at",
+        "queue",
         "expire_at",
         sqlite_where=sa.text("expire_at IS NOT NULL"),
         postgresql_where=sa.text("expire_at IS NOT NULL"),

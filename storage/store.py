@@ -48,7 +48,7 @@ from storage.leases import LeaseOps
 from storage.limits import check_append
 from storage.migrate import migrate
 from storage.protocol_state import ProtocolStateOps
-from storage.schema import kg_dedup, kg_group_offsets, kg_groups, kg_messages
+from storage.schema import kg_dedup, kg_group_offsets, kg_groups, kg_messages, kg_queues
 from storage.statements import upsert
 from storage.writer import WriterThread
 
@@ -388,7 +388,7 @@ class SqlStore(InspectionOps, LeaseOps, ProtocolStateOps, ConsumerOps):
         Deletes run in short transactions of at most RETENTION_CHUNK seqs of one partition
         (or expired messages), so publishes are not held up behind a large clean-up (SQLite
         has one writer)."""
-        m, o, d = kg_messages, kg_group_offsets, kg_dedup
+        m, o, d, q = kg_messages, kg_group_offsets, kg_dedup, kg_queues
         async with self.transaction() as conn:
             lows = list(
                 await conn.execute(
@@ -397,6 +397,9 @@ class SqlStore(InspectionOps, LeaseOps, ProtocolStateOps, ConsumerOps):
                     )
                 )
             )
+            # A group dead-letters or drops its own expired messages; the sweep does the rest.
+            ungrouped = sa.select(q.c.name).where(q.c.name.not_in(sa.select(kg_groups.c.queue)))
+            sweep = list((await conn.execute(ungrouped)).scalars())
         total = 0
         for queue, partition, settled in lows:
             done = self._retained.get((queue, partition), 0)
@@ -411,19 +414,21 @@ class SqlStore(InspectionOps, LeaseOps, ProtocolStateOps, ConsumerOps):
                 total += self._forget_depth(deleted)
                 self._retained[(queue, partition)] = done = upto
         expiring: dict[str, list[int]] = {}
-        while await self.write(functools.partial(self._expire_some, now=now, deleted=expiring)):
-            pass
+        for queue in sweep:
+            expire = functools.partial(self._expire_some, queue, now=now, deleted=expiring)
+            while await self.write(expire):
+                pass
         await self.write(lambda conn: conn.execute(sa.delete(d).where(d.c.expires_at <= now)))
         return total + self._forget_depth(expiring)
 
     def _expire_some(
-        self, conn: sa.Connection, *, now: float, deleted: dict[str, list[int]]
+        self, queue: str, conn: sa.Connection, *, now: float, deleted: dict[str, list[int]]
     ) -> bool:
-        """Delete up to RETENTION_CHUNK expired messages (``expired_messages``), oldest expiry
-        first; True if there may be more. Read in expiry order through the expiry index,
-        so the sweep costs what it deletes, not the size of the table."""
+        """Delete up to RETENTION_CHUNK expired messages of ``queue`` (``expired_messages``),
+        oldest expiry first; True if there may be more. Read in expiry order through the
+        expiry index, so the sweep costs what it deletes, not the size of the table."""
         m = kg_messages
-        rows = conn.execute(expired_messages(now)).all()
+        rows = conn.execute(expired_messages(queue, now)).all()
         if rows:
             keys = [(queue, partition, seq) for queue, partition, seq, _ in rows]
             conn.execute(sa.delete(m).where(sa.tuple_(m.c.queue, m.c.partition, m.c.seq).in_(keys)))
@@ -484,15 +489,13 @@ class SqlStore(InspectionOps, LeaseOps, ProtocolStateOps, ConsumerOps):
             conn.execute(sa.delete(m).where(where))
 
 
-def expired_messages(now: float) -> sa.Select[tuple[str, int, int, int]]:
-    """(queue, partition, seq, size) of up to RETENTION_CHUNK messages the expiry sweep
-    deletes, oldest expiry first: expired, in a queue without groups (a group
-    dead-letters or drops its own). Read through ix_kg_messages_expire_at."""
+def expired_messages(queue: str, now: float) -> sa.Select[tuple[str, int, int, int]]:
+    """(queue, partition, seq, size) of up to RETENTION_CHUNK expired messages of
+    ``queue``, oldest expiry first, read through ix_kg_messages_expire_at."""
     m = kg_messages
-    ungrouped = m.c.queue.not_in(sa.select(kg_groups.c.queue).distinct())
     return (
         sa.select(m.c.queue, m.c.partition, m.c.seq, m.c.size)
-        .where(m.c.expire_at <= now, ungrouped)
+        .where(m.c.queue == queue, m.c.expire_at <= now)
         .order_by(m.c.expire_at)
         .limit(RETENTION_CHUNK)
     )

@@ -397,7 +397,7 @@ async def test_the_expiry_sweep_finds_expired_messages_through_an_index(store: S
     """It runs every few seconds with the write lock held: a scan of kg_messages there
     stalled appends for seconds with millions of messages stored, and the gateway lost
     its lease."""
-    query = expired_messages(NOW)
+    query = expired_messages("orders", NOW)
     async with store.transaction() as conn:
         if conn.dialect.name == "postgresql":
             await conn.exec_driver_sql("SET LOCAL enable_seqscan = off")

@@ -1,4 +1,4 @@
-"""An index for the expiry sweep: kg_messages(expire_at) where it is set.
+"""An index for the expiry sweep: kg_messages(queue, expire_at) where expire_at is set.
 
 The retention job looks for expired messages every ``retention_interval`` (5 s) on the
 writer's connection. With no index it read the whole of kg_messages each time, holding
@@ -28,7 +28,7 @@ def upgrade() -> None:
     op.create_index(
         "ix_kg_messages_expire_at",
         "kg_messages",
-        ["expire_at"],
+        ["queue", "expire_at"],
         sqlite_where=_SET,
         postgresql_where=_SET,
     )
