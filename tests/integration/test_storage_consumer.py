@@ -38,6 +38,7 @@ from core.model import (
 from storage import SqlStore, open_store
 from storage import store as storage_store
 from storage.schema import kg_partitions
+from storage.store import RETENTION_CHUNK
 
 NOW = 1_700_000_000.0
 MessageFactory = Callable[..., Message]
@@ -220,6 +221,18 @@ async def test_a_queue_without_groups_keeps_messages_until_they_expire(
     assert await store.retention(now=NOW + 5) == 0
     assert await store.retention(now=NOW + 10) == 1
     assert [m.seq for m in await store.read("events", 0, 0, 10)] == [1]
+
+
+async def test_the_expiry_sweep_deletes_more_than_one_chunk(
+    store: SqlStore, make_message: MessageFactory
+) -> None:
+    await store.create_queue(QueueConfig("events", partitions=3))
+    count = 2 * RETENTION_CHUNK + 7
+    await store.append(
+        [make_message("events", i % 3, expire_at=NOW + i % 5) for i in range(count)], now=NOW
+    )
+    assert await store.retention(now=NOW + 10) == count
+    assert await store.depth("events") == (0, 0)
 
 
 async def test_purge_moves_every_group_to_the_head(
