@@ -99,10 +99,11 @@ class MqttCodec:
         first, start, end = header
         self._pos = end
         # Released on the way out, even on error, so the buffer can grow again.
+        v5 = (self.version or MQTT_5) == MQTT_5
         with memoryview(self._buffer) as view:
             if first >> 4 == _PUBLISH:
-                return _publish(first & 0x0F, view, start, end, self.version != MQTT_3_1_1)
-            return self._decode(first >> 4, first & 0x0F, Reader(view, start, end))
+                return _publish(first & 0x0F, view, start, end, v5)
+            return self._decode(first >> 4, Reader(view, start, end), v5)
 
     def peek_type(self) -> int | None:
         """The next packet's type as soon as its first byte has arrived, else None."""
@@ -144,11 +145,11 @@ class MqttCodec:
             return None
         return first, pos + header_size, pos + header_size + length
 
-    def _decode(self, kind: int, flags: int, reader: Reader) -> Packet:
+    def _decode(self, kind: int, reader: Reader, v5: bool) -> Packet:
         if kind == PacketType.CONNECT:
             packet: Packet = self._connect(reader)
         else:
-            packet = _decode_other(PacketType(kind), reader, (self.version or MQTT_5) == MQTT_5)
+            packet = _decode_other(PacketType(kind), reader, v5)
         reader.finish()
         return packet
 
