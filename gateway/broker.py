@@ -15,6 +15,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
+from typing import Final
 
 from core.errors import (
     Conflict,
@@ -65,6 +66,9 @@ from storage.store import SqlStore
 
 log = logging.getLogger("keygate.broker")
 
+# Topics whose routes are cached; a publisher using more only costs the trie walk again.
+ROUTE_CACHE_SIZE: Final = 10_000
+
 
 # A group with native flows is leased in SQL (kind "native") so a Spark job refuses it;
 # renewed every retention interval, released when the group's last flow leaves.
@@ -85,6 +89,9 @@ class Broker(ProtocolState):
         self.clock = clock
         self._queues: dict[str, QueueConfig] = {}
         self._index = SubscriptionIndex()
+        # Topic -> the queues subscribed to it, as _route found them; emptied whenever a
+        # queue or a subscription changes, and when it holds ROUTE_CACHE_SIZE topics.
+        self._routes: dict[str, tuple[QueueConfig, ...]] = {}
         self.groups = Groups(store, config, RuntimeMetrics(metrics), self.queue, clock, log.warning)
         self._appends_in_flight = 0
         self._closing = False
@@ -104,6 +111,7 @@ class Broker(ProtocolState):
     # --- queues --------------------------------------------------------------------
 
     def _remember(self, queue: QueueConfig) -> None:
+        self._routes.clear()
         old = self._queues.get(queue.name)
         if old is not None:
             for pattern in old.subscriptions:
@@ -148,6 +156,7 @@ class Broker(ProtocolState):
                 await runtime.close(gone)
         count = await self._store.delete_queue(name)
         old = self._queues.pop(name)
+        self._routes.clear()
         for pattern in old.subscriptions:
             self._index.remove(pattern, name)
         return count
@@ -226,14 +235,19 @@ class Broker(ProtocolState):
             self.access.check_monitor(principal, config.name)
         return await self.create_queue(config, exist_ok=exist_ok)
 
-    def _route(self, publication: Publication, topic: str | None) -> list[QueueConfig]:
+    def _route(self, publication: Publication, topic: str | None) -> tuple[QueueConfig, ...]:
         if topic is None:
             assert publication.queue is not None
-            return [self.queue(publication.queue)]
-        names = self._index.match(topic)
-        if not names:
-            raise NoRoute(f"no queue subscribes to topic {topic!r}")
-        return [self._queues[name] for name in sorted(names)]
+            return (self.queue(publication.queue),)
+        queues = self._routes.get(topic)
+        if queues is None:
+            names = self._index.match(topic)
+            if not names:
+                raise NoRoute(f"no queue subscribes to topic {topic!r}")
+            if len(self._routes) >= ROUTE_CACHE_SIZE:
+                self._routes.clear()
+            queues = self._routes[topic] = tuple(self._queues[name] for name in sorted(names))
+        return queues
 
     def _messages(
         self, principal: Principal, publication: Publication, now: float

@@ -43,6 +43,7 @@ from protocols.mqtt.wire import (
     MAX_VBI,
     WILL,
     Reader,
+    decode_utf8,
     read_properties,
     write_binary,
     write_properties,
@@ -64,6 +65,7 @@ _ACKS: Final[dict[PacketType, type[PubAck | PubRec | PubRel | PubComp]]] = {
     PacketType.PUBCOMP: PubComp,
 }
 _ACK_KINDS: Final = {cls: kind for kind, cls in _ACKS.items()}
+_PUBLISH: Final = int(PacketType.PUBLISH)  # a plain int compares faster than the enum
 
 
 def _has_properties(properties: MqttProperties) -> bool:
@@ -97,8 +99,11 @@ class MqttCodec:
         first, start, end = header
         self._pos = end
         # Released on the way out, even on error, so the buffer can grow again.
+        v5 = (self.version or MQTT_5) == MQTT_5
         with memoryview(self._buffer) as view:
-            return self._decode(first >> 4, first & 0x0F, Reader(view, start, end))
+            if first >> 4 == _PUBLISH:
+                return _publish(first & 0x0F, view, start, end, v5)
+            return self._decode(first >> 4, Reader(view, start, end), v5)
 
     def peek_type(self) -> int | None:
         """The next packet's type as soon as its first byte has arrived, else None."""
@@ -114,8 +119,9 @@ class MqttCodec:
         available = len(buf) - pos
         if available < 1:
             return None
-        kind, flags = buf[pos] >> 4, buf[pos] & 0x0F
-        if kind != PacketType.PUBLISH and (kind == 0 or flags != _REQUIRED_FLAGS.get(kind, 0)):
+        first = buf[pos]
+        kind, flags = first >> 4, first & 0x0F
+        if kind != _PUBLISH and (kind == 0 or flags != _REQUIRED_FLAGS.get(kind, 0)):
             raise MalformedPacket(f"reserved flags 0x{flags:x} on packet type {kind}")
         if available < 2:
             return None
@@ -137,17 +143,13 @@ class MqttCodec:
             )
         if available < header_size + length:
             return None
-        return buf[pos], pos + header_size, pos + header_size + length
+        return first, pos + header_size, pos + header_size + length
 
-    def _decode(self, kind: int, flags: int, reader: Reader) -> Packet:
+    def _decode(self, kind: int, reader: Reader, v5: bool) -> Packet:
         if kind == PacketType.CONNECT:
             packet: Packet = self._connect(reader)
         else:
-            v5 = (self.version or MQTT_5) == MQTT_5
-            if kind == PacketType.PUBLISH:
-                packet = _publish(flags, reader, v5)
-            else:
-                packet = _decode_other(PacketType(kind), reader, v5)
+            packet = _decode_other(PacketType(kind), reader, v5)
         reader.finish()
         return packet
 
@@ -294,20 +296,35 @@ def _encode_connect(body: bytearray, packet: Connect) -> None:
         write_binary(body, packet.password)
 
 
-def _publish(flags: int, reader: Reader, v5: bool) -> Publish:
+def _publish(flags: int, data: memoryview, start: int, end: int, v5: bool) -> Publish:
+    """A PUBLISH body read straight from the buffer: PUBLISH is nearly all the traffic, and
+    one without properties (the usual case) needs no ``Reader`` and no property block."""
     dup, qos, retain = bool(flags & 0x08), (flags >> 1) & 0x03, bool(flags & 0x01)
     if qos == 3:
         raise MalformedPacket("PUBLISH with QoS 3")
     if dup and qos == 0:
         raise MalformedPacket("PUBLISH with DUP set at QoS 0")
-    topic = reader.utf8()
+    pos = start + 2
+    if pos > end or (pos := pos + (data[start] << 8 | data[start + 1])) > end:
+        raise MalformedPacket("packet ends early")
+    topic = decode_utf8(bytes(data[start + 2 : pos]))
     packet_id = None
     if qos:
-        packet_id = reader.u16()
+        if pos + 2 > end:
+            raise MalformedPacket("packet ends early")
+        packet_id = data[pos] << 8 | data[pos + 1]
         if packet_id == 0:
             raise MalformedPacket("packet identifier 0")
-    properties = read_properties(reader, PacketType.PUBLISH) if v5 else NO_PROPERTIES
-    return Publish(topic, reader.rest(), qos, retain, dup, packet_id, properties)
+        pos += 2
+    properties = NO_PROPERTIES
+    if v5:
+        if pos < end and data[pos] == 0:
+            pos += 1  # an empty property block
+        else:
+            reader = Reader(data, pos, end)
+            properties = read_properties(reader, PacketType.PUBLISH)
+            pos = reader.position
+    return Publish(topic, bytes(data[pos:end]), qos, retain, dup, packet_id, properties)
 
 
 def _packet_id(reader: Reader) -> int:

@@ -15,6 +15,7 @@ may be unacknowledged (QoS 1 until PUBACK, QoS 2 until PUBCOMP); one more is 0x9
 from __future__ import annotations
 
 import dataclasses
+import struct
 import uuid
 from dataclasses import dataclass
 from enum import Enum
@@ -68,6 +69,11 @@ _V3_RETURN_CODES: Final = {
     ReasonCode.SERVER_SHUTTING_DOWN: ConnectReturnCode.SERVER_UNAVAILABLE,
     ReasonCode.QUOTA_EXCEEDED: ConnectReturnCode.SERVER_UNAVAILABLE,
 }
+
+# A PUBACK or PUBREC with reason 0 and no properties: first byte, length 2, packet id.
+_PLAIN_ACK: Final = struct.Struct(">BBH")
+_PUBACK: Final = PacketType.PUBACK << 4
+_PUBREC: Final = PacketType.PUBREC << 4
 
 
 class State(Enum):
@@ -433,6 +439,10 @@ class ServerConnection:
             return
         if reason >= 0x80 and not self.v5:
             self._fail(reason)
+            return
+        if reason == ReasonCode.SUCCESS and detail is None:
+            # The usual ack, the same bytes in 3.1.1 and 5 (§3.4.2.1: reason 0 is omitted).
+            self._out += _PLAIN_ACK.pack(_PUBACK if qos == 1 else _PUBREC, 2, packet_id)
             return
         props = NO_PROPERTIES if detail is None else MqttProperties(reason_string=detail)
         ack = PubAck if qos == 1 else PubRec

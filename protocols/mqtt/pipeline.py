@@ -182,20 +182,20 @@ class Pipeline:
         stats, conn = self._stats, self._conn
         self._slots.release()
         self.budget.release(size)
-        reason = ReasonCode.SUCCESS if outcome is None else publish_reason(outcome)
-        detail = None if outcome is None else outcome.message
         if outcome is None:
             stats.publishes += 1
-        else:
-            self._log.info(
-                "mqtt %s: publish to %r not stored: %s",
-                conn.client_id,
-                request.publication.topic,
-                reason.name,
-            )
-            stats.rejected += 1
-            if request.qos == 0:
-                stats.qos0_dropped += 1
+            conn.complete(request.qos, request.packet_id, ReasonCode.SUCCESS)
+            return
+        reason, detail = publish_reason(outcome), outcome.message
+        self._log.info(
+            "mqtt %s: publish to %r not stored: %s",
+            conn.client_id,
+            request.publication.topic,
+            reason.name,
+        )
+        stats.rejected += 1
+        if request.qos == 0:
+            stats.qos0_dropped += 1
         was_open = conn.state is not State.CLOSED
         conn.complete(request.qos, request.packet_id, reason, detail)
         if was_open and conn.state is State.CLOSED:

@@ -32,6 +32,10 @@ class Reader:
     def remaining(self) -> int:
         return self._end - self._pos
 
+    @property
+    def position(self) -> int:
+        return self._pos
+
     def _take(self, n: int) -> bytes:
         if n > self._end - self._pos:
             raise MalformedPacket("packet ends early")

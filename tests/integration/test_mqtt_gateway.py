@@ -214,6 +214,28 @@ async def test_v5_publish_to_a_topic_no_queue_subscribes_to_gets_0x10_and_stores
     assert [r.payload for r in await sql.messages("orders")] == [b"kept"]
 
 
+async def test_a_topic_routes_to_the_queues_subscribed_at_the_time_of_the_publish(
+    gateway: Gateway, sql: Sql
+) -> None:
+    """Routes are cached by topic (gateway/broker.py): a queue created, re-subscribed or
+    deleted changes where the very next publish goes."""
+    await declare(gateway, "first", subscriptions=["orders/#"])
+    client = Paho(gateway.ports["mqtt"], "router")
+    await client.connect()
+    try:
+        assert await client.ack(client.publish("orders/1", b"1", 1)) == 0
+        await declare(gateway, "second", subscriptions=["orders/+"])
+        assert await client.ack(client.publish("orders/1", b"2", 1)) == 0
+        await gateway.broker.alter_queue("first", subscriptions=["invoices/#"])
+        assert await client.ack(client.publish("orders/1", b"3", 1)) == 0
+        assert [r.payload for r in await sql.messages("second")] == [b"2", b"3"]
+        await gateway.broker.delete_queue_named("second")
+        assert await client.ack(client.publish("orders/1", b"4", 1)) == 0x10
+    finally:
+        await client.stop()
+    assert [r.payload for r in await sql.messages("first")] == [b"1", b"2"]
+
+
 async def test_message_over_the_queue_max_message_size_gets_0x83_and_the_connection_survives(
     gateway: Gateway, sql: Sql
 ) -> None:
