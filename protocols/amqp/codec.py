@@ -14,12 +14,12 @@ reply code the spec assigns (501 framing, 502 syntax).
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
 from typing import Final, TypeAlias
 
 from pamqp import base, body, commands, frame, header, heartbeat
 from pamqp.exceptions import UnmarshalingException
 
+from core.frozen import frozen
 from protocols.amqp.constants import (
     BASIC_CLASS_ID,
     FRAME_BODY,
@@ -41,9 +41,10 @@ _HEADER: Final = struct.Struct(">BHI")
 _FRAME_END_BYTES: Final = bytes([FRAME_END])
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Frame:
-    """One decoded frame: its channel and pamqp's object for the payload."""
+    """One decoded frame: its channel and pamqp's object for the payload (``frozen``: one
+    is built for every frame)."""
 
     channel: int
     payload: Payload
