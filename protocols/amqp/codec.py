@@ -1,23 +1,25 @@
 """Frame reading and writing on top of pamqp.
 
-How it works: ``FrameReader`` buffers bytes. The first eight bytes must be the AMQP 0-9-1
+How it works: ``FrameReader`` collects bytes. The first eight bytes must be the AMQP 0-9-1
 protocol header. After that it reads the 7-byte frame header (type, channel, size),
-checks the size against the negotiated frame_max before buffering the payload, waits for
-size + 1 bytes, checks the frame-end octet and only then hands the whole frame to
-``pamqp.frame.unmarshal`` (method and content-header frames). Body frames are sliced
-directly: their payload is opaque and pamqp would only copy it. Every failure is an
-``AmqpConnectionError`` with the reply code the spec assigns (501 framing, 502 syntax).
+checks the size against the negotiated frame_max before waiting for the payload, waits
+for size + 1 bytes, checks the frame-end octet and only then decodes the frame, in place:
+Basic.Publish and its content header with ``protocols.amqp.hotframes`` when they are
+encoded the ordinary way, every other method and content-header frame (and any unusual
+one) with ``pamqp.frame.unmarshal``. Body frames are sliced directly: their payload is
+opaque and pamqp would only copy it. Every failure is an ``AmqpConnectionError`` with the
+reply code the spec assigns (501 framing, 502 syntax).
 """
 
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
 from typing import Final, TypeAlias
 
 from pamqp import base, body, commands, frame, header, heartbeat
 from pamqp.exceptions import UnmarshalingException
 
+from core.frozen import frozen
 from protocols.amqp.constants import (
     BASIC_CLASS_ID,
     FRAME_BODY,
@@ -31,6 +33,7 @@ from protocols.amqp.constants import (
     ReplyCode,
 )
 from protocols.amqp.errors import AmqpConnectionError
+from protocols.amqp.hotframes import decode_content_header, decode_publish
 
 Payload: TypeAlias = base.Frame | header.ContentHeader | body.ContentBody | heartbeat.Heartbeat
 
@@ -38,9 +41,10 @@ _HEADER: Final = struct.Struct(">BHI")
 _FRAME_END_BYTES: Final = bytes([FRAME_END])
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Frame:
-    """One decoded frame: its channel and pamqp's object for the payload."""
+    """One decoded frame: its channel and pamqp's object for the payload (``frozen``: one
+    is built for every frame)."""
 
     channel: int
     payload: Payload
@@ -51,25 +55,50 @@ class BadProtocolHeader(AmqpConnectionError):
 
 
 class FrameReader:
-    """Incremental frame decoder; ``frame_max`` may be lowered after Tune-Ok."""
+    """Incremental frame decoder; ``frame_max`` may be lowered after Tune-Ok.
+
+    Frames are read in place from one ``bytes`` object and an offset; what arrives while a
+    frame is still incomplete waits in ``_pending`` and is joined to the unread rest only
+    once that frame's bytes are all there, so a large frame arriving in small reads is
+    copied once, not once per read.
+    """
 
     def __init__(self, frame_max: int) -> None:
         self.frame_max = frame_max
-        self._buffer = bytearray()
+        self._data = b""
+        self._pos = 0
+        self._pending: list[bytes] = []
+        self._pending_size = 0
         self._header_seen = False
 
     def feed(self, data: bytes) -> None:
-        self._buffer += data
+        self._pending.append(data)
+        self._pending_size += len(data)
+
+    def _gather(self, needed: int) -> bool:
+        """Make at least ``needed`` unread bytes readable at ``_pos``; False if fewer have
+        arrived."""
+        unread = len(self._data) - self._pos
+        if unread + self._pending_size < needed:
+            return False
+        if unread:
+            self._pending.insert(0, self._data[self._pos :])
+        self._data = self._pending[0] if len(self._pending) == 1 else b"".join(self._pending)
+        self._pos = 0
+        self._pending.clear()
+        self._pending_size = 0
+        return True
 
     def read_protocol_header(self) -> bool:
         """Consume the protocol header; False while more bytes are needed."""
-        buffer = self._buffer
+        self._gather(0)
         size = len(PROTOCOL_HEADER)
-        if buffer[:size] != PROTOCOL_HEADER[: len(buffer)]:
+        received = self._data[self._pos : self._pos + size]
+        if received != PROTOCOL_HEADER[: len(received)]:
             raise BadProtocolHeader(ReplyCode.FRAME_ERROR, "bad protocol header")
-        if len(buffer) < size:
+        if len(received) < size:
             return False
-        del buffer[:size]
+        self._pos += size
         self._header_seen = True
         return True
 
@@ -77,31 +106,37 @@ class FrameReader:
         """The next complete frame, None when more bytes are needed; raise on bad input."""
         if not self._header_seen and not self.read_protocol_header():
             return None
-        buffer = self._buffer
-        if len(buffer) < FRAME_HEADER_SIZE:
+        if len(self._data) - self._pos < FRAME_HEADER_SIZE and not self._gather(FRAME_HEADER_SIZE):
             return None
-        frame_type, channel, size = _HEADER.unpack_from(buffer)
+        data, pos = self._data, self._pos
+        frame_type, channel, size = _HEADER.unpack_from(data, pos)
         if size + FRAME_OVERHEAD > self.frame_max:
             raise AmqpConnectionError(
                 ReplyCode.FRAME_ERROR, f"frame of {size} bytes exceeds frame_max {self.frame_max}"
             )
-        end = FRAME_HEADER_SIZE + size
-        if len(buffer) <= end:
-            return None
-        if buffer[end] != FRAME_END:
+        if len(data) - pos < size + FRAME_OVERHEAD:
+            if not self._gather(size + FRAME_OVERHEAD):
+                return None
+            data, pos = self._data, 0
+        start = pos + FRAME_HEADER_SIZE
+        end = start + size
+        if data[end] != FRAME_END:
             raise AmqpConnectionError(ReplyCode.FRAME_ERROR, "bad frame-end octet")
+        payload: Payload
         if frame_type == FRAME_BODY:
-            result = Frame(channel, body.ContentBody(bytes(buffer[FRAME_HEADER_SIZE:end])))
+            payload = body.ContentBody(data[start:end])
+        elif frame_type in (FRAME_METHOD, FRAME_HEADER):
+            hot = decode_publish if frame_type == FRAME_METHOD else decode_content_header
+            decoded = hot(data, start, end)
+            payload = _unmarshal(data[pos : end + 1], frame_type) if decoded is None else decoded
         elif frame_type == FRAME_HEARTBEAT:
             if channel != 0:
                 raise AmqpConnectionError(ReplyCode.FRAME_ERROR, "heartbeat on a channel")
-            result = Frame(0, heartbeat.Heartbeat())
-        elif frame_type in (FRAME_METHOD, FRAME_HEADER):
-            result = Frame(channel, _unmarshal(bytes(buffer[: end + 1]), frame_type))
+            payload = heartbeat.Heartbeat()
         else:
             raise AmqpConnectionError(ReplyCode.FRAME_ERROR, f"unknown frame type {frame_type}")
-        del buffer[: end + 1]
-        return result
+        self._pos = end + 1
+        return Frame(channel, payload)
 
 
 def _unmarshal(data: bytes, frame_type: int) -> Payload:

@@ -103,6 +103,7 @@ class AmqpConnection(Declaring, Consuming):
         self.username: str | None = None
         self._admin = False  # set by authenticated(): may create and delete exchanges
         self.client_id: str | None = None
+        self._producer = "amqp:anonymous"  # the producer of its publishes, set at login
         # Until tune-ok the peer may send only login-sized frames (the spec allows 4096).
         self._reader = FrameReader(max(FRAME_MIN_SIZE, min(max_login_frame, frame_max)))
         self._out: list[bytes] = []
@@ -174,6 +175,7 @@ class AmqpConnection(Declaring, Consuming):
             return
         self._admin = admin
         self.username = username or self.username
+        self._producer = f"amqp:{self.client_id or self.username or 'anonymous'}"
         if error is not None:
             # RabbitMQ answers a reached connection limit with 530, bad credentials with 403.
             refusal = (
@@ -444,9 +446,8 @@ class AmqpConnection(Declaring, Consuming):
         content = channel.receive_content(payload, self.max_message_size)
         if content is None:
             return
-        producer = f"amqp:{self.client_id or self.username or 'anonymous'}"
         try:
-            self._events.append(channel.publish(content, self.username, producer))
+            self._events.append(channel.publish(content, self.username, self._producer))
         except AmqpChannelError as e:
             e.class_id, e.method_id = commands.Basic.Publish.index >> 16, 40
             self._soft_error(channel, e)
@@ -456,6 +457,8 @@ class AmqpConnection(Declaring, Consuming):
         the budget: 2047 channels x one partial 5 MiB body each must not be held at once.
         The reader cannot wait for room here (the frames that finish the other bodies are
         behind this one), so the connection is closed with 506 resource-error."""
+        if len(self._channels) == 1:
+            return  # no other channel holds a partial body
         partial = partial_body_bytes(self._channels.values(), channel)
         if partial and partial + body_size > self.max_unconfirmed_bytes:
             raise AmqpConnectionError(

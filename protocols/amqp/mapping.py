@@ -28,6 +28,16 @@ TIMESTAMP: Final = "amqp.timestamp"
 CONTENT_ENCODING: Final = "amqp.content_encoding"
 MESSAGE_ID: Final = "amqp.message_id"
 
+# (property name, Basic.Properties attribute) of the fields kept as properties.
+_KEPT: Final = (
+    (DELIVERY_MODE, "delivery_mode"),
+    (PRIORITY, "priority"),
+    (TYPE, "message_type"),
+    (USER_ID, "user_id"),
+    (CONTENT_ENCODING, "content_encoding"),
+    (MESSAGE_ID, "message_id"),
+)
+
 
 def _precondition(text: str) -> AmqpChannelError:
     return AmqpChannelError(ReplyCode.PRECONDITION_FAILED, text)
@@ -71,15 +81,10 @@ def to_publication(
         converted = _header_value(value)
         if converted is not None:
             props[name] = converted
-    optional: tuple[tuple[str, Any], ...] = (
-        (DELIVERY_MODE, properties.delivery_mode),
-        (PRIORITY, properties.priority),
-        (TYPE, _text(properties.message_type)),
-        (USER_ID, _text(properties.user_id)),
-        (CONTENT_ENCODING, _text(properties.content_encoding)),
-        (MESSAGE_ID, _text(properties.message_id)),
-    )
-    for name, value in optional:
+    for name, attribute in _KEPT:
+        value = getattr(properties, attribute)
+        if isinstance(value, bytes):
+            value = _text(value)
         if value is not None:
             props[name] = value
     if properties.timestamp is not None:
