@@ -10,13 +10,10 @@ dead-lettering into the same DLQ cannot make the gateway reuse a seq.
 
 Two ways to write: ``write`` (one function run on the writer thread, storage.writer: the
 steady-state writes — appends, ack offsets, dispatch records, flows and assignments, key
-changes, QoS 2 releases, retention deletes) and ``transaction`` (the async engine:
-administration, dead letters, reads that must see the write lock). The statement helpers
-they share (``lock_heads``, ``insert_messages``, ``write_heads``) are blocking functions of
-a Connection; async callers run them through ``AsyncConnection.run_sync``. On SQLite both
-ways queue on one in-process lock. Hot reads (delivery refills, the heads poll) use
-``snapshot``: read-only, unfenced, and on SQLite a DEFERRED transaction of a second
-engine, which waits for no writer.
+changes, QoS 2 releases, retention deletes) and ``transaction`` (the async engine: reads,
+administration, dead letters). The statement helpers they share (``lock_heads``,
+``insert_messages``, ``write_heads``) are blocking functions of a Connection; async callers
+run them through ``AsyncConnection.run_sync``. On SQLite both ways queue on one in-process lock.
 
 Fencing: the active gateway arms ``fence`` with its lease epoch; from then on every write
 transaction proves, as its first statement, that the lease is still its own
