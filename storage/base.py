@@ -139,14 +139,10 @@ class Allocation:
 
 
 class StoreBase:
-    def __init__(
-        self, url: str, engine: AsyncEngine, writer: WriterThread, reader: AsyncEngine
-    ) -> None:
+    def __init__(self, url: str, engine: AsyncEngine, writer: WriterThread) -> None:
         self.url = url
         self.engine = engine
         self.writer = writer
-        # Read-only transactions (``snapshot``): storage.engine.snapshot_engine.
-        self.reader = reader
         self.seq_lock = asyncio.Lock()
         self.queues: dict[str, QueueConfig] = {}
         self.heads: dict[tuple[str, int], int] = {}
@@ -310,7 +306,7 @@ class StoreBase:
             return {}
         p = kg_partitions
         query = sa.select(p.c.queue, p.c.partition, p.c.head_seq).where(p.c.queue.in_(names))
-        async with self.snapshot() as conn:
+        async with self.transaction(fenced=False) as conn:
             rows = (await conn.execute(query)).all()
         advanced: dict[str, dict[int, int]] = {}
         for queue, partition, head in rows:
@@ -374,18 +370,6 @@ class StoreBase:
             raise self._fenced_off() from None
         except (sa.exc.SQLAlchemyError, OSError) as e:
             raise self._driver_error(e) from e
-
-    @asynccontextmanager
-    async def snapshot(self) -> AsyncIterator[AsyncConnection]:
-        """A read-only transaction: no fence (it writes nothing) and, on SQLite, neither
-        the write lock nor a wait for the writer, so refilling a consumer's buffer or
-        polling the heads does not queue behind appends and ack flushes. It sees what
-        was committed when it began. Errors as ``transaction``."""
-        try:
-            async with self.reader.connect() as connection, connection.begin():
-                yield connection
-        except (sa.exc.SQLAlchemyError, OSError) as e:
-            raise storage_error(e) from e
 
     async def load_caches(self) -> None:
         async with self.transaction() as conn:

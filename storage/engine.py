@@ -63,7 +63,7 @@ def is_sqlite(url: str) -> bool:
     return _parse(url)[0].get_backend_name() == "sqlite"
 
 
-def _sqlite_setup(engine: sa.Engine, begin: str = "BEGIN IMMEDIATE") -> None:
+def _sqlite_setup(engine: sa.Engine) -> None:
     @sa.event.listens_for(engine, "connect")
     def _connect(dbapi_connection: Any, _record: Any) -> None:
         # Let SQLAlchemy's "begin" event, not the driver, decide how transactions start.
@@ -75,7 +75,7 @@ def _sqlite_setup(engine: sa.Engine, begin: str = "BEGIN IMMEDIATE") -> None:
 
     @sa.event.listens_for(engine, "begin")
     def _begin(connection: sa.Connection) -> None:
-        connection.exec_driver_sql(begin)
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
 
 
 def async_engine(url: str, *, application_name: str | None = None) -> AsyncEngine:
@@ -105,19 +105,6 @@ def async_engine(url: str, *, application_name: str | None = None) -> AsyncEngin
         pool_size=10,
         pool_pre_ping=True,
     )
-
-
-def snapshot_engine(url: str, engine: AsyncEngine) -> AsyncEngine:
-    """The engine for the store's read-only transactions. On SQLite a second aiosqlite
-    engine whose transactions begin DEFERRED: in WAL mode such a reader sees the last
-    commit and neither waits for the writer nor holds it up (the store's own engine
-    begins every transaction IMMEDIATE, taking the write lock). On PostgreSQL ``engine``
-    itself: its readers never wait for writers anyway."""
-    if engine.dialect.name != "sqlite":
-        return engine
-    reader = create_async_engine(_parse(url)[0].set(drivername="sqlite+aiosqlite"))
-    _sqlite_setup(reader.sync_engine, begin="BEGIN")
-    return reader
 
 
 def sync_engine(url: str, *, application_name: str | None = None) -> sa.Engine:

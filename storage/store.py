@@ -42,7 +42,7 @@ from storage.base import Allocation, HeadsMoved
 from storage.batcher import GroupCommitter
 from storage.codec import message_from_row, salvage_message, with_seq
 from storage.consumer import ConsumerOps
-from storage.engine import async_engine, snapshot_engine, sync_engine
+from storage.engine import async_engine, sync_engine
 from storage.inspection import InspectionOps
 from storage.leases import LeaseOps
 from storage.limits import check_append
@@ -127,15 +127,9 @@ class SqlStore(InspectionOps, LeaseOps, ProtocolStateOps, ConsumerOps):
     """keygate's durable store. Create it with ``open_store``; one active writer per DB."""
 
     def __init__(
-        self,
-        url: str,
-        engine: AsyncEngine,
-        writer: WriterThread,
-        *,
-        max_batch: int,
-        linger: float,
+        self, url: str, engine: AsyncEngine, writer: WriterThread, *, max_batch: int, linger: float
     ) -> None:
-        super().__init__(url, engine, writer, snapshot_engine(url, engine))
+        super().__init__(url, engine, writer)
         self.appender: GroupCommitter[AppendCall, list[Message]] = GroupCommitter(
             self._write_appends, max_weight=max_batch, linger=linger, name="kg-append"
         )
@@ -151,8 +145,6 @@ class SqlStore(InspectionOps, LeaseOps, ProtocolStateOps, ConsumerOps):
         await self.dispatcher.close()
         await self.writer.close()
         await self.engine.dispose()
-        if self.reader is not self.engine:
-            await self.reader.dispose()
 
     async def append(
         self, messages: Sequence[Message], *, now: float, qos2: tuple[str, int] | None = None
@@ -339,7 +331,7 @@ class SqlStore(InspectionOps, LeaseOps, ProtocolStateOps, ConsumerOps):
     async def read(self, queue: str, partition: int, after_seq: int, limit: int) -> list[Message]:
         """Up to ``limit`` stored messages of the partition with seq > ``after_seq``, in order."""
         query = _partition_query(queue, partition, after_seq, limit)
-        async with self.snapshot() as conn:
+        async with self.transaction(fenced=False) as conn:
             return [message_from_row(row) for row in (await conn.execute(query)).mappings()]
 
     async def read_for_delivery(
@@ -352,7 +344,7 @@ class SqlStore(InspectionOps, LeaseOps, ProtocolStateOps, ConsumerOps):
         transaction; up to READ_PAGES pages per statement (UNION ALL)."""
         found: dict[int, list[Message]] = {page[0]: [] for page in pages}
         unreadable: dict[int, set[int]] = {page[0]: set() for page in pages}
-        async with self.snapshot() as conn:
+        async with self.transaction() as conn:
             for start in range(0, len(pages), READ_PAGES):
                 chunk = pages[start:][:READ_PAGES]
                 params: dict[str, Any] = {"queue": queue}
