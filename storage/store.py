@@ -48,7 +48,14 @@ from storage.leases import LeaseOps
 from storage.limits import check_append
 from storage.migrate import migrate
 from storage.protocol_state import ProtocolStateOps
-from storage.schema import kg_dedup, kg_group_offsets, kg_groups, kg_messages, kg_queues
+from storage.schema import (
+    kg_dedup,
+    kg_group_offsets,
+    kg_groups,
+    kg_messages,
+    kg_partitions,
+    kg_queues,
+)
 from storage.statements import upsert
 from storage.writer import WriterThread
 
@@ -209,20 +216,56 @@ class SqlStore(InspectionOps, LeaseOps, ProtocolStateOps, ConsumerOps):
         lookup, a QoS 2 session), seqs come from the heads cache and the transaction goes
         out as one pipeline, a single round trip instead of six; if another writer (a Spark
         job's dead letters) moved a head meanwhile it fails whole, and runs again with the
-        heads read and locked first, as everywhere else."""
+        heads read and locked first, as everywhere else.
+
+        A connection lost during that round trip leaves it unknown whether the COMMIT was
+        processed; the heads tell (only the fenced gateway moves them from the values it
+        allocated from): at the new values it was, at the old ones it was not and it runs
+        again the ordinary way (whose first statement finds a dropped connection and
+        replaces it), otherwise StorageUnavailable."""
         touched = {(m.queue, m.partition) for call in calls for m in call.messages}
         if self._pipelines and not any(self._reads(call) for call in calls):
             allocation = Allocation({key: self.heads.get(key, 0) for key in touched})
+            results, new, _ = self._assign(calls, allocation, {})
+
+            def append(conn: sa.Connection) -> None:
+                self.advance_heads(conn, allocation)
+                self.insert_messages(conn, new)
+
             try:
-                return await self.write(
-                    lambda conn: self._store(conn, calls, allocation, pipelined=True),
-                    pipelined=True,
-                )
+                await self.write(append, pipelined=True)
+                return allocation, results, new
             except HeadsMoved:
                 pass
+            except StorageUnavailable:
+                committed = await self._appended(allocation)
+                if committed is None:
+                    raise
+                if committed:
+                    return allocation, results, new
         return await self.write(
-            lambda conn: self._store(conn, calls, self.lock_heads(conn, touched), pipelined=False)
+            lambda conn: self._store(conn, calls, self.lock_heads(conn, touched))
         )
+
+    async def _appended(self, allocation: Allocation) -> bool | None:
+        """Whether a pipelined append whose connection was lost committed: True if every
+        head it moves is at its new value, False if every one is still at its old value,
+        None if neither (or the database cannot say)."""
+        p = kg_partitions
+        keys = sorted(allocation.assigned)
+        query = sa.select(p.c.queue, p.c.partition, p.c.head_seq).where(
+            sa.tuple_(p.c.queue, p.c.partition).in_(keys)
+        )
+        try:
+            async with self.transaction(fenced=False) as conn:
+                heads = {(q, n): h for q, n, h in await conn.execute(query)}
+        except StorageError:
+            return None
+        if all(heads.get(key) == allocation.assigned[key] for key in keys):
+            return True
+        if all(heads.get(key) == allocation.start(key) for key in keys):
+            return False
+        return None
 
     def _reads(self, call: AppendCall) -> bool:
         """Whether storing ``call`` reads from the database (so cannot be pipelined)."""
@@ -234,17 +277,31 @@ class SqlStore(InspectionOps, LeaseOps, ProtocolStateOps, ConsumerOps):
         )
 
     def _store(
-        self,
-        conn: sa.Connection,
-        calls: list[AppendCall],
-        allocation: Allocation,
-        *,
-        pipelined: bool,
+        self, conn: sa.Connection, calls: list[AppendCall], allocation: Allocation
     ) -> tuple[Allocation, list[list[Message]], list[Message]]:
-        """The append transaction's work (on the writer thread); returns the allocation,
-        each call's messages as stored, and the new ones. ``pipelined``: the heads were
-        not locked, so they move only from the values allocated from."""
-        seen = self._find_duplicates(conn, calls)
+        """The append transaction's work (on the writer thread), with the heads read and
+        locked; returns the allocation, each call's messages as stored, and the new ones."""
+        results, new, dedup_rows = self._assign(
+            calls, allocation, self._find_duplicates(conn, calls)
+        )
+        if new:
+            self.write_heads(conn, allocation)
+            self.insert_messages(conn, new)
+        if dedup_rows:
+            keys = ("queue", "producer", "dedup_id")
+            changed = ("message_id", "partition", "seq", "expires_at")
+            conn.execute(upsert(conn, kg_dedup, keys, changed), dedup_rows)
+        for call in calls:
+            if call.qos2 is not None:
+                client_id, packet_id = call.qos2
+                self.change_qos2(conn, client_id, add=(packet_id,))
+        return allocation, results, new
+
+    def _assign(
+        self, calls: list[AppendCall], allocation: Allocation, seen: dict[DedupKey, Message]
+    ) -> tuple[list[list[Message]], list[Message], list[dict[str, Any]]]:
+        """Seqs for the messages of ``calls`` not in ``seen`` (stored already): each call's
+        messages as stored, the new ones, and the dedup records to write."""
         results: list[list[Message]] = []
         new: list[Message] = []
         dedup_rows = []
@@ -275,18 +332,7 @@ class SqlStore(InspectionOps, LeaseOps, ProtocolStateOps, ConsumerOps):
                 result.append(stored)
                 new.append(stored)
             results.append(result)
-        if new:
-            (self.advance_heads if pipelined else self.write_heads)(conn, allocation)
-            self.insert_messages(conn, new)
-        if dedup_rows:
-            keys = ("queue", "producer", "dedup_id")
-            changed = ("message_id", "partition", "seq", "expires_at")
-            conn.execute(upsert(conn, kg_dedup, keys, changed), dedup_rows)
-        for call in calls:
-            if call.qos2 is not None:
-                client_id, packet_id = call.qos2
-                self.change_qos2(conn, client_id, add=(packet_id,))
-        return allocation, results, new
+        return results, new, dedup_rows
 
     def _find_duplicates(
         self, conn: sa.Connection, calls: list[AppendCall]

@@ -4,13 +4,20 @@ idle replaced before anything is sent on it."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 
 import pytest
 import sqlalchemy as sa
 
+from core.model import Message, QueueConfig
+from storage import open_store
+from storage import writer as writer_module
 from storage.engine import sync_engine
 from storage.writer import WriterThread
+from tests.support.wait import eventually
+
+NOW = 1_700_000_000.0
 
 # The writer's sessions, which the second test ends (and no one else's).
 WRITER = "kg-test-pipelined-writer"
@@ -72,3 +79,35 @@ async def test_a_session_the_server_ended_while_idle_is_replaced_before_sending(
     assert ended >= 1
     await thread.run(_first, _insert(2), pipelined=True)  # not failed: retried on a new one
     assert _values(reader) == [1, 2]
+
+
+async def test_an_append_whose_connection_dies_during_its_round_trip_is_stored_once(
+    postgres_url: str, make_message: Callable[..., Message], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server ends the session just as the pipeline goes out (its FATAL not yet on the
+    socket): the append cannot know whether it committed, the heads say it did not, and
+    it runs again on a new connection."""
+    store = await open_store(postgres_url)
+    try:
+        await store.create_queue(QueueConfig("orders"))
+        await store.append([make_message("orders", payload=b"1")], now=NOW)
+        assert store.writer._conn is not None
+        pid = store.writer._conn.connection.driver_connection.info.backend_pid
+        monkeypatch.setattr(writer_module, "_quiet", lambda conn: True)
+        assert _scalar(postgres_url, f"SELECT pg_terminate_backend({pid})")
+        gone = f"SELECT count(*) = 0 FROM pg_stat_activity WHERE pid = {pid}"
+        await eventually(lambda: asyncio.to_thread(_scalar, postgres_url, gone))
+        [stored] = await store.append([make_message("orders", payload=b"2")], now=NOW)
+        assert stored.seq == 2
+        assert [m.payload for m in await store.read("orders", 0, 0, 10)] == [b"1", b"2"]
+    finally:
+        await store.close()
+
+
+def _scalar(url: str, query: str) -> object:
+    engine = sync_engine(url)
+    try:
+        with engine.connect() as conn:
+            return conn.exec_driver_sql(query).scalar_one()
+    finally:
+        engine.dispose()
