@@ -50,7 +50,7 @@ from core.errors import (
 from core.model import Message, QueueConfig
 from storage.codec import message_values, queue_from_row
 from storage.engine import HEADS_CHANNEL
-from storage.fence import GatewayLease, LeaseTaken, is_lease_taken, prove
+from storage.fence import LEASE_TAKEN_SQLSTATE, GatewayLease, LeaseTaken, prove
 from storage.schema import (
     kg_messages,
     kg_partitions,
@@ -283,9 +283,10 @@ class StoreBase:
     def _driver_error(self, error: BaseException) -> KeygateError:
         """What a driver error means: the lease taken (kg_fence), heads moved
         (kg_advance_heads), or a storage failure."""
-        if is_lease_taken(error):
+        sqlstate = getattr(getattr(error, "orig", None), "sqlstate", None)
+        if sqlstate == LEASE_TAKEN_SQLSTATE:
             return self._fenced_off()
-        if getattr(getattr(error, "orig", None), "sqlstate", None) == _HEADS_MOVED_SQLSTATE:
+        if sqlstate == _HEADS_MOVED_SQLSTATE:
             return HeadsMoved()
         return storage_error(error)
 

@@ -10,7 +10,7 @@ store's writes renew the lease at most every ``ttl / 3`` (StoreBase.write).
 
 On PostgreSQL both are the procedure ``kg_fence`` (migration 0016), which raises SQLSTATE
 KG001 instead of returning a result: a statement that answers nothing can be queued with
-the rest of an append in one pipeline (storage.pipelined) and still abort it. On SQLite
+the rest of an append in one pipeline (WriterThread.run) and still abort it. On SQLite
 they are plain statements whose result is checked here.
 """
 
@@ -24,7 +24,7 @@ import sqlalchemy as sa
 
 from storage.schema import kg_gateway_lease
 
-__all__ = ["GatewayLease", "LeaseTaken", "database_now", "is_lease_taken", "prove"]
+__all__ = ["LEASE_TAKEN_SQLSTATE", "GatewayLease", "LeaseTaken", "database_now", "prove"]
 
 # kg_fence's SQLSTATE when the lease is no longer held (migration 0016).
 LEASE_TAKEN_SQLSTATE: Final = "KG001"
@@ -58,7 +58,7 @@ class LeaseTaken(Exception):
 def prove(conn: sa.Connection, lease: GatewayLease, *, renew: bool) -> None:
     """Prove, as a statement of ``conn``'s transaction, that ``lease`` is still held, and
     renew it when ``renew``. LeaseTaken (SQLite) or a KG001 database error (PostgreSQL,
-    possibly only when a pipeline syncs: ``is_lease_taken``) if it is not."""
+    possibly only when a pipeline syncs: StoreBase._driver_error) if it is not."""
     params = {"b_name": lease.name, "b_holder": lease.holder, "b_epoch": lease.epoch}
     if conn.dialect.name == "postgresql":
         conn.execute(_CALL_FENCE, {**params, "b_ttl": lease.ttl if renew else None})
@@ -69,12 +69,6 @@ def prove(conn: sa.Connection, lease: GatewayLease, *, renew: bool) -> None:
         held = len(conn.execute(_HELD, params).all())
     if held != 1:
         raise LeaseTaken
-
-
-def is_lease_taken(error: BaseException) -> bool:
-    """Whether a driver error is kg_fence's "no longer held" (SQLSTATE KG001)."""
-    orig = getattr(error, "orig", None)
-    return getattr(orig, "sqlstate", None) == LEASE_TAKEN_SQLSTATE
 
 
 def database_now(dialect: str) -> sa.ColumnElement[float]:

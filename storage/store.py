@@ -468,12 +468,11 @@ class SqlStore(InspectionOps, LeaseOps, ProtocolStateOps, ConsumerOps):
         m = kg_messages
         rows = conn.execute(expired_messages(queue, now)).all()
         if rows:
-            keys = [(queue, partition, seq) for queue, partition, seq, _ in rows]
+            keys = [(name, partition, seq) for name, partition, seq, _ in rows]
             conn.execute(sa.delete(m).where(sa.tuple_(m.c.queue, m.c.partition, m.c.seq).in_(keys)))
-            for queue, _, _, size in rows:
-                total = deleted.setdefault(queue, [0, 0])
-                total[0] += 1
-                total[1] += size
+            total = deleted.setdefault(queue, [0, 0])
+            total[0] += len(rows)
+            total[1] += sum(size for *_, size in rows)
         return len(rows) == RETENTION_CHUNK
 
     async def _retention_bound(

@@ -98,8 +98,8 @@ class WriterThread:
         errors surface at the COMMIT). A dropped connection must still be found before
         anything is sent: a server that ends a session (restart, failover, an idle
         killer, ``pg_terminate_backend``) says so on the socket first, so when the idle
-        connection has something to read, ``first`` runs on its own as above, then the
-        pipeline."""
+        connection has something to read (or there is none yet) the transaction runs the
+        ordinary way instead, ``first`` finding the drop and the retry replacing it."""
         result: T = await self._call(lambda: self._transaction(first, body, pipelined))
         return result
 

@@ -2,7 +2,7 @@
 lease check, renewing it when asked) and ``kg_advance_heads`` (move partition heads only
 from the values the gateway expects). Both raise instead of returning a result, so the
 gateway can queue them with the INSERT and the COMMIT in one psycopg pipeline
-(storage/pipelined.py) and still roll back when either check fails.
+(storage/writer.py, storage/store.py) and still roll back when either check fails.
 
 Revision ID: 0016
 Revises: 0015
@@ -18,7 +18,7 @@ down_revision = "0015"
 branch_labels = None
 depends_on = None
 
-# SQLSTATEs of our own (class "KG"): storage.pipelined maps them back to errors.
+# SQLSTATEs of our own (class "KG"): StoreBase._driver_error maps them back to errors.
 _FENCE = """
 CREATE PROCEDURE kg_fence(lease_name text, lease_holder text, lease_epoch bigint,
                           renew_ttl double precision)
