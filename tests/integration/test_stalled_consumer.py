@@ -7,6 +7,11 @@ auto-ack BIND with the default window, then silence. The backlog is 100,000 x 1 
 SQLite and half that on PostgreSQL, to keep the test near a minute on a small CI machine;
 KEYGATE_STALL_MESSAGES=200000 runs issue 18's full 200,000 (passes the same bound: the
 memory held depends on the window, not on the backlog).
+
+What is measured is the stalled consumer's own cost. Its group's read-ahead is a limit of
+its own (``buffer_size`` per partition within ``group_buffer_bytes``, about 6 MB here),
+held whether or not anyone reads, so a first consumer takes one message and leaves before
+the baseline is read: the group is loaded and its buffers full when the stalled one binds.
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ from tests.support.wait import eventually
 PAYLOAD = b"x" * 1024
 WINDOW = 10_000  # the default max_window (gateway/config.py)
 WRITE_BUFFER = 1024 * 1024  # the default consumer_write_buffer
+BUFFER_SIZE = 1000  # the default buffer_size: unsent messages per (group, partition)
+PARTITIONS = 4
 # docs/operations.md "Limits": a stalled consumer costs at most consumer_write_buffer plus
 # its window of in-flight messages at (message size + 2 KiB of bookkeeping) each.
 BOUND = WRITE_BUFFER + WINDOW * (len(PAYLOAD) + 2048)
@@ -105,11 +112,31 @@ async def _unbound(port: int) -> bool:
     return not await _flows(port, "bulk")
 
 
-async def _acked(port: int, queue: str, group: str) -> int:
+async def _metric(port: int, name: str, queue: str, group: str) -> int:
     metrics = await _http(port, "/metrics")
-    pattern = rf'keygate_acked_total{{group="{group}",queue="{queue}"}} ([0-9.e+]+)'
+    pattern = rf'{name}{{group="{group}",queue="{queue}"}} ([0-9.e+]+)'
     match = re.search(pattern, metrics)
     return 0 if match is None else int(float(match.group(1)))
+
+
+async def _acked(port: int, queue: str, group: str) -> int:
+    return await _metric(port, "keygate_acked_total", queue, group)
+
+
+async def _buffers_full(port: int) -> bool:
+    """Every partition of group g holds buffer_size unsent messages, but for the one the
+    first consumer took."""
+    backlog = await _metric(port, "keygate_group_backlog", "bulk", "g")
+    return backlog >= PARTITIONS * BUFFER_SIZE - 1
+
+
+async def _load_group(url: str, http_port: int) -> None:
+    """Load group g with its read-ahead: a consumer takes one message and leaves without
+    acking it (it goes back for redelivery)."""
+    async with Client(url, client_name="first") as client:
+        consumer = await client.subscribe("bulk", group="g", window=1)
+        await consumer.receive()
+    await eventually(lambda: _buffers_full(http_port))
 
 
 async def test_a_stalled_auto_ack_consumer_costs_bounded_memory_and_loses_nothing_unwritten(
@@ -120,8 +147,9 @@ async def test_a_stalled_auto_ack_consumer_costs_bounded_memory_and_loses_nothin
     with serve(db_url, tmp_path) as (proc, ports, _log):
         url = f"keygate://127.0.0.1:{ports['native']}"
         async with Client(url) as admin:
-            await admin.declare_queue("bulk", partitions=4)
+            await admin.declare_queue("bulk", partitions=PARTITIONS)
         await asyncio.gather(*(_publish(url, part, total // 4) for part in range(4)))
+        await _load_group(url, ports["http"])
         before = _rss(proc.pid)
         stalled = _stalled_consumer(ports["native"], "bulk", "g")
         try:
