@@ -41,16 +41,19 @@ IN_FLIGHT = 1000
 
 
 @contextmanager
-def gateway(db: str, stderr: IO[str] | None = None) -> Iterator[tuple[str, int]]:
+def gateway(
+    db: str, stderr: IO[str] | None = None, module: str = "gateway.cli"
+) -> Iterator[tuple[str, int]]:
     """A ``keygate serve`` process on ``db`` with the native port only: (its URL, its pid).
-    Its log goes to ``stderr`` (discarded by default)."""
+    Its log goes to ``stderr`` (discarded by default). ``module``: what runs ``serve``
+    (benchmarks.stages runs it with timestamps added)."""
     with tempfile.TemporaryDirectory() as tmp:
         ports = Path(tmp) / "ports.json"
         proc = subprocess.Popen(
             [
                 sys.executable,
                 "-m",
-                "gateway.cli",
+                module,
                 "serve",
                 "--db",
                 db,
@@ -84,15 +87,17 @@ def gateway(db: str, stderr: IO[str] | None = None) -> Iterator[tuple[str, int]]
 
 
 async def publish_rate(url: str, queue: str, count: int, keys: int = KEYS) -> float:
+    """IN_FLIGHT publishers on one connection, each publishing its share one confirmed
+    message at a time (IN_FLIGHT coroutines, not one per message: the load generator
+    should cost the client little)."""
     async with Client(url) as client:
-        sem = asyncio.Semaphore(IN_FLIGHT)
 
-        async def one(i: int) -> None:
-            async with sem:
+        async def publisher(first: int) -> None:
+            for i in range(first, count, IN_FLIGHT):
                 await client.publish(queue, PAYLOAD, key=f"key-{i % keys}")
 
         started = time.perf_counter()
-        await asyncio.gather(*(one(i) for i in range(count)))
+        await asyncio.gather(*(publisher(first) for first in range(IN_FLIGHT)))
         return count / (time.perf_counter() - started)
 
 

@@ -18,10 +18,10 @@ Rebalance), so a reconnect inside the rebalance delay keeps the partitions. A ne
 
 from __future__ import annotations
 
+import functools
 import ssl
 import uuid
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import replace
 from types import TracebackType
 from typing import Final
 from urllib.parse import urlsplit
@@ -209,8 +209,8 @@ class Client:
         ``ttl`` in seconds, ``deliver_at`` epoch seconds. Raises QueueNotFound,
         MessageTooLarge, QueueFull, ConnectionLost (outcome unknown; see module doc)."""
         ids = await self._publish(
-            Publish(
-                request_id=0,
+            functools.partial(
+                Publish,
                 queue=queue,
                 topic=None,
                 key=key,
@@ -243,8 +243,8 @@ class Client:
         """Publish to a topic; returns one message id per queue it was stored in.
         Raises NoRoute when no queue subscribes to it."""
         return await self._publish(
-            Publish(
-                request_id=0,
+            functools.partial(
+                Publish,
                 queue=None,
                 topic=topic,
                 key=key,
@@ -259,16 +259,15 @@ class Client:
             )
         )
 
-    async def _publish(self, publish: Publish) -> tuple[str, ...]:
-        def make(rid: int) -> Publish:
-            return replace(publish, request_id=rid)
-
+    async def _publish(self, publish: functools.partial[Publish]) -> tuple[str, ...]:
+        """Send ``publish(request_id=...)`` until it is answered; after a lost connection
+        again only if it has a dedup id (then the gateway stores it once)."""
         while True:
             conn = await self._session.connection()
             try:
-                reply = await conn.request(make)
+                reply = await conn.request(lambda rid: publish(request_id=rid))
             except ConnectionLost:
-                if publish.dedup_id is None:
+                if publish.keywords["dedup_id"] is None:
                     raise
                 continue
             assert isinstance(reply, PublishOk)

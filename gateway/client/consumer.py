@@ -147,6 +147,8 @@ class Consumer:
 
         Raises TimeoutError, or ConsumerClosed once the consumer is closed.
         """
+        if self._buffer:  # no timer when a message is waiting
+            return self._buffer.popleft()
         async with asyncio.timeout(timeout):
             while True:
                 if self._buffer:
