@@ -48,9 +48,15 @@ from core.errors import (
     StorageUnavailable,
 )
 from core.model import Message, QueueConfig
-from storage.codec import message_values, queue_from_row
+from storage.codec import MESSAGE_COLUMNS, message_values, queue_from_row
 from storage.engine import HEADS_CHANNEL
-from storage.fence import LEASE_TAKEN_SQLSTATE, GatewayLease, LeaseTaken, prove
+from storage.fence import (
+    LEASE_HELD_SQLITE,
+    LEASE_TAKEN_SQLSTATE,
+    GatewayLease,
+    LeaseTaken,
+    prove,
+)
 from storage.schema import (
     kg_messages,
     kg_partitions,
@@ -58,8 +64,6 @@ from storage.schema import (
     kg_subscriptions,
 )
 from storage.writer import Body, WriterThread
-
-MESSAGE_COLUMNS: Final = tuple(column.name for column in kg_messages.columns)
 
 T = TypeVar("T")
 
@@ -79,11 +83,15 @@ _PING = sa.select(sa.literal(1))
 # Migration 0016: moves heads only from the values given, else raises HEADS_MOVED.
 _ADVANCE_HEADS = sa.text("CALL kg_advance_heads(:b_queues, :b_partitions, :b_olds, :b_news)")
 _HEADS_MOVED_SQLSTATE: Final = "KG002"
+_ADVANCE_HEADS_SQLITE: Final = (
+    'UPDATE kg_partitions SET head_seq = ? WHERE queue = ? AND "partition" = ? AND head_seq = ?'
+)
+_ADVANCE_FENCED_HEADS_SQLITE: Final = f"{_ADVANCE_HEADS_SQLITE} AND {LEASE_HELD_SQLITE}"
 
 
 class HeadsMoved(StorageError):
-    """A pipelined append found partition heads that another writer moved since the
-    store's cache read them: nothing was written; the append runs again, reading them."""
+    """An append with seqs from the cache found partition heads that another writer moved
+    since the store read them: nothing was written; the append runs again, reading them."""
 
     def __init__(self) -> None:
         super().__init__("partition heads moved")
@@ -192,19 +200,33 @@ class StoreBase:
             )
 
     def advance_heads(self, conn: sa.Connection, allocation: Allocation) -> None:
-        """``write_heads`` for a pipelined append (PostgreSQL): heads it did not lock are
-        moved only from the values it allocated from, else the transaction fails at its
-        COMMIT with HeadsMoved (``write``)."""
+        """``write_heads`` for an append that did not lock the heads (its seqs came from
+        the cache): each head moves only from the value it allocated from, else nothing is
+        written and the transaction fails with HeadsMoved (``write``). PostgreSQL: one
+        procedure call, at its COMMIT; SQLite: conditional UPDATEs, counted at once, that
+        also need the store's lease held (HeadsMoved if not: the append then runs the
+        ordinary way, whose fence check says Fenced), so they prove the fence."""
         keys = sorted(allocation.assigned)
-        conn.execute(
-            _ADVANCE_HEADS,
-            {
-                "b_queues": [queue for queue, _ in keys],
-                "b_partitions": [partition for _, partition in keys],
-                "b_olds": [allocation.start(key) for key in keys],
-                "b_news": [allocation.assigned[key] for key in keys],
-            },
-        )
+        if conn.dialect.name == "postgresql":
+            conn.execute(
+                _ADVANCE_HEADS,
+                {
+                    "b_queues": [queue for queue, _ in keys],
+                    "b_partitions": [partition for _, partition in keys],
+                    "b_olds": [allocation.start(key) for key in keys],
+                    "b_news": [allocation.assigned[key] for key in keys],
+                },
+            )
+            return
+        rows = [(allocation.assigned[key], *key, allocation.start(key)) for key in keys]
+        if self._fence is None:
+            moved = conn.exec_driver_sql(_ADVANCE_HEADS_SQLITE, rows)
+        else:
+            lease = (self._fence.name, self._fence.holder, self._fence.epoch)
+            fenced = [(*row, *lease) for row in rows]
+            moved = conn.exec_driver_sql(_ADVANCE_FENCED_HEADS_SQLITE, fenced)
+        if moved.rowcount != len(keys):
+            raise HeadsMoved()
 
     def committed(self, allocation: Allocation, messages: Sequence[Message]) -> None:
         """After COMMIT: advance the caches, then tell the listeners."""
@@ -244,12 +266,16 @@ class StoreBase:
         elif conn.dialect.name == "postgresql":
             conn.execute(_PING)
 
-    async def write(self, body: Body[T], *, pipelined: bool = False) -> T:
+    async def write(
+        self, body: Body[T], *, pipelined: bool = False, proves_fence: bool = False
+    ) -> T:
         """Run ``body`` as one fenced write transaction on the writer thread
         (storage.writer); returns its result after COMMIT. Errors as ``transaction``.
         ``pipelined`` (PostgreSQL; ignored on SQLite): the fence, ``body`` and the COMMIT
         go out as one pipeline, one round trip; ``body`` must not read any result
-        (WriterThread.run)."""
+        (WriterThread.run). ``proves_fence`` (SQLite; ignored on PostgreSQL): ``body``
+        writes nothing unless the lease is held and then fails (``advance_heads``), so
+        the separate fence check is left out unless the lease is due for renewal."""
         if self._fence is not None and self.fenced:
             raise self._fenced_off()
         started = time.monotonic()
@@ -258,8 +284,9 @@ class StoreBase:
             if self._sqlite_lock is None:
                 result = await self.writer.run(self._first(renew), body, pipelined=pipelined)
             else:
+                first = _no_check if proves_fence and not renew else self._first(renew)
                 async with self._sqlite_lock:
-                    result = await self.writer.run(self._first(renew), body)
+                    result = await self.writer.run(first, body)
         except LeaseTaken:
             raise self._fenced_off() from None
         except (sa.exc.SQLAlchemyError, OSError) as e:
@@ -425,6 +452,10 @@ def _insert_sql(dialect: sa.Dialect) -> str:
         dialect = same_driver(paramstyle="format")
     compiled = sa.insert(kg_messages).compile(dialect=dialect, column_keys=list(MESSAGE_COLUMNS))
     return str(compiled)
+
+
+def _no_check(conn: sa.Connection) -> None:
+    """No first statement: the write's body proves the fence itself."""
 
 
 async def _nothing() -> None:

@@ -15,7 +15,7 @@ import base64
 import binascii
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import fields
 from typing import Any, Final
 
@@ -31,12 +31,15 @@ from core.model import (
     QueueConfig,
     StartPosition,
 )
+from storage.schema import kg_messages
 
 B64_KEY: Final = "$b64"
 FLOAT_KEY: Final = "$f"
 # QueueConfig fields whose column is named differently (WINDOW is reserved in PostgreSQL).
 _QUEUE_COLUMN: Final = {"window": "window_size"}
 _QUEUE_FIELDS: Final = tuple(f.name for f in fields(QueueConfig) if f.name != "subscriptions")
+# kg_messages' columns in table order: the order of INSERT values and of untyped reads.
+MESSAGE_COLUMNS: Final = tuple(column.name for column in kg_messages.columns)
 
 
 def encode_properties(properties: Properties) -> dict[str, Any]:
@@ -116,7 +119,7 @@ def message_values(message: Message) -> tuple[Any, ...]:
         message.message_id,
         message.key,
         message.payload,
-        json.dumps(encode_properties(message.properties)),
+        json.dumps(encode_properties(message.properties)) if message.properties else "{}",
         message.topic,
         message.publish_time,
         message.deliver_at,
@@ -156,33 +159,45 @@ def with_seq(message: Message, seq: int) -> Message:
 
 
 def message_from_row(row: Mapping[Any, Any]) -> Message:
-    return _message(row, decode_properties(row["properties"]))
+    return _message(_values(row), decode_properties(row["properties"]))
 
 
 def salvage_message(row: Mapping[Any, Any]) -> tuple[Message, bool]:
     """``message_from_row`` that never fails on properties: (message, readable)."""
     properties, readable = salvage_properties(row["properties"])
-    return _message(row, properties), readable
+    return _message(_values(row), properties), readable
 
 
-def _message(row: Mapping[Any, Any], properties: dict[str, PropertyValue]) -> Message:
+def salvage_values(values: Sequence[Any], *, json_text: bool) -> tuple[Message, bool]:
+    """A kg_messages row as a tuple in ``MESSAGE_COLUMNS`` order, as read with no column
+    types (the delivery read's hot path: no per-row processing by SQLAlchemy), to a message
+    that never fails on its properties: (message, readable). Properties come as JSON text
+    (``json_text``: SQLite) or already decoded (PostgreSQL's JSONB); text that is not JSON
+    comes back as it is under ``x-unreadable-properties``."""
+    raw = values[6]
+    if raw == {} or (json_text and raw == "{}"):
+        properties: dict[str, PropertyValue] = {}
+        readable = True
+    else:
+        if json_text and isinstance(raw, str):
+            try:
+                raw = json.loads(raw)
+            except ValueError:
+                return _message(values, {"x-unreadable-properties": raw}), False
+        properties, readable = salvage_properties(raw)
+    return _message(values, properties), readable
+
+
+def _values(row: Mapping[Any, Any]) -> list[Any]:
+    return [row[name] for name in MESSAGE_COLUMNS]
+
+
+def _message(values: Sequence[Any], properties: dict[str, PropertyValue]) -> Message:
+    """A row in ``MESSAGE_COLUMNS`` order as a Message: its columns from ``topic`` to
+    ``reply_to`` are the Message's fields after ``properties``, in the same order."""
+    queue, partition, seq, message_id, key, payload = values[:6]
     return Message(
-        message_id=row["message_id"],
-        queue=row["queue"],
-        partition=row["partition"],
-        seq=row["seq"],
-        key=row["key"],
-        payload=bytes(row["payload"]),
-        properties=properties,
-        topic=row["topic"],
-        publish_time=row["publish_time"],
-        deliver_at=row["deliver_at"],
-        expire_at=row["expire_at"],
-        producer=row["producer"],
-        dedup_id=row["dedup_id"],
-        content_type=row["content_type"],
-        correlation_id=row["correlation_id"],
-        reply_to=row["reply_to"],
+        message_id, queue, partition, seq, key, bytes(payload), properties, *values[7:16]
     )
 
 

@@ -24,7 +24,14 @@ import sqlalchemy as sa
 
 from storage.schema import kg_gateway_lease
 
-__all__ = ["LEASE_TAKEN_SQLSTATE", "GatewayLease", "LeaseTaken", "database_now", "prove"]
+__all__ = [
+    "LEASE_HELD_SQLITE",
+    "LEASE_TAKEN_SQLSTATE",
+    "GatewayLease",
+    "LeaseTaken",
+    "database_now",
+    "prove",
+]
 
 # kg_fence's SQLSTATE when the lease is no longer held (migration 0016).
 LEASE_TAKEN_SQLSTATE: Final = "KG001"
@@ -37,6 +44,11 @@ _LEASE_IS = (
 )
 _HELD = sa.select(_lease.c.epoch).where(*_LEASE_IS)
 _CALL_FENCE = sa.text("CALL kg_fence(:b_name, :b_holder, :b_epoch, :b_ttl)")
+# The lease as a condition of another SQLite statement (parameters: name, holder, epoch):
+# the statement changes nothing once the lease is taken, which its row count shows.
+LEASE_HELD_SQLITE: Final = (
+    "EXISTS (SELECT 1 FROM kg_gateway_lease WHERE name = ? AND holder = ? AND epoch = ?)"
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,7 +40,7 @@ from core.errors import (
 from core.model import Message
 from storage.base import Allocation, HeadsMoved
 from storage.batcher import GroupCommitter
-from storage.codec import message_from_row, salvage_message, with_seq
+from storage.codec import message_from_row, salvage_values, with_seq
 from storage.consumer import ConsumerOps
 from storage.engine import async_engine, sync_engine
 from storage.inspection import InspectionOps
@@ -114,16 +114,18 @@ READ_PAGES: Final = 64
 
 
 @functools.cache
-def _pages_query(pages: int) -> sa.TextualSelect:
+def _pages_query(pages: int) -> sa.TextClause:
     """Pages of several partitions in one statement (text: a compound select built by
-    SQLAlchemy is compiled again on most executions)."""
+    SQLAlchemy is compiled again on most executions), columns in MESSAGE_COLUMNS order."""
     names = ", ".join(f'"{column.name}"' for column in kg_messages.c)
     arms = " UNION ALL ".join(
         f"SELECT * FROM (SELECT {names} FROM kg_messages WHERE queue = :queue"
         f' AND "partition" = :p{i} AND seq > :a{i} ORDER BY seq LIMIT :l{i}) AS page{i}'
         for i in range(pages)
     )
-    return sa.text(arms).columns(*kg_messages.c)
+    # No column types: rows come as the driver made them, with no per-row processing
+    # (codec.salvage_values decodes them).
+    return sa.text(arms)
 
 
 # Seqs of one partition deleted per retention transaction.
@@ -143,6 +145,8 @@ class SqlStore(InspectionOps, LeaseOps, ProtocolStateOps, ConsumerOps):
         self.start_dispatcher(linger)
         # Appends go out as one pipeline where the driver can (psycopg: PostgreSQL).
         self._pipelines = engine.dialect.name == "postgresql"
+        # Untyped reads get properties as JSON text from SQLite, decoded from JSONB.
+        self._json_text = engine.dialect.name == "sqlite"
         # (queue, partition) -> seq up to which retention already deleted.
         self._retained: dict[tuple[str, int], int] = {}
 
@@ -212,19 +216,20 @@ class SqlStore(InspectionOps, LeaseOps, ProtocolStateOps, ConsumerOps):
     async def _transact_appends(
         self, calls: list[AppendCall]
     ) -> tuple[Allocation, list[list[Message]], list[Message]]:
-        """The append transaction. On PostgreSQL, when no call needs a read (a dedup
-        lookup, a QoS 2 session), seqs come from the heads cache and the transaction goes
-        out as one pipeline, a single round trip instead of six; if another writer (a Spark
-        job's dead letters) moved a head meanwhile it fails whole, and runs again with the
-        heads read and locked first, as everywhere else.
+        """The append transaction. When no call needs a read (a dedup lookup, a QoS 2
+        session), seqs come from the heads cache and each head moves only from the value
+        allocated from, without reading or locking it first; on PostgreSQL the transaction
+        goes out as one pipeline, a single round trip instead of six. If another writer (a
+        Spark job's dead letters) moved a head meanwhile it fails whole, and runs again
+        with the heads read and locked first, as everywhere else.
 
-        A connection lost during that round trip leaves it unknown whether the COMMIT was
-        processed; the heads tell (only the fenced gateway moves them from the values it
-        allocated from): at the new values it was, at the old ones it was not and it runs
-        again the ordinary way (whose first statement finds a dropped connection and
-        replaces it), otherwise StorageUnavailable."""
+        A connection to PostgreSQL lost during that round trip leaves it unknown whether
+        the COMMIT was processed; the heads tell (only the fenced gateway moves them from
+        the values it allocated from): at the new values it was, at the old ones it was not
+        and it runs again the ordinary way (whose first statement finds a dropped
+        connection and replaces it), otherwise StorageUnavailable."""
         touched = {(m.queue, m.partition) for call in calls for m in call.messages}
-        if self._pipelines and not any(self._reads(call) for call in calls):
+        if not any(self._reads(call) for call in calls):
             allocation = Allocation({key: self.heads.get(key, 0) for key in touched})
             results, new, _ = self._assign(calls, allocation, {})
 
@@ -233,11 +238,13 @@ class SqlStore(InspectionOps, LeaseOps, ProtocolStateOps, ConsumerOps):
                 self.insert_messages(conn, new)
 
             try:
-                await self.write(append, pipelined=True)
+                await self.write(append, pipelined=self._pipelines, proves_fence=True)
                 return allocation, results, new
             except HeadsMoved:
                 pass
             except StorageUnavailable:
+                if not self._pipelines:
+                    raise
                 committed = await self._appended(allocation)
                 if committed is None:
                     raise
@@ -397,8 +404,8 @@ class SqlStore(InspectionOps, LeaseOps, ProtocolStateOps, ConsumerOps):
                 for i, (partition, after_seq, limit) in enumerate(chunk):
                     params.update({f"p{i}": partition, f"a{i}": after_seq, f"l{i}": limit})
                 rows = await conn.execute(_pages_query(len(chunk)), params)
-                for row in rows.mappings():
-                    message, readable = salvage_message(row)
+                for row in rows:
+                    message, readable = salvage_values(row, json_text=self._json_text)
                     found[message.partition].append(message)
                     if not readable:
                         unreadable[message.partition].add(message.seq)

@@ -16,7 +16,7 @@ import threading
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import paho.mqtt.client as paho
@@ -30,13 +30,14 @@ from hypothesis import strategies as st
 from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from core.errors import InvalidArgument, KeygateError
 from gateway.client import Client, Consumer
 from gateway.server import Gateway
 from storage.schema import kg_messages
 from tests.integration.conftest import native_url
-from tests.integration.sqlcheck import Sql, declare, open_sql
+from tests.integration.sqlcheck import Row, Sql, declare, open_sql
 from tests.support.fuzz import fuzz_settings
 
 HOST = "127.0.0.1"
@@ -280,22 +281,48 @@ async def test_a_bind_with_a_window_of_3_billion_is_refused_and_the_group_keeps_
 async def test_a_stored_row_that_cannot_be_delivered_is_dead_lettered_and_later_messages_flow(
     gateway: Gateway, sql: Sql, properties: dict[str, Any]
 ) -> None:
+    async def damage(conn: AsyncConnection, message_id: str) -> None:
+        await conn.execute(
+            sa.update(kg_messages)
+            .where(kg_messages.c.message_id == message_id)
+            .values(properties=properties)
+        )
+
+    await _dead_letter_a_damaged_row(gateway, sql, damage)
+
+
+async def test_a_stored_row_whose_properties_are_not_json_is_dead_lettered_as_it_was(
+    gateway: Gateway, sql: Sql
+) -> None:
+    if sql.engine.dialect.name != "sqlite":
+        pytest.skip("PostgreSQL's JSONB cannot hold text that is not JSON")
+
+    async def damage(conn: AsyncConnection, message_id: str) -> None:
+        text = "UPDATE kg_messages SET properties = '{not json' WHERE message_id = :id"
+        await conn.execute(sa.text(text), {"id": message_id})
+
+    letter = await _dead_letter_a_damaged_row(gateway, sql, damage)
+    assert letter.properties["x-unreadable-properties"] == "{not json"
+
+
+async def _dead_letter_a_damaged_row(
+    gateway: Gateway, sql: Sql, damage: Callable[[AsyncConnection, str], Awaitable[None]]
+) -> Row:
+    """Publish a message and ``damage`` its row, as an older version (or a hand edit) could
+    have written it; a consumer then gets every later message, and the damaged one is
+    dead-lettered as undeliverable. Returns the dead letter."""
     await declare(gateway, "q", partitions=1)
     async with Client(native_url(gateway)) as client:
         first = await client.publish("q", b"old-row")
-        # As a row written by an older version (or by hand) that ingress would refuse today.
         async with sql.engine.begin() as conn:
-            await conn.execute(
-                sa.update(kg_messages)
-                .where(kg_messages.c.message_id == first)
-                .values(properties=properties)
-            )
+            await damage(conn, first)
         consumer = await client.subscribe("q", group="g")
         wanted = await publish_ordinary(gateway, "after")
         assert b"old-row" not in await consume(consumer, wanted)
     [letter] = await sql.wait_messages("q.dlq", 1)
     assert letter.payload == b"old-row"
     assert letter.properties["x-dead-letter-reason"] == "undeliverable"
+    return letter
 
 
 # --- property: odd but legal messages on every protocol never stop the ordinary ones -------
