@@ -94,18 +94,20 @@ async def test_a_busy_holder_keeps_its_lease_with_its_writes_alone(
     store: SqlStore, other: SqlStore, make_message: MessageFactory
 ) -> None:
     """The gateway's own renewals can wait behind its appends for the single SQLite
-    writer; the appends themselves must keep the lease, or a flood makes it stop."""
+    writer; the appends themselves must keep the lease, or a flood makes it stop.
+    The TTL leaves a slow machine's stalls (CI once paused over 0.4 s) a second."""
+    ttl = 1.5
     fenced: list[Fenced] = []
-    epoch = await store.acquire_gateway_lease("main", "gw-a", ttl=0.6)
+    epoch = await store.acquire_gateway_lease("main", "gw-a", ttl=ttl)
     assert epoch is not None
-    store.fence(GatewayLease("main", "gw-a", epoch, 0.6), fenced.append)
+    store.fence(GatewayLease("main", "gw-a", epoch, ttl), fenced.append)
     await store.create_queue(QueueConfig("orders"))
-    until = time.monotonic() + 2.0  # over three TTLs with no renewal but the writes'
+    until = time.monotonic() + 3 * ttl  # three TTLs with no renewal but the writes'
     while time.monotonic() < until:
         await store.append([make_message("orders")], now=NOW)
         assert await other.acquire_gateway_lease("main", "gw-b", ttl=10) is None
     assert not fenced
-    assert time.monotonic() - store.lease_renewed_at < 0.6
+    assert time.monotonic() - store.lease_renewed_at < ttl
     # Once the writes stop, nothing renews: the lease lapses and gw-b takes over.
     assert await eventually(lambda: other.acquire_gateway_lease("main", "gw-b", ttl=10)) == 2
     with pytest.raises(Fenced):
