@@ -20,11 +20,13 @@ the database refuses fails (ingress validation makes that rare: a bug or an old 
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import functools
 import hashlib
 import json
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any, Final
 
@@ -128,8 +130,10 @@ def _pages_query(pages: int) -> sa.TextClause:
     return sa.text(arms)
 
 
-# Seqs of one partition deleted per retention transaction.
-RETENTION_CHUNK: Final = 1000
+# Messages deleted per retention transaction, and partitions it takes them from: short
+# transactions, so that appends (SQLite has one writer) wait for at most one.
+RETENTION_CHUNK: Final = 64
+RETENTION_RANGES: Final = 32
 
 
 class SqlStore(InspectionOps, LeaseOps, ProtocolStateOps, ConsumerOps):
@@ -425,14 +429,16 @@ class SqlStore(InspectionOps, LeaseOps, ProtocolStateOps, ConsumerOps):
         messages, size = self.depths.get(queue, [0, 0])
         return messages, size
 
-    async def retention(self, *, now: float) -> int:
+    async def retention(self, *, now: float, spread: float = 0.0) -> int:
         """Delete what every group settled (and, on a queue with a ``retention`` period, was
         published longer ago than it), expired messages of queues without groups and expired
         dedup records. Returns the number of messages deleted.
 
-        Deletes run in short transactions of at most RETENTION_CHUNK seqs of one partition
-        (or expired messages), so publishes are not held up behind a large clean-up (SQLite
-        has one writer)."""
+        Deletes run in short transactions of at most RETENTION_CHUNK messages, the oldest of
+        up to RETENTION_RANGES partitions at a time (or expired messages), so publishes are
+        not held up behind a large clean-up (SQLite has one writer). ``spread``: seconds
+        over which to pace the deletes of settled messages (the housekeeping's retention
+        runs take half their interval), rather than taking the writer in one burst."""
         m, o, d, q = kg_messages, kg_group_offsets, kg_dedup, kg_queues
         async with self.transaction() as conn:
             lows = list(
@@ -445,19 +451,40 @@ class SqlStore(InspectionOps, LeaseOps, ProtocolStateOps, ConsumerOps):
             # A group dead-letters or drops its own expired messages; the sweep does the rest.
             ungrouped = sa.select(q.c.name).where(q.c.name.not_in(sa.select(kg_groups.c.queue)))
             sweep = list((await conn.execute(ungrouped)).scalars())
-        total = 0
+        work: list[list[Any]] = []  # [queue, partition, deleted up to, may delete up to]
         for queue, partition, settled in lows:
             done = self._retained.get((queue, partition), 0)
             low = await self._retention_bound(queue, partition, settled, done, now)
-            while done < low:
-                upto = min(low, done + RETENTION_CHUNK)
-                where = sa.and_(
-                    m.c.queue == queue, m.c.partition == partition, m.c.seq > done, m.c.seq <= upto
+            if done < low:
+                work.append([queue, partition, done, low])
+        total = 0
+        deadline = time.monotonic() + spread
+        while work:
+            # Partitions fill side by side, so their oldest rows share pages: a transaction
+            # takes the oldest seqs of several partitions at once, RETENTION_CHUNK in all,
+            # and rewrites each page about once instead of once per partition on it.
+            batch, work = work[:RETENTION_RANGES], work[RETENTION_RANGES:]
+            share = max(1, RETENTION_CHUNK // len(batch))
+            for entry in batch:
+                entry.append(min(entry[3], entry[2] + share))
+            where = sa.or_(
+                *(
+                    sa.and_(m.c.queue == q, m.c.partition == p, m.c.seq > done, m.c.seq <= upto)
+                    for q, p, done, _, upto in batch
                 )
-                deleted: dict[str, list[int]] = {}
-                await self.write(functools.partial(self._delete, where=where, deleted=deleted))
-                total += self._forget_depth(deleted)
-                self._retained[(queue, partition)] = done = upto
+            )
+            deleted: dict[str, list[int]] = {}
+            await self.write(functools.partial(self._delete, where=where, deleted=deleted))
+            total += self._forget_depth(deleted)
+            for queue, partition, _, low, upto in batch:
+                self._retained[(queue, partition)] = upto
+                if upto < low:
+                    work.append([queue, partition, upto, low])
+            if spread > 0 and work:
+                chunks = -(-sum(low - done for _, _, done, low in work) // RETENTION_CHUNK)
+                pause = (deadline - time.monotonic()) / chunks
+                if pause > 0:
+                    await asyncio.sleep(pause)
         expiring: dict[str, list[int]] = {}
         for queue in sweep:
             expire = functools.partial(self._expire_some, queue, now=now, deleted=expiring)

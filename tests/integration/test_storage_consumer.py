@@ -39,6 +39,7 @@ from storage import SqlStore, open_store
 from storage import store as storage_store
 from storage.schema import kg_partitions
 from storage.store import RETENTION_CHUNK
+from tests.support.wait import eventually
 
 NOW = 1_700_000_000.0
 MessageFactory = Callable[..., Message]
@@ -193,6 +194,43 @@ async def test_retention_of_a_large_backlog_runs_in_chunks_and_deletes_it_all(
     assert await store.depth("orders") == (5, 5 * len(b"payload"))
     await store.write_offsets("orders", "billing", [OffsetUpdate(3, 50)])
     assert await store.retention(now=NOW) == 5
+    assert await store.depth("orders") == (0, 0)
+
+
+async def test_paced_retention_deletes_the_oldest_of_every_partition_a_chunk_at_a_time(
+    store: SqlStore, make_message: MessageFactory
+) -> None:
+    """Publishes share SQLite's one writer with retention: a paced run deletes a chunk,
+    the oldest messages of every partition, then pauses, rather than taking the writer
+    for the whole backlog at once."""
+    await store.create_queue(QueueConfig("orders", partitions=16))
+    await store.create_group(GroupConfig("orders", "billing"))
+    await store.append([make_message("orders", i % 16) for i in range(320)], now=NOW)
+    await store.write_offsets("orders", "billing", [OffsetUpdate(p, 20) for p in range(16)])
+    run = asyncio.create_task(store.retention(now=NOW, spread=30.0))
+    try:
+
+        async def started() -> bool:
+            return (await store.depth("orders"))[0] < 320
+
+        await eventually(started)
+        assert await store.depth("orders") == (320 - RETENTION_CHUNK, 256 * len(b"payload"))
+        first = [(await store.read("orders", p, 0, 1))[0].seq for p in range(16)]
+        assert first == [RETENTION_CHUNK // 16 + 1] * 16
+        assert not run.done()
+        # The writer is free between chunks: a publish meanwhile commits at once.
+        await store.append([make_message("orders", 0)], now=NOW)
+    finally:
+        run.cancel()
+    assert await store.retention(now=NOW) == 320 - RETENTION_CHUNK
+
+
+async def test_a_paced_retention_run_ends_having_deleted_everything_settled(
+    store: SqlStore, make_message: MessageFactory
+) -> None:
+    await _queue_with_messages(store, make_message, 200)
+    await store.write_offsets("orders", "billing", [OffsetUpdate(3, 200)])
+    assert await store.retention(now=NOW, spread=0.2) == 200
     assert await store.depth("orders") == (0, 0)
 
 
