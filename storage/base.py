@@ -267,7 +267,12 @@ class StoreBase:
             conn.execute(_PING)
 
     async def write(
-        self, body: Body[T], *, pipelined: bool = False, proves_fence: bool = False
+        self,
+        body: Body[T],
+        *,
+        pipelined: bool = False,
+        proves_fence: bool = False,
+        durable: bool = True,
     ) -> T:
         """Run ``body`` as one fenced write transaction on the writer thread
         (storage.writer); returns its result after COMMIT. Errors as ``transaction``.
@@ -275,18 +280,22 @@ class StoreBase:
         go out as one pipeline, one round trip; ``body`` must not read any result
         (WriterThread.run). ``proves_fence`` (SQLite; ignored on PostgreSQL): ``body``
         writes nothing unless the lease is held and then fails (``advance_heads``), so
-        the separate fence check is left out unless the lease is due for renewal."""
+        the separate fence check is left out unless the lease is due for renewal.
+        ``durable=False``: a write that may be lost in a crash because it is done again
+        (retention's deletes): its COMMIT does not wait for the disk (WriterThread.run),
+        and it never renews the lease."""
         if self._fence is not None and self.fenced:
             raise self._fenced_off()
         started = time.monotonic()
-        renew = self._renewal_due(started)
+        renew = durable and self._renewal_due(started)
         try:
             if self._sqlite_lock is None:
-                result = await self.writer.run(self._first(renew), body, pipelined=pipelined)
+                first = self._first(renew)
+                result = await self.writer.run(first, body, pipelined=pipelined, durable=durable)
             else:
                 first = _no_check if proves_fence and not renew else self._first(renew)
                 async with self._sqlite_lock:
-                    result = await self.writer.run(first, body)
+                    result = await self.writer.run(first, body, durable=durable)
         except LeaseTaken:
             raise self._fenced_off() from None
         except (sa.exc.SQLAlchemyError, OSError) as e:

@@ -23,9 +23,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from core.errors import InvalidArgument
 
 SQLITE_BUSY_TIMEOUT_MS: Final = 30_000
+SQLITE_SYNCHRONOUS: Final = "FULL"
 _SQLITE_PRAGMAS: Final = (
     "PRAGMA journal_mode=WAL",
-    "PRAGMA synchronous=FULL",
+    f"PRAGMA synchronous={SQLITE_SYNCHRONOUS}",
     f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}",
 )
 _SEARCH_PATH: Final = "search_path"

@@ -482,7 +482,8 @@ class SqlStore(InspectionOps, LeaseOps, ProtocolStateOps, ConsumerOps):
                 )
             )
             deleted: dict[str, list[int]] = {}
-            await self.write(functools.partial(self._delete, where=where, deleted=deleted))
+            delete = functools.partial(self._delete, where=where, deleted=deleted)
+            await self.write(delete, durable=False)
             total += self._forget_depth(deleted)
             for queue, partition, _, low, upto in batch:
                 self._retained[(queue, partition)] = upto
@@ -496,9 +497,10 @@ class SqlStore(InspectionOps, LeaseOps, ProtocolStateOps, ConsumerOps):
         expiring: dict[str, list[int]] = {}
         for queue in sweep:
             expire = functools.partial(self._expire_some, queue, now=now, deleted=expiring)
-            while await self.write(expire):
+            while await self.write(expire, durable=False):
                 pass
-        await self.write(lambda conn: conn.execute(sa.delete(d).where(d.c.expires_at <= now)))
+        forget = sa.delete(d).where(d.c.expires_at <= now)
+        await self.write(lambda conn: conn.execute(forget), durable=False)
         return total + self._forget_depth(expiring)
 
     def _expire_some(

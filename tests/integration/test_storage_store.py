@@ -408,3 +408,22 @@ async def test_the_expiry_sweep_finds_expired_messages_through_an_index(store: S
             plan = await conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {compiled}")
         text = "\n".join(str(row[-1]) for row in plan)
     assert "ix_kg_messages_expire_at" in text, text
+
+
+async def test_a_write_that_need_not_be_durable_does_not_wait_for_the_flush_alone(
+    store: SqlStore,
+) -> None:
+    """``durable=False`` (retention's deletes): PostgreSQL's synchronous_commit is off for
+    that transaction only, SQLite's synchronous is NORMAL (1) for it and FULL (2) after."""
+    if store.engine.dialect.name == "postgresql":
+        setting = "SHOW synchronous_commit"
+        relaxed, strict = "off", "on"
+    else:
+        setting = "PRAGMA synchronous"
+        relaxed, strict = 1, 2
+
+    def read(conn: sa.Connection) -> object:
+        return conn.exec_driver_sql(setting).scalar_one()
+
+    assert await store.write(read, durable=False) == relaxed
+    assert await store.write(read) == strict

@@ -128,3 +128,20 @@ async def test_close_lets_the_transactions_handed_over_commit_then_ends_the_thre
     assert "kg-writer-close" not in [t.name for t in threading.enumerate()]
     await thread.close()  # a second close is a no-op
     reader.dispose()
+
+
+async def test_a_transaction_that_need_not_be_durable_commits_without_flushing_and_only_it(
+    writer: tuple[WriterThread, sa.Engine],
+) -> None:
+    """Retention's deletes commit without waiting for the disk (synchronous=NORMAL for the
+    transaction); every other transaction on the connection stays FULL (2)."""
+    thread, reader = writer
+
+    def insert_and_read_level(conn: sa.Connection) -> int:
+        conn.exec_driver_sql("INSERT INTO t VALUES (1)")
+        level: int = conn.exec_driver_sql("PRAGMA synchronous").scalar_one()
+        return level
+
+    assert await thread.run(_nothing, insert_and_read_level, durable=False) == 1
+    assert await thread.run(_nothing, insert_and_read_level) == 2
+    assert _values(reader) == [1, 1]
