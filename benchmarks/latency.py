@@ -50,16 +50,18 @@ async def rabbitmq_publish_at(url: str, name: str, rate: int, seconds: float) ->
     connection = await aio_pika.connect(url)
     async with connection:
         publishing = await connection.channel(publisher_confirms=True)
-        pending = set()
+        pending: set[asyncio.Task[object]] = set()  # done ones leave, as in publish_at
         async for i in paced(rate, seconds):
             message = aio_pika.Message(
                 PAYLOAD,
                 headers={"sent": repr(time.time()), "JMSXGroupID": f"key-{i % KEYS}"},
                 delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
             )
-            pending.add(
-                asyncio.create_task(publishing.default_exchange.publish(message, routing_key=name))
+            task = asyncio.create_task(
+                publishing.default_exchange.publish(message, routing_key=name)
             )
+            pending.add(task)
+            task.add_done_callback(pending.discard)
         await asyncio.gather(*pending)
 
 

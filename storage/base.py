@@ -282,8 +282,8 @@ class StoreBase:
         writes nothing unless the lease is held and then fails (``advance_heads``), so
         the separate fence check is left out unless the lease is due for renewal.
         ``durable=False``: a write that may be lost in a crash because it is done again
-        (retention's deletes): its COMMIT does not wait for the disk (WriterThread.run),
-        and it never renews the lease."""
+        (retention's deletes): on SQLite its COMMIT does not flush (WriterThread.run), and
+        it never renews the lease."""
         if self._fence is not None and self.fenced:
             raise self._fenced_off()
         started = time.monotonic()

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import queue
 import select
 import threading
@@ -69,12 +68,6 @@ def _wrapped(conn: sa.Connection, error: Exception) -> sa.exc.StatementError:
     )
 
 
-def _asynchronous(first: Body[None], conn: sa.Connection) -> None:
-    """``first`` in a PostgreSQL transaction whose COMMIT does not wait for the WAL flush."""
-    conn.exec_driver_sql("SET LOCAL synchronous_commit = off")
-    first(conn)
-
-
 def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
     if future.cancelled():
         return  # the caller gave up waiting; the transaction ran (or failed) regardless
@@ -112,13 +105,14 @@ class WriterThread:
         connection has something to read (or there is none yet) the transaction runs the
         ordinary way instead, ``first`` finding the drop and the retry replacing it.
 
-        ``durable=False``: the COMMIT returns without waiting for the disk (PostgreSQL:
-        ``synchronous_commit`` off for the transaction; SQLite: ``synchronous=NORMAL``
-        around it, which in WAL mode writes the log without flushing it). A crash may lose
-        such a transaction, never corrupt anything, and the next durable COMMIT flushes it
-        with its own: the log is written in order. For writes that are done again when lost
-        (retention's deletes): a flush per chunk took half the time the writer spent on
-        them, while publishes waited."""
+        ``durable=False`` (SQLite; ignored on PostgreSQL): the COMMIT returns without
+        flushing the log (``synchronous=NORMAL`` around the transaction). A power loss may
+        lose such a transaction, never corrupt anything, and the next durable COMMIT
+        flushes it with its own: the log is written in order. For writes that are done
+        again when lost (retention's deletes): a flush per chunk was half of their time on
+        the writer, while publishes waited. Not on PostgreSQL: a server that crashed and
+        restarted under a running gateway would undo deletes the gateway's caches had
+        already counted (on SQLite the gateway goes down with the machine)."""
         if durable:
             result: T = await self._call(lambda: self._transaction(first, body, pipelined))
         else:
@@ -192,7 +186,7 @@ class WriterThread:
     def _relaxed(self, first: Body[None], body: Body[T], pipelined: bool) -> T:
         conn = self._connection()
         if conn.dialect.name != "sqlite":
-            return self._transaction(functools.partial(_asynchronous, first), body, pipelined)
+            return self._transaction(first, body, pipelined)
         # SQLite refuses to change the setting inside a transaction: around it, on the
         # driver's connection (autocommit, so no transaction begins for the PRAGMA).
         driver: Any = conn.connection.driver_connection
