@@ -20,13 +20,11 @@ the database refuses fails (ingress validation makes that rare: a bug or an old 
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import functools
 import hashlib
 import json
 import logging
-import time
 from collections.abc import Sequence
 from typing import Any, Final
 
@@ -50,13 +48,11 @@ from storage.leases import LeaseOps
 from storage.limits import check_append
 from storage.migrate import migrate
 from storage.protocol_state import ProtocolStateOps
+from storage.retention import RetentionOps, Rider, Riders
 from storage.schema import (
     kg_dedup,
-    kg_group_offsets,
-    kg_groups,
     kg_messages,
     kg_partitions,
-    kg_queues,
 )
 from storage.statements import upsert
 from storage.writer import WriterThread
@@ -130,18 +126,7 @@ def _pages_query(pages: int) -> sa.TextClause:
     return sa.text(arms)
 
 
-# Settled messages deleted per retention transaction: short transactions, so that appends
-# (SQLite has one writer) wait for at most one; more when a run has more to delete than
-# RETENTION_STEPS of them (each commit costs a flush: at 5,000 msg/s, 64-message chunks
-# took a third of the writer), up to RETENTION_MAX_CHUNK. RETENTION_RANGES: partitions a
-# transaction takes them from.
-RETENTION_CHUNK: Final = 64
-RETENTION_STEPS: Final = 64
-RETENTION_MAX_CHUNK: Final = 1024
-RETENTION_RANGES: Final = 32
-
-
-class SqlStore(InspectionOps, LeaseOps, ProtocolStateOps, ConsumerOps):
+class SqlStore(InspectionOps, LeaseOps, ProtocolStateOps, ConsumerOps, RetentionOps):
     """keygate's durable store. Create it with ``open_store``; one active writer per DB."""
 
     def __init__(
@@ -156,8 +141,8 @@ class SqlStore(InspectionOps, LeaseOps, ProtocolStateOps, ConsumerOps):
         self._pipelines = engine.dialect.name == "postgresql"
         # Untyped reads get properties as JSON text from SQLite, decoded from JSONB.
         self._json_text = engine.dialect.name == "sqlite"
-        # (queue, partition) -> seq up to which retention already deleted.
-        self._retained: dict[tuple[str, int], int] = {}
+        self._retained = {}
+        self.riders = None if self._pipelines else Riders()
 
     async def close(self) -> None:
         """Write every pending append and dispatch record, then release the database."""
@@ -225,12 +210,27 @@ class SqlStore(InspectionOps, LeaseOps, ProtocolStateOps, ConsumerOps):
     async def _transact_appends(
         self, calls: list[AppendCall]
     ) -> tuple[Allocation, list[list[Message]], list[Message]]:
-        """The append transaction. When no call needs a read (a dedup lookup, a QoS 2
-        session), seqs come from the heads cache and each head moves only from the value
-        allocated from, without reading or locking it first; on PostgreSQL the transaction
-        goes out as one pipeline, a single round trip instead of six. If another writer (a
-        Spark job's dead letters) moved a head meanwhile it fails whole, and runs again
-        with the heads read and locked first, as everywhere else.
+        """``_transact`` carrying the retention chunks waiting to ride (SQLite)."""
+        if self.riders is None:
+            return await self._transact(calls, [])
+        riders = self.riders.board()
+        try:
+            outcome = await self._transact(calls, riders)
+        except BaseException:
+            self.riders.stranded(riders)
+            raise
+        self.riders.arrived(riders)
+        return outcome
+
+    async def _transact(
+        self, calls: list[AppendCall], riders: list[Rider]
+    ) -> tuple[Allocation, list[list[Message]], list[Message]]:
+        """The append transaction, then the deletes of ``riders``. When no call needs a
+        read (a dedup lookup, a QoS 2 session), seqs come from the heads cache and each head
+        moves only from the value allocated from, without reading or locking it first; on
+        PostgreSQL the transaction goes out as one pipeline, a single round trip instead of
+        six. If another writer (a Spark job's dead letters) moved a head meanwhile it fails
+        whole, and runs again with the heads read and locked first, as everywhere else.
 
         A connection to PostgreSQL lost during that round trip leaves it unknown whether
         the COMMIT was processed; the heads tell (only the fenced gateway moves them from
@@ -245,6 +245,7 @@ class SqlStore(InspectionOps, LeaseOps, ProtocolStateOps, ConsumerOps):
             def append(conn: sa.Connection) -> None:
                 self.advance_heads(conn, allocation)
                 self.insert_messages(conn, new)
+                self._carry(conn, riders)
 
             try:
                 await self.write(append, pipelined=self._pipelines, proves_fence=True)
@@ -259,9 +260,17 @@ class SqlStore(InspectionOps, LeaseOps, ProtocolStateOps, ConsumerOps):
                     raise
                 if committed:
                     return allocation, results, new
-        return await self.write(
-            lambda conn: self._store(conn, calls, self.lock_heads(conn, touched))
-        )
+
+        def store(conn: sa.Connection) -> tuple[Allocation, list[list[Message]], list[Message]]:
+            stored = self._store(conn, calls, self.lock_heads(conn, touched))
+            self._carry(conn, riders)
+            return stored
+
+        return await self.write(store)
+
+    def _carry(self, conn: sa.Connection, riders: list[Rider]) -> None:
+        if riders and self.riders is not None:
+            self.riders.carry(conn, riders)
 
     async def _appended(self, allocation: Allocation) -> bool | None:
         """Whether a pipelined append whose connection was lost committed: True if every
@@ -433,144 +442,6 @@ class SqlStore(InspectionOps, LeaseOps, ProtocolStateOps, ConsumerOps):
         self.queue(queue)
         messages, size = self.depths.get(queue, [0, 0])
         return messages, size
-
-    async def retention(self, *, now: float, spread: float = 0.0) -> int:
-        """Delete what every group settled (and, on a queue with a ``retention`` period, was
-        published longer ago than it), expired messages of queues without groups and expired
-        dedup records. Returns the number of messages deleted.
-
-        Deletes run in short transactions of RETENTION_CHUNK messages or, with more to
-        delete, the run's share of RETENTION_STEPS (at most RETENTION_MAX_CHUNK), the oldest
-        of up to RETENTION_RANGES partitions at a time (or expired messages), so publishes are
-        not held up behind a large clean-up (SQLite has one writer). ``spread``: seconds
-        over which to pace the deletes of settled messages (the housekeeping's retention
-        runs take half their interval), rather than taking the writer in one burst."""
-        m, o, d, q = kg_messages, kg_group_offsets, kg_dedup, kg_queues
-        async with self.transaction() as conn:
-            lows = list(
-                await conn.execute(
-                    sa.select(o.c.queue, o.c.partition, sa.func.min(o.c.committed_seq)).group_by(
-                        o.c.queue, o.c.partition
-                    )
-                )
-            )
-            # A group dead-letters or drops its own expired messages; the sweep does the rest.
-            ungrouped = sa.select(q.c.name).where(q.c.name.not_in(sa.select(kg_groups.c.queue)))
-            sweep = list((await conn.execute(ungrouped)).scalars())
-        work: list[list[Any]] = []  # [queue, partition, deleted up to, may delete up to]
-        for queue, partition, settled in lows:
-            done = self._retained.get((queue, partition), 0)
-            low = await self._retention_bound(queue, partition, settled, done, now)
-            if done < low:
-                work.append([queue, partition, done, low])
-        total = 0
-        deadline = time.monotonic() + spread
-        backlog = sum(low - done for _, _, done, low in work)
-        chunk = min(RETENTION_MAX_CHUNK, max(RETENTION_CHUNK, -(-backlog // RETENTION_STEPS)))
-        while work:
-            # Partitions fill side by side, so their oldest rows share pages: a transaction
-            # takes the oldest seqs of several partitions at once, ``chunk`` in all,
-            # and rewrites each page about once instead of once per partition on it.
-            batch, work = work[:RETENTION_RANGES], work[RETENTION_RANGES:]
-            share = max(1, chunk // len(batch))
-            for entry in batch:
-                entry.append(min(entry[3], entry[2] + share))
-            where = sa.or_(
-                *(
-                    sa.and_(m.c.queue == q, m.c.partition == p, m.c.seq > done, m.c.seq <= upto)
-                    for q, p, done, _, upto in batch
-                )
-            )
-            deleted: dict[str, list[int]] = {}
-            delete = functools.partial(self._delete, where=where, deleted=deleted)
-            await self.write(delete, durable=False)
-            total += self._forget_depth(deleted)
-            for queue, partition, _, low, upto in batch:
-                self._retained[(queue, partition)] = upto
-                if upto < low:
-                    work.append([queue, partition, upto, low])
-            if spread > 0 and work:
-                chunks = -(-sum(low - done for _, _, done, low in work) // chunk)
-                pause = (deadline - time.monotonic()) / chunks
-                if pause > 0:
-                    await asyncio.sleep(pause)
-        expiring: dict[str, list[int]] = {}
-        for queue in sweep:
-            expire = functools.partial(self._expire_some, queue, now=now, deleted=expiring)
-            while await self.write(expire, durable=False):
-                pass
-        forget = sa.delete(d).where(d.c.expires_at <= now)
-        await self.write(lambda conn: conn.execute(forget), durable=False)
-        return total + self._forget_depth(expiring)
-
-    def _expire_some(
-        self, queue: str, conn: sa.Connection, *, now: float, deleted: dict[str, list[int]]
-    ) -> bool:
-        """Delete up to RETENTION_CHUNK expired messages of ``queue`` (``expired_messages``),
-        oldest expiry first; True if there may be more. Read in expiry order through the
-        expiry index, so the sweep costs what it deletes, not the size of the table."""
-        m = kg_messages
-        rows = conn.execute(expired_messages(queue, now)).all()
-        if rows:
-            keys = [(name, partition, seq) for name, partition, seq, _ in rows]
-            conn.execute(sa.delete(m).where(sa.tuple_(m.c.queue, m.c.partition, m.c.seq).in_(keys)))
-            total = deleted.setdefault(queue, [0, 0])
-            total[0] += len(rows)
-            total[1] += sum(size for *_, size in rows)
-        return len(rows) == RETENTION_CHUNK
-
-    async def _retention_bound(
-        self, queue: str, partition: int, settled: int, done: int, now: float
-    ) -> int:
-        """The highest seq retention may delete: ``settled`` (every group is past it), or
-        less on a queue that keeps settled messages for ``retention`` seconds."""
-        config = self.queues.get(queue)
-        if config is None or config.retention <= 0 or settled <= done:
-            return settled
-        m = kg_messages
-        async with self.transaction() as conn:
-            old = await conn.scalar(
-                sa.select(sa.func.max(m.c.seq)).where(
-                    m.c.queue == queue,
-                    m.c.partition == partition,
-                    m.c.seq > done,
-                    m.c.seq <= settled,
-                    m.c.publish_time <= now - config.retention,
-                )
-            )
-        return done if old is None else int(old)
-
-    def _forget_depth(self, deleted: dict[str, list[int]]) -> int:
-        """Take deleted messages off the cached depths; returns how many there were."""
-        for queue, (count, size) in deleted.items():
-            depth = self.depths.get(queue)
-            if depth is not None:
-                depth[0] -= count
-                depth[1] -= size
-        return sum(count for count, _ in deleted.values())
-
-    def _delete(
-        self, conn: sa.Connection, *, where: sa.ColumnElement[bool], deleted: dict[str, list[int]]
-    ) -> None:
-        """Delete the messages ``where`` selects (on the writer thread: a retention chunk is
-        one hop, so appends queue behind it for its SQL only), adding them to ``deleted``."""
-        m = kg_messages
-        for queue, size in conn.execute(sa.delete(m).where(where).returning(m.c.queue, m.c.size)):
-            total = deleted.setdefault(queue, [0, 0])
-            total[0] += 1
-            total[1] += size
-
-
-def expired_messages(queue: str, now: float) -> sa.Select[tuple[str, int, int, int]]:
-    """(queue, partition, seq, size) of up to RETENTION_CHUNK expired messages of
-    ``queue``, oldest expiry first, read through ix_kg_messages_expire_at."""
-    m = kg_messages
-    return (
-        sa.select(m.c.queue, m.c.partition, m.c.seq, m.c.size)
-        .where(m.c.queue == queue, m.c.expire_at <= now)
-        .order_by(m.c.expire_at)
-        .limit(RETENTION_CHUNK)
-    )
 
 
 async def open_store(

@@ -21,8 +21,8 @@ from core.errors import (
 )
 from core.model import GroupConfig, Message, QueueConfig, StartPosition
 from storage import SqlStore, open_store
+from storage.retention import expired_messages
 from storage.schema import kg_partitions
-from storage.store import expired_messages
 
 MessageFactory = Callable[..., Message]
 

@@ -1,0 +1,281 @@
+"""Retention: deleting what every group settled, expired messages and dedup records.
+
+How it works. A run reads, per partition, the lowest committed seq over the queue's groups
+and deletes up to it in short transactions, each taking the oldest seqs of up to
+RETENTION_RANGES partitions at once: partitions fill side by side, so their oldest rows
+share pages, and a transaction rewrites each page about once instead of once per
+partition on it. Publishes share the writer with these deletes (SQLite has one writer;
+PostgreSQL appends go through the same writer thread), so a run that the housekeeping
+starts is paced over ``spread`` seconds and publishes never wait behind more than one
+chunk of it.
+
+On SQLite a paced chunk does not even take a transaction of its own while publishes flow:
+it rides in the next append transaction (``Riders``), which commits and flushes anyway,
+so the deletes cost the publishes a few hundred microseconds of SQL each rather than a
+4 to 5 ms wait behind a transaction with its own flush now and then (the 99th percentile of
+publish latency at 5,000 msg/s, docs/performance.md). A chunk no append takes within
+RIDE_WAIT, or any chunk once a run is behind its pace, is written on its own, without a
+flush of its own (``durable=False``): a delete lost in a crash is done again by the next
+run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import sqlalchemy as sa
+
+from storage.base import StoreBase
+from storage.schema import kg_dedup, kg_group_offsets, kg_groups, kg_messages, kg_queues
+
+# Settled messages deleted per retention transaction: short transactions, so that appends
+# (SQLite has one writer) wait for at most one; more when a run has more to delete than
+# RETENTION_STEPS of them (each commit costs a flush: at 5,000 msg/s, 64-message chunks
+# took a third of the writer), up to RETENTION_MAX_CHUNK. RETENTION_RANGES: partitions a
+# transaction takes them from.
+RETENTION_CHUNK: Final = 64
+RETENTION_STEPS: Final = 64
+RETENTION_MAX_CHUNK: Final = 1024
+RETENTION_RANGES: Final = 32
+# A chunk that rides in an append transaction: RIDE_CHUNK messages, or a RIDE_STEPS-th of
+# the run's backlog, at most RETENTION_MAX_CHUNK; written alone after RIDE_WAIT seconds.
+RIDE_CHUNK: Final = 32
+RIDE_STEPS: Final = 256
+RIDE_WAIT: Final = 0.05
+
+Deleted = dict[str, list[int]]  # queue -> [messages, bytes]
+
+
+@dataclass(eq=False)
+class Rider:
+    """A chunk of deletes waiting for an append transaction to carry it."""
+
+    where: sa.ColumnElement[bool]
+    done: asyncio.Future[Deleted]
+    deleted: Deleted = field(default_factory=dict)
+
+
+class Riders:
+    """The chunks waiting to ride (SQLite), taken by the append transaction (SqlStore)."""
+
+    def __init__(self) -> None:
+        self._waiting: list[Rider] = []
+
+    def __len__(self) -> int:
+        """Chunks waiting for a transaction."""
+        return len(self._waiting)
+
+    def board(self) -> list[Rider]:
+        """Take every waiting chunk for the transaction about to be handed to the writer."""
+        riders, self._waiting = self._waiting, []
+        return riders
+
+    def carry(self, conn: sa.Connection, riders: list[Rider]) -> None:
+        """In the append transaction, after its inserts: delete the riders' messages."""
+        for rider in riders:
+            rider.deleted = {}
+            delete_into(conn, where=rider.where, deleted=rider.deleted)
+
+    def arrived(self, riders: list[Rider]) -> None:
+        """The transaction that carried ``riders`` committed."""
+        for rider in riders:
+            if not rider.done.done():
+                rider.done.set_result(rider.deleted)
+
+    def stranded(self, riders: list[Rider]) -> None:
+        """The transaction failed: the riders wait for the next one, first in line."""
+        self._waiting[:0] = riders
+
+    def wait(self, rider: Rider) -> None:
+        self._waiting.append(rider)
+
+    def leave(self, rider: Rider) -> bool:
+        """Take ``rider`` back if no transaction has boarded it."""
+        if rider in self._waiting:
+            self._waiting.remove(rider)
+            return True
+        return False
+
+
+def delete_into(conn: sa.Connection, *, where: sa.ColumnElement[bool], deleted: Deleted) -> None:
+    """Delete the messages ``where`` selects, adding them to ``deleted``."""
+    m = kg_messages
+    for queue, size in conn.execute(sa.delete(m).where(where).returning(m.c.queue, m.c.size)):
+        total = deleted.setdefault(queue, [0, 0])
+        total[0] += 1
+        total[1] += size
+
+
+class RetentionOps(StoreBase):
+    # (queue, partition) -> seq up to which retention already deleted.
+    _retained: dict[tuple[str, int], int]
+    # SQLite: chunks that ride in append transactions; None on PostgreSQL, whose appends
+    # are one pipelined round trip that cannot read what a DELETE returns.
+    riders: Riders | None
+
+    async def retention(self, *, now: float, spread: float = 0.0) -> int:
+        """Delete what every group settled (and, on a queue with a ``retention`` period, was
+        published longer ago than it), expired messages of queues without groups and expired
+        dedup records. Returns the number of messages deleted.
+
+        Deletes run in short transactions of RETENTION_CHUNK messages or, with more to
+        delete, the run's share of RETENTION_STEPS (at most RETENTION_MAX_CHUNK), the oldest
+        of up to RETENTION_RANGES partitions at a time (or expired messages), so publishes are
+        not held up behind a large clean-up. ``spread``: seconds over which to pace the
+        deletes of settled messages (the housekeeping's runs take half their interval),
+        rather than taking the writer in one burst; on SQLite the paced chunks ride in
+        append transactions while publishes flow (module docstring)."""
+        lows, sweep = await self._settled()
+        work: list[list[Any]] = []  # [queue, partition, deleted up to, may delete up to]
+        for queue, partition, settled in lows:
+            done = self._retained.get((queue, partition), 0)
+            low = await self._retention_bound(queue, partition, settled, done, now)
+            if done < low:
+                work.append([queue, partition, done, low])
+        total = 0
+        deadline = time.monotonic() + spread
+        backlog = sum(low - done for _, _, done, low in work)
+        ride = self.riders is not None and spread > 0
+        if ride:
+            chunk = min(RETENTION_MAX_CHUNK, max(RIDE_CHUNK, -(-backlog // RIDE_STEPS)))
+        else:
+            chunk = min(RETENTION_MAX_CHUNK, max(RETENTION_CHUNK, -(-backlog // RETENTION_STEPS)))
+        on_pace = True
+        while work:
+            batch, work = work[:RETENTION_RANGES], work[RETENTION_RANGES:]
+            share = max(1, chunk // len(batch))
+            for entry in batch:
+                entry.append(min(entry[3], entry[2] + share))
+            m = kg_messages
+            where = sa.or_(
+                *(
+                    sa.and_(m.c.queue == q, m.c.partition == p, m.c.seq > done, m.c.seq <= upto)
+                    for q, p, done, _, upto in batch
+                )
+            )
+            if ride and on_pace:
+                deleted = await self._ride(where)
+            else:
+                deleted = {}
+                delete = functools.partial(delete_into, where=where, deleted=deleted)
+                await self.write(delete, durable=False)
+            total += self._forget_depth(deleted)
+            for queue, partition, _, low, upto in batch:
+                self._retained[(queue, partition)] = upto
+                if upto < low:
+                    work.append([queue, partition, upto, low])
+            if spread > 0 and work:
+                chunks = -(-sum(low - done for _, _, done, low in work) // chunk)
+                pause = (deadline - time.monotonic()) / chunks
+                on_pace = pause > 0
+                if on_pace:
+                    await asyncio.sleep(pause)
+        return total + await self._expire(sweep, now)
+
+    async def _settled(self) -> tuple[list[Any], list[str]]:
+        """Per (queue, partition) the lowest committed seq over its groups, and the queues
+        without groups (a group dead-letters or drops its own expired messages)."""
+        o, q = kg_group_offsets, kg_queues
+        async with self.transaction() as conn:
+            lows = list(
+                await conn.execute(
+                    sa.select(o.c.queue, o.c.partition, sa.func.min(o.c.committed_seq)).group_by(
+                        o.c.queue, o.c.partition
+                    )
+                )
+            )
+            ungrouped = sa.select(q.c.name).where(q.c.name.not_in(sa.select(kg_groups.c.queue)))
+            sweep = list((await conn.execute(ungrouped)).scalars())
+        return lows, sweep
+
+    async def _ride(self, where: sa.ColumnElement[bool]) -> Deleted:
+        """Delete ``where`` in the next append transaction, or alone if none takes it
+        within RIDE_WAIT."""
+        assert self.riders is not None
+        rider = Rider(where, asyncio.get_running_loop().create_future())
+        self.riders.wait(rider)
+        try:
+            return await asyncio.wait_for(asyncio.shield(rider.done), RIDE_WAIT)
+        except TimeoutError:
+            if not self.riders.leave(rider):
+                return await rider.done  # boarded meanwhile: its transaction is under way
+        delete = functools.partial(delete_into, where=where, deleted=rider.deleted)
+        await self.write(delete, durable=False)
+        return rider.deleted
+
+    async def _expire(self, sweep: list[str], now: float) -> int:
+        """Delete expired messages of the queues in ``sweep`` and expired dedup records."""
+        d = kg_dedup
+        expiring: Deleted = {}
+        for queue in sweep:
+            expire = functools.partial(self._expire_some, queue, now=now, deleted=expiring)
+            while await self.write(expire, durable=False):
+                pass
+        forget = sa.delete(d).where(d.c.expires_at <= now)
+        await self.write(lambda conn: conn.execute(forget), durable=False)
+        return self._forget_depth(expiring)
+
+    def _expire_some(
+        self, queue: str, conn: sa.Connection, *, now: float, deleted: Deleted
+    ) -> bool:
+        """Delete up to RETENTION_CHUNK expired messages of ``queue`` (``expired_messages``),
+        oldest expiry first; True if there may be more. Read in expiry order through the
+        expiry index, so the sweep costs what it deletes, not the size of the table."""
+        m = kg_messages
+        rows = conn.execute(expired_messages(queue, now)).all()
+        if rows:
+            keys = [(name, partition, seq) for name, partition, seq, _ in rows]
+            conn.execute(sa.delete(m).where(sa.tuple_(m.c.queue, m.c.partition, m.c.seq).in_(keys)))
+            total = deleted.setdefault(queue, [0, 0])
+            total[0] += len(rows)
+            total[1] += sum(size for *_, size in rows)
+        return len(rows) == RETENTION_CHUNK
+
+    async def _retention_bound(
+        self, queue: str, partition: int, settled: int, done: int, now: float
+    ) -> int:
+        """The highest seq retention may delete: ``settled`` (every group is past it), or
+        less on a queue that keeps settled messages for ``retention`` seconds."""
+        config = self.queues.get(queue)
+        if config is None or config.retention <= 0 or settled <= done:
+            return settled
+        m = kg_messages
+        async with self.transaction() as conn:
+            old = await conn.scalar(
+                sa.select(sa.func.max(m.c.seq)).where(
+                    m.c.queue == queue,
+                    m.c.partition == partition,
+                    m.c.seq > done,
+                    m.c.seq <= settled,
+                    m.c.publish_time <= now - config.retention,
+                )
+            )
+        return done if old is None else int(old)
+
+    def _forget_depth(self, deleted: Deleted) -> int:
+        """Take deleted messages off the cached depths; returns how many there were."""
+        for queue, (count, size) in deleted.items():
+            depth = self.depths.get(queue)
+            if depth is not None:
+                depth[0] -= count
+                depth[1] -= size
+        return sum(count for count, _ in deleted.values())
+
+
+def expired_messages(queue: str, now: float) -> sa.Select[tuple[str, int, int, int]]:
+    """(queue, partition, seq, size) of up to RETENTION_CHUNK expired messages of
+    ``queue``, oldest expiry first, read through ix_kg_messages_expire_at."""
+    m = kg_messages
+    return (
+        sa.select(m.c.queue, m.c.partition, m.c.seq, m.c.size)
+        .where(m.c.queue == queue, m.c.expire_at <= now)
+        .order_by(m.c.expire_at)
+        .limit(RETENTION_CHUNK)
+    )
+
+
+__all__ = ["RETENTION_CHUNK", "RIDE_CHUNK", "RetentionOps", "Rider", "Riders", "expired_messages"]
