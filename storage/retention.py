@@ -22,6 +22,7 @@ run.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import time
 from dataclasses import dataclass, field
@@ -86,8 +87,14 @@ class Riders:
             if not rider.done.done():
                 rider.done.set_result(rider.deleted)
 
+    def failed(self, riders: list[Rider], error: Exception) -> None:
+        """The transaction that carried ``riders`` failed: their runs write them alone."""
+        for rider in riders:
+            if not rider.done.done():
+                rider.done.set_exception(error)
+
     def stranded(self, riders: list[Rider]) -> None:
-        """The transaction failed: the riders wait for the next one, first in line."""
+        """The transaction was not sent (cancelled): the riders wait for the next one."""
         self._waiting[:0] = riders
 
     def wait(self, rider: Rider) -> None:
@@ -202,7 +209,11 @@ class RetentionOps(StoreBase):
             return await asyncio.wait_for(asyncio.shield(rider.done), RIDE_WAIT)
         except TimeoutError:
             if not self.riders.leave(rider):
-                return await rider.done  # boarded meanwhile: its transaction is under way
+                with contextlib.suppress(Exception):  # failed: alone, below
+                    return await rider.done  # boarded meanwhile: its transaction is under way
+        except Exception:
+            pass  # the transaction that carried it failed (and ran again without it)
+        rider.deleted = {}
         delete = functools.partial(delete_into, where=where, deleted=rider.deleted)
         await self.write(delete, durable=False)
         return rider.deleted

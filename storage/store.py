@@ -214,8 +214,15 @@ class SqlStore(InspectionOps, LeaseOps, ProtocolStateOps, ConsumerOps, Retention
         if self.riders is None:
             return await self._transact(calls, [])
         riders = self.riders.board()
+        if not riders:
+            return await self._transact(calls, [])
         try:
             outcome = await self._transact(calls, riders)
+        except Exception as e:
+            # Retention's deletes must never cost a publish: they go alone, and the
+            # appends run again without them.
+            self.riders.failed(riders, e)
+            return await self._transact(calls, [])
         except BaseException:
             self.riders.stranded(riders)
             raise

@@ -37,7 +37,7 @@ from core.model import (
 )
 from storage import SqlStore, open_store
 from storage import retention as storage_retention
-from storage.retention import RETENTION_CHUNK, RIDE_CHUNK
+from storage.retention import RETENTION_CHUNK, RIDE_CHUNK, Rider
 from storage.schema import kg_partitions
 from tests.support.wait import eventually
 
@@ -256,6 +256,22 @@ async def test_on_sqlite_a_paced_chunk_rides_in_the_next_append_transaction(
         await eventually(counted)
     finally:
         run.cancel()
+
+
+async def test_a_chunk_whose_delete_fails_does_not_fail_the_publish_it_rides_with(
+    store: SqlStore, make_message: MessageFactory
+) -> None:
+    if store.riders is None:
+        pytest.skip("PostgreSQL appends are one pipelined round trip: chunks go alone")
+    await store.create_queue(QueueConfig("orders"))
+    broken = Rider(sa.text("no_such_column = 1"), asyncio.get_running_loop().create_future())
+    store.riders.wait(broken)
+    (stored,) = await store.append([make_message("orders")], now=NOW)
+    assert stored.seq == 1
+    assert [m.seq for m in await store.read("orders", 0, 0, 10)] == [1]
+    with pytest.raises(StorageError):
+        broken.done.result()  # its run writes it alone, and fails there on its own
+    assert len(store.riders) == 0
 
 
 async def test_a_paced_retention_run_ends_having_deleted_everything_settled(
