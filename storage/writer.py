@@ -194,7 +194,13 @@ class WriterThread:
         try:
             return self._transaction(first, body, pipelined)
         finally:
-            driver.execute(f"PRAGMA synchronous={SQLITE_SYNCHRONOUS}")
+            try:
+                driver.execute(f"PRAGMA synchronous={SQLITE_SYNCHRONOUS}")
+            except Exception:
+                # Never leave the connection that stores publishes without its flush: a
+                # new one starts with the engine's settings.
+                self._disconnect()
+                raise
 
     def _pipelined(self, conn: sa.Connection, first: Body[None], body: Body[T]) -> T:
         """``first``, ``body`` and the COMMIT in one psycopg pipeline: one round
