@@ -4,6 +4,7 @@ consumer, 1 KiB messages, 1,000 keys.
 
     .venv/bin/python -m benchmarks.latency --rates 1000,5000 --seconds 5
     .venv/bin/python -m benchmarks.latency --postgres postgresql://postgres@127.0.0.1:5432/test
+    .venv/bin/python -m benchmarks.latency --rates 1000 --seconds 10 --timeline --rabbitmq off
 
 keygate runs in its own process (``keygate serve``, native protocol, SQLite with fsync and,
 with ``--postgres``, PostgreSQL); RabbitMQ is the one on amqp://guest:guest@127.0.0.1:5672
@@ -37,11 +38,25 @@ from gateway.client import Client
 Measure = Callable[[int, float], Awaitable[tuple[float, float]]]
 
 
-async def keygate_latency(url: str, rate: int, seconds: float) -> tuple[float, float]:
+async def keygate_latency(
+    url: str, rate: int, seconds: float, timeline: list[tuple[float, float]] | None = None
+) -> tuple[float, float]:
     queue = "lat-" + uuid.uuid4().hex[:8]
     async with Client(url) as admin:
         await admin.declare_queue(queue, partitions=16)
-    return await latency(url, queue, rate, seconds)
+    return await latency(url, queue, rate, seconds, timeline)
+
+
+def print_timeline(timeline: list[tuple[float, float]], bucket: float = 0.25) -> None:
+    """The worst latency of each ``bucket`` seconds of send time, in ms: a stall that
+    comes back periodically (a housekeeping job) shows as a column of its own."""
+    start = min(sent for sent, _ in timeline)
+    worst: dict[int, float] = {}
+    for sent, took in timeline:
+        index = int((sent - start) / bucket)
+        worst[index] = max(worst.get(index, 0.0), took * 1000)
+    cells = (f"{index * bucket:.2f}s {worst[index]:.0f}" for index in sorted(worst))
+    print(f"    worst per {bucket:.2f} s of send time (ms): {', '.join(cells)}", flush=True)
 
 
 async def rabbitmq_publish_at(url: str, name: str, rate: int, seconds: float) -> None:
@@ -111,7 +126,12 @@ def main() -> None:
     parser.add_argument("--rates", default="1000,5000", help="offered rates, comma-separated")
     parser.add_argument("--seconds", type=float, default=5.0, help="length of each run")
     parser.add_argument("--postgres", help="also measure keygate on this PostgreSQL")
-    parser.add_argument("--rabbitmq", default="amqp://guest:guest@127.0.0.1:5672/")
+    parser.add_argument(
+        "--rabbitmq", default="amqp://guest:guest@127.0.0.1:5672/", help="URL, or off"
+    )
+    parser.add_argument(
+        "--timeline", action="store_true", help="keygate: the worst latency per 0.25 s"
+    )
     args = parser.parse_args()
     rates = [int(r) for r in args.rates.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
@@ -121,8 +141,12 @@ def main() -> None:
         for name, db in targets.items():
             with gateway(db) as (url, _):
                 for rate in rates:
-                    report(name, rate, asyncio.run(keygate_latency(url, rate, args.seconds)))
-    for queue_type in ("quorum", "classic"):
+                    timeline: list[tuple[float, float]] = []
+                    result = asyncio.run(keygate_latency(url, rate, args.seconds, timeline))
+                    report(name, rate, result)
+                    if args.timeline:
+                        print_timeline(timeline)
+    for queue_type in ("quorum", "classic") if args.rabbitmq != "off" else ():
         for rate in rates:
             result = asyncio.run(rabbitmq_latency(args.rabbitmq, queue_type, rate, args.seconds))
             report(f"rabbitmq {queue_type}", rate, result)

@@ -153,7 +153,15 @@ def publisher_process(target: Callable[..., None], *args: object) -> BaseProcess
     return process
 
 
-async def latency(url: str, queue: str, rate: int, seconds: float) -> tuple[float, float]:
+async def latency(
+    url: str,
+    queue: str,
+    rate: int,
+    seconds: float,
+    timeline: list[tuple[float, float]] | None = None,
+) -> tuple[float, float]:
+    """(p50, p99) ms of a latency run; ``timeline`` gets each message's (send time,
+    latency in seconds)."""
     async with Client(url) as consuming:
         consumer = await consuming.subscribe(queue, group="latency", window=2000, start="latest")
         samples: list[float] = []
@@ -161,7 +169,10 @@ async def latency(url: str, queue: str, rate: int, seconds: float) -> tuple[floa
         try:
             for _ in range(int(rate * seconds)):
                 msg = await consumer.receive(timeout=60)
-                samples.append(time.time() - float(msg.properties["sent"]))
+                sent = float(msg.properties["sent"])
+                samples.append(time.time() - sent)
+                if timeline is not None:
+                    timeline.append((sent, samples[-1]))
                 await consumer.acknowledge(msg)
         finally:
             await asyncio.to_thread(publisher.join, 60)

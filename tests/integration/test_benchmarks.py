@@ -20,3 +20,30 @@ def test_the_stage_benchmark_reaches_every_stage() -> None:
     assert lines[0].startswith("sqlite at 200 msg/s: 100 messages"), run.stdout
     assert len(lines) == 11 and "end to end" in lines[-1], run.stdout
     assert "(not reached)" not in run.stdout, run.stdout
+
+
+def test_the_latency_benchmark_prints_percentiles_and_its_timeline() -> None:
+    """The timeline (the worst latency per 0.25 s of send time) is how a periodic stall
+    is told from a steady cost: it found the retention bursts."""
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.latency",
+            "--rates",
+            "200",
+            "--seconds",
+            "1",
+            "--timeline",
+            "--rabbitmq",
+            "off",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert run.returncode == 0, run.stderr
+    report, timeline = run.stdout.splitlines()
+    assert "keygate sqlite at   200 msg/s: p50" in report, run.stdout
+    assert timeline.strip().startswith("worst per 0.25 s of send time (ms): 0.00s "), run.stdout
+    assert timeline.count("s ") >= 4, run.stdout  # a second of sending, four buckets
