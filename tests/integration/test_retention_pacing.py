@@ -14,7 +14,7 @@ from tests.integration.conftest import native_url, start_gateway
 from tests.support.consume import take
 from tests.support.wait import eventually
 
-INTERVAL = 4.0  # retention_interval: a run is paced over 2 s
+INTERVAL = 6.0  # retention_interval: a run is paced over 3 s
 
 
 @pytest.fixture
