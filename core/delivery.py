@@ -181,6 +181,7 @@ class DeliveryBook(Pump):
         if seq > part.cursor + 1 and part.ledger.settle_range(part.cursor + 1, seq - 1):
             self._dirty.add(part.index)
         part.cursor = seq
+        part.next_cost = 0
         prior = part.records.pop(seq, None)
         if part.ledger.is_settled(seq):
             return
@@ -428,6 +429,8 @@ class DeliveryBook(Pump):
             wanted = shared_ready or part.owner is not None
             if not wanted or not part.more or part.fetching:
                 continue
+            if part.next_cost and not self._room(part, part.next_cost, share):
+                continue  # the next message did not fit: read it again once it can
             size, used = len(part.buffer), part.buffered_bytes
             if not size or (size <= self._buffer_size // 2 and used <= share // 2):
                 limit = min(self._buffer_size - size, max(1, (share - used) // self._msg_cost))
@@ -444,12 +447,15 @@ class DeliveryBook(Pump):
         self._fetch_check.clear()
 
     def _fits(self, part: Partition, message: Message, share: int) -> bool:
-        """Whether the message may join the partition's buffer: an empty one takes any;
-        otherwise within buffer_size and the group's budget, and either the partition's
-        share or the half of the budget any partition may use."""
+        """Whether the message may join the partition's buffer (``_room``)."""
+        return self._room(part, buffered_cost(message), share)
+
+    def _room(self, part: Partition, cost: int, share: int) -> bool:
+        """Whether a message of ``cost`` may join the partition's buffer: an empty one
+        takes any; otherwise within buffer_size and the group's budget, and either the
+        partition's share or the half of the budget any partition may use."""
         if not part.buffer:
             return True
-        cost = buffered_cost(message)
         if len(part.buffer) >= self._buffer_size or self._use.bytes + cost > self._buffer_bytes:
             return False
         return part.buffered_bytes + cost <= share or cost <= self._commons()

@@ -53,6 +53,7 @@ from core.partition import (
     GroupStatus,
     PartitionStatus,
     Reservation,
+    buffered_cost,
 )
 
 
@@ -215,7 +216,8 @@ class GroupMachine(Membership):
             if message.partition != partition:
                 raise InvalidArgument(f"loaded message of partition {message.partition}")
             if not self._fits(part, message, share):
-                full = True  # the rest is read again once the buffer drains
+                full = True  # the rest is read again once the buffer has room for it
+                part.next_cost = buffered_cost(message)
                 break
             self._admit(part, message, now, undeliverable=message.seq in undeliverable)
         if part.cursor == before and part.known == part.known_at_fetch and not full:

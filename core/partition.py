@@ -199,6 +199,10 @@ class Partition:
         self.fetch_limit = 0
         # Whether storage may hold messages after ``cursor``; unknown (True) at start.
         self.more = True
+        # The buffered_cost of the message after ``cursor`` when the last read found no
+        # room for it (0: none): no read is issued until there is room for that much,
+        # else the same message would be read again and again (DeliveryBook).
+        self.next_cost = 0
 
     def put(self, message: Message) -> int:
         """Buffer the message; returns its buffered_cost."""

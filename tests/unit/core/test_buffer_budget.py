@@ -74,3 +74,31 @@ def test_a_smaller_budget_applies_from_the_next_event() -> None:
     d.answer_fetches()
     # What was buffered stays until sent; no more is read until it drains below the share.
     assert _buffered(d) < 200
+
+
+def test_a_message_too_big_for_the_room_left_is_read_once_then_when_it_fits() -> None:
+    """A stuck partition reads on past its waiting messages; when the next message is
+    larger than the room left, reading it again at once cannot help: the machine once
+    asked for it again and again, forever (a busy loop of reads in the gateway)."""
+    queue = QueueConfig("q", partitions=4, on_dead_letter="park_key")
+    d = Driver(queue, GROUP, buffer_bytes=8192, auto_fetch=False)
+    bad = d.publish("k", 0)
+    held = [d.publish("k", 0) for _ in range(5)]
+    big = d.publish("j", 0, properties={"p": "x" * 3000})
+    d.bind("a", window=1)
+    d.answer_fetches()
+    d.unacked["a"].clear()
+    d.call(d.machine.reject, "a", [bad.message_id])
+    answered = 0
+    while d.pending_fetches and answered < 50:
+        d.answer_one()
+        answered += 1
+    assert not d.pending_fetches, "the partition keeps reading a message it cannot take"
+    assert big not in d.received("a")
+    # Once the parked messages go, there is room, and it is read and delivered in order.
+    d.call(d.machine.release_key, "k")
+    for _ in range(len(held) + 1):
+        d.answer_fetches()
+        d.ack("a", *[x.message for x in d.unacked["a"].values()])
+    d.answer_fetches()
+    assert [m.seq for m in d.received("a")] == [bad.seq, *(m.seq for m in held), big.seq]
