@@ -136,6 +136,9 @@ class DeliveryBook(Pump):
         self._shared_flows: list[Flow] = []
         self._out: list[Action] = []
         self._fetch_check: set[int] = set(range(queue.slots))
+        # Partitions whose next message found no room (Partition.next_cost): checked
+        # after every event, since room can come from any partition's buffer draining.
+        self._room_wait: set[int] = set()
         self._dirty: set[int] = set()
         # Partitions that may have something new to send, routed by the next pump to the
         # queue of the flow that owns them (flow.work; shared mode: _shared_work).
@@ -424,13 +427,15 @@ class DeliveryBook(Pump):
         its budget (so that other keys flow; up to buffer_size messages)."""
         shared_ready = self._group.mode is GroupMode.SHARED and bool(self._flows)
         share = self._share()
-        for p in sorted(self._fetch_check):
+        for p in sorted(self._fetch_check | self._room_wait):
             part = self._parts[p]
+            self._room_wait.discard(p)
             wanted = shared_ready or part.owner is not None
             if not wanted or not part.more or part.fetching:
                 continue
             if part.next_cost and not self._room(part, part.next_cost, share):
-                continue  # the next message did not fit: read it again once it can
+                self._room_wait.add(p)  # the next message did not fit: read it once it can
+                continue
             size, used = len(part.buffer), part.buffered_bytes
             if not size or (size <= self._buffer_size // 2 and used <= share // 2):
                 limit = min(self._buffer_size - size, max(1, (share - used) // self._msg_cost))
