@@ -77,12 +77,6 @@ class Riders:
         riders, self._waiting = self._waiting, []
         return riders
 
-    def carry(self, conn: sa.Connection, riders: list[Rider]) -> None:
-        """In the append transaction, after its inserts: delete the riders' messages."""
-        for rider in riders:
-            rider.deleted = {}
-            delete_into(conn, where=rider.where, deleted=rider.deleted)
-
     def arrived(self, riders: list[Rider]) -> None:
         """The transaction that carried ``riders`` committed."""
         for rider in riders:
@@ -108,6 +102,13 @@ class Riders:
             self._waiting.remove(rider)
             return True
         return False
+
+
+def carry(conn: sa.Connection, riders: list[Rider]) -> None:
+    """In the append transaction, after its inserts: delete the riders' messages."""
+    for rider in riders:
+        rider.deleted = {}
+        delete_into(conn, where=rider.where, deleted=rider.deleted)
 
 
 def delete_into(conn: sa.Connection, *, where: sa.ColumnElement[bool], deleted: Deleted) -> None:
@@ -153,24 +154,19 @@ class RetentionOps(StoreBase):
             chunk = min(RETENTION_MAX_CHUNK, max(RIDE_CHUNK, -(-backlog // RIDE_STEPS)))
         else:
             chunk = min(RETENTION_MAX_CHUNK, max(RETENTION_CHUNK, -(-backlog // RETENTION_STEPS)))
+        m = kg_messages
         while work:
             batch, work = work[:RETENTION_RANGES], work[RETENTION_RANGES:]
             share = max(1, chunk // len(batch))
             for entry in batch:
                 entry.append(min(entry[3], entry[2] + share))
-            m = kg_messages
             where = sa.or_(
                 *(
                     sa.and_(m.c.queue == q, m.c.partition == p, m.c.seq > done, m.c.seq <= upto)
                     for q, p, done, _, upto in batch
                 )
             )
-            if ride:
-                deleted = await self._ride(where)
-            else:
-                deleted = {}
-                delete = functools.partial(delete_into, where=where, deleted=deleted)
-                await self.write(delete, durable=False)
+            deleted = await (self._ride(where) if ride else self._delete_alone(where))
             total += self._forget_depth(deleted)
             for queue, partition, _, low, upto in batch:
                 self._retained[(queue, partition)] = upto
@@ -213,10 +209,14 @@ class RetentionOps(StoreBase):
                     return await rider.done  # boarded meanwhile: its transaction is under way
         except Exception:
             pass  # the transaction that carried it failed (and ran again without it)
-        rider.deleted = {}
-        delete = functools.partial(delete_into, where=where, deleted=rider.deleted)
+        return await self._delete_alone(where)
+
+    async def _delete_alone(self, where: sa.ColumnElement[bool]) -> Deleted:
+        """Delete ``where`` in a transaction of its own, which need not flush."""
+        deleted: Deleted = {}
+        delete = functools.partial(delete_into, where=where, deleted=deleted)
         await self.write(delete, durable=False)
-        return rider.deleted
+        return deleted
 
     async def _expire(self, sweep: list[str], now: float) -> int:
         """Delete expired messages of the queues in ``sweep`` and expired dedup records."""
@@ -289,4 +289,12 @@ def expired_messages(queue: str, now: float) -> sa.Select[tuple[str, int, int, i
     )
 
 
-__all__ = ["RETENTION_CHUNK", "RIDE_CHUNK", "RetentionOps", "Rider", "Riders", "expired_messages"]
+__all__ = [
+    "RETENTION_CHUNK",
+    "RIDE_CHUNK",
+    "RetentionOps",
+    "Rider",
+    "Riders",
+    "carry",
+    "expired_messages",
+]

@@ -48,7 +48,7 @@ from storage.leases import LeaseOps
 from storage.limits import check_append
 from storage.migrate import migrate
 from storage.protocol_state import ProtocolStateOps
-from storage.retention import RetentionOps, Rider, Riders
+from storage.retention import RetentionOps, Rider, Riders, carry
 from storage.schema import (
     kg_dedup,
     kg_messages,
@@ -211,10 +211,8 @@ class SqlStore(InspectionOps, LeaseOps, ProtocolStateOps, ConsumerOps, Retention
         self, calls: list[AppendCall]
     ) -> tuple[Allocation, list[list[Message]], list[Message]]:
         """``_transact`` carrying the retention chunks waiting to ride (SQLite)."""
-        if self.riders is None:
-            return await self._transact(calls, [])
-        riders = self.riders.board()
-        if not riders:
+        riders = self.riders.board() if self.riders is not None else []
+        if self.riders is None or not riders:
             return await self._transact(calls, [])
         try:
             outcome = await self._transact(calls, riders)
@@ -252,7 +250,7 @@ class SqlStore(InspectionOps, LeaseOps, ProtocolStateOps, ConsumerOps, Retention
             def append(conn: sa.Connection) -> None:
                 self.advance_heads(conn, allocation)
                 self.insert_messages(conn, new)
-                self._carry(conn, riders)
+                carry(conn, riders)
 
             try:
                 await self.write(append, pipelined=self._pipelines, proves_fence=True)
@@ -270,14 +268,10 @@ class SqlStore(InspectionOps, LeaseOps, ProtocolStateOps, ConsumerOps, Retention
 
         def store(conn: sa.Connection) -> tuple[Allocation, list[list[Message]], list[Message]]:
             stored = self._store(conn, calls, self.lock_heads(conn, touched))
-            self._carry(conn, riders)
+            carry(conn, riders)
             return stored
 
         return await self.write(store)
-
-    def _carry(self, conn: sa.Connection, riders: list[Rider]) -> None:
-        if riders and self.riders is not None:
-            self.riders.carry(conn, riders)
 
     async def _appended(self, allocation: Allocation) -> bool | None:
         """Whether a pipelined append whose connection was lost committed: True if every

@@ -113,10 +113,10 @@ class WriterThread:
         the writer, while publishes waited. Not on PostgreSQL: a server that crashed and
         restarted under a running gateway would undo deletes the gateway's caches had
         already counted (on SQLite the gateway goes down with the machine)."""
-        if durable:
+        if durable or self._engine.dialect.name != "sqlite":
             result: T = await self._call(lambda: self._transaction(first, body, pipelined))
         else:
-            result = await self._call(lambda: self._relaxed(first, body, pipelined))
+            result = await self._call(lambda: self._relaxed(first, body))
         return result
 
     async def close(self) -> None:
@@ -183,16 +183,15 @@ class WriterThread:
             raise
         return result
 
-    def _relaxed(self, first: Body[None], body: Body[T], pipelined: bool) -> T:
+    def _relaxed(self, first: Body[None], body: Body[T]) -> T:
+        """``_transaction`` on SQLite without the COMMIT's flush (``run``)."""
         conn = self._connection()
-        if conn.dialect.name != "sqlite":
-            return self._transaction(first, body, pipelined)
         # SQLite refuses to change the setting inside a transaction: around it, on the
         # driver's connection (autocommit, so no transaction begins for the PRAGMA).
         driver: Any = conn.connection.driver_connection
         driver.execute("PRAGMA synchronous=NORMAL")
         try:
-            return self._transaction(first, body, pipelined)
+            return self._transaction(first, body, False)
         finally:
             try:
                 driver.execute(f"PRAGMA synchronous={SQLITE_SYNCHRONOUS}")
