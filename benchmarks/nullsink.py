@@ -3,9 +3,9 @@ protocol listener alone, without storage."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 
-from core.errors import PermissionDenied
+from core.errors import KeygateError, PermissionDenied
 from core.model import DEFAULT_MAX_MESSAGE_SIZE, Publication, QueueConfig
 from protocols.sink import BindRequest, BindResult, FlowOutput, Principal, Receipt, Settle
 
@@ -43,7 +43,15 @@ class NullSink:
     async def publish_many(
         self, principal: Principal, publications: Sequence[Publication]
     ) -> list[Receipt]:
-        return [Receipt(("m",), (p.queue or "",)) for p in publications]
+        return _receipts(publications)
+
+    def publish_each(
+        self, principal: Principal, publications: Sequence[Publication]
+    ) -> Awaitable[list[Receipt | KeygateError]]:
+        return self._each(publications)
+
+    async def _each(self, publications: Sequence[Publication]) -> list[Receipt | KeygateError]:
+        return [*_receipts(publications)]
 
     async def declare_queue(
         self,
@@ -95,3 +103,7 @@ class NullSink:
 
     async def drop_mqtt_session(self, client_id: str) -> None:
         return None
+
+
+def _receipts(publications: Sequence[Publication]) -> list[Receipt]:
+    return [Receipt(("m",), (p.queue or "",)) for p in publications]

@@ -13,40 +13,33 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from typing import Final
 
 from core.errors import (
     Conflict,
     InvalidArgument,
-    KeygateError,
-    NoRoute,
     PermissionDenied,
     QueueNotFound,
-    StorageError,
     Unavailable,
 )
-from core.ingress import validate_publication
 from core.model import (
     DEFAULT_MAX_MESSAGE_SIZE,
     GroupConfig,
     GroupMode,
     KeyOrder,
     Message,
-    Publication,
     QueueConfig,
     StartPosition,
 )
-from core.topics import SubscriptionIndex, normalize_topic, validate_pattern
+from core.topics import SubscriptionIndex, validate_pattern
 from gateway.access import Access
 from gateway.config import GatewayConfig
 from gateway.gauges import group_gauges, queue_gauges
 from gateway.groups import Groups
 from gateway.logs import flow_fields
-from gateway.messages import build_message
 from gateway.metrics import GroupGauge, Metrics, QueueGauge, RuntimeMetrics
 from gateway.protocol_state import ProtocolState
+from gateway.publishing import Publishing
 from gateway.runtime import GroupRuntime
 from protocols.sink import (
     Ack,
@@ -57,7 +50,6 @@ from protocols.sink import (
     FlowOutput,
     Nack,
     Principal,
-    Receipt,
     Reject,
     Settle,
     Unbind,
@@ -66,15 +58,11 @@ from storage.store import SqlStore
 
 log = logging.getLogger("keygate.broker")
 
-# Topics whose routes are cached; a publisher using more only costs the trie walk again.
-ROUTE_CACHE_SIZE: Final = 10_000
-
-
 # A group with native flows is leased in SQL (kind "native") so a Spark job refuses it;
 # renewed every retention interval, released when the group's last flow leaves.
 
 
-class Broker(ProtocolState):
+class Broker(Publishing, ProtocolState):
     def __init__(
         self,
         store: SqlStore,
@@ -201,10 +189,6 @@ class Broker(ProtocolState):
             (q.max_message_size for q in self._queues.values()), default=DEFAULT_MAX_MESSAGE_SIZE
         )
 
-    @property
-    def blocked(self) -> bool:
-        return self._appends_in_flight > 50_000
-
     async def authenticate(
         self,
         username: str | None,
@@ -234,98 +218,6 @@ class Broker(ProtocolState):
         elif not self.access.allows(principal, "publish", config.name):
             self.access.check_monitor(principal, config.name)
         return await self.create_queue(config, exist_ok=exist_ok)
-
-    def _route(self, publication: Publication, topic: str | None) -> tuple[QueueConfig, ...]:
-        if topic is None:
-            assert publication.queue is not None
-            return (self.queue(publication.queue),)
-        queues = self._routes.get(topic)
-        if queues is None:
-            names = self._index.match(topic)
-            if not names:
-                raise NoRoute(f"no queue subscribes to topic {topic!r}")
-            if len(self._routes) >= ROUTE_CACHE_SIZE:
-                self._routes.clear()
-            queues = self._routes[topic] = tuple(self._queues[name] for name in sorted(names))
-        return queues
-
-    def _messages(
-        self, principal: Principal, publication: Publication, now: float
-    ) -> list[Message]:
-        out = []
-        validate_publication(publication)
-        topic = None if publication.topic is None else normalize_topic(publication.topic)
-        for queue in self._route(publication, topic):
-            self.access.authorize(principal, "publish", queue.name)
-            out.append(build_message(queue, publication, principal.username, now, topic))
-        return out
-
-    async def publish(
-        self,
-        principal: Principal,
-        publication: Publication,
-        *,
-        qos2_packet_id: int | None = None,
-    ) -> Receipt:
-        qos2 = None
-        if qos2_packet_id is not None and principal.client_id is not None:
-            qos2 = (principal.client_id, qos2_packet_id)
-        return (await self._publish(principal, [publication], qos2))[0]
-
-    async def publish_many(
-        self, principal: Principal, publications: Sequence[Publication]
-    ) -> list[Receipt]:
-        return await self._publish(principal, publications, None)
-
-    async def _publish(
-        self,
-        principal: Principal,
-        publications: Sequence[Publication],
-        qos2: tuple[str, int] | None,
-    ) -> list[Receipt]:
-        if self._closing:
-            raise Unavailable("the gateway is shutting down")
-        now = self.clock()
-        try:
-            batches = [self._messages(principal, pub, now) for pub in publications]
-            flat = [m for batch in batches for m in batch]
-            self._appends_in_flight += len(flat)
-            try:
-                stored = await self._store.append(flat, now=now, qos2=qos2)
-            finally:
-                self._appends_in_flight -= len(flat)
-        except KeygateError as e:
-            self._count_refusal(e, len(publications))
-            raise
-        self.metrics.publish_latency.observe(self.clock() - now)
-        receipts = []
-        position = 0
-        if len(stored) == 1:
-            self.metrics.published.labels(stored[0].queue, principal.protocol).inc()
-        else:
-            for queue, count in Counter(m.queue for m in stored).items():
-                self.metrics.published.labels(queue, principal.protocol).inc(count)
-        for batch, pub in zip(batches, publications, strict=True):
-            mine = stored[position : position + len(batch)]
-            position += len(batch)
-            duplicate = any(s.message_id != m.message_id for s, m in zip(mine, batch, strict=True))
-            receipts.append(
-                Receipt(
-                    tuple(m.message_id for m in mine),
-                    tuple(m.queue for m in mine),
-                    duplicate=duplicate and pub.dedup_id is not None,
-                )
-            )
-        return receipts
-
-    def _count_refusal(self, error: KeygateError, publications: int) -> None:
-        """Count refused publications once each. Storage failing refuses every one of the
-        call; any other refusal of a multi-publication call is not final: the listener
-        stores them one by one next (protocols._io.publish_in_order) and that counts."""
-        if isinstance(error, (StorageError, Unavailable)):
-            self.metrics.rejected.labels(error.code).inc(publications)
-        elif publications == 1:
-            self.metrics.rejected.labels(error.code).inc()
 
     def _on_commit(self, messages: Sequence[Message]) -> None:
         self.metrics.commit_batch.observe(len(messages))

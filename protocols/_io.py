@@ -27,7 +27,7 @@ import collections
 import contextlib
 import logging
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Final
 
 from core.errors import KeygateError, StorageError, Unavailable
@@ -225,6 +225,42 @@ async def send_heartbeats(outbox: Outbox, frame: bytes, period: Callable[[], flo
             outbox.push(frame)
 
 
+def store_each(
+    sink: Sink,
+    principal: Principal,
+    publications: Sequence[Publication],
+    *,
+    log: logging.LoggerAdapter[logging.Logger] | logging.Logger = log,
+) -> Awaitable[list[Receipt | KeygateError]]:
+    """Hand a connection's publications to the sink now (``Sink.publish_each``): they
+    are queued for storage behind the connection's earlier lots, so the caller may go on
+    and hand over the next lot before this one commits. Await the result for one
+    outcome per publication: its Receipt once committed, or the error that refused it
+    alone. An unexpected error is logged and answered as unavailable."""
+    try:
+        pending = sink.publish_each(principal, publications)
+    except Exception:
+        log.exception("publish of %d message(s) failed unexpectedly", len(publications))
+        return _unavailable(len(publications))
+    return _outcomes(pending, len(publications), log)
+
+
+async def _outcomes(
+    pending: Awaitable[list[Receipt | KeygateError]],
+    count: int,
+    log: logging.LoggerAdapter[logging.Logger] | logging.Logger,
+) -> list[Receipt | KeygateError]:
+    try:
+        return await pending
+    except Exception:
+        log.exception("publish of %d message(s) failed unexpectedly", count)
+        return await _unavailable(count)
+
+
+async def _unavailable(count: int) -> list[Receipt | KeygateError]:
+    return [Unavailable("internal server error")] * count
+
+
 async def publish_receipts(
     sink: Sink,
     principal: Principal,
@@ -236,17 +272,17 @@ async def publish_receipts(
     """Store a connection's publications in arrival order; one outcome per publication
     tried: its Receipt once committed, or the error that refused it.
 
-    All go in one transaction (``Sink.publish_many``). If storage fails, none was stored
-    and each gets that error (retrying one by one would fail alike). If one publication
-    spoils the batch (no route, too large, queue full), they are stored one by one, in
-    order, so only the refused ones fail; with ``stop_at_refusal`` (a protocol whose
-    refusal ends the connection) nothing after the first refusal is tried, and the
-    outcomes end there. An unexpected error is logged and answered as unavailable.
-
-    The caller must not start another batch of the same connection before this one
-    returns: a later batch committed while this one is retried one by one would overtake
-    it.
+    Without ``stop_at_refusal`` this is ``store_each``, awaited. With it (a protocol
+    whose refusal ends the connection) nothing after the first refusal may be stored:
+    all go in one transaction (``Sink.publish_many``); if storage fails, none was stored
+    and each gets that error; if one publication spoils the batch (no route, too large,
+    queue full), they are stored one by one, in order, and the outcomes end at the first
+    refusal. The caller must then not start another batch of the same connection before
+    this one returns: a later batch committed while this one is retried one by one would
+    overtake it.
     """
+    if not stop_at_refusal:
+        return await store_each(sink, principal, publications, log=log)
     try:
         if len(publications) == 1:
             return [await sink.publish(principal, publications[0])]
@@ -258,12 +294,12 @@ async def publish_receipts(
             return [e]
     except Exception:
         log.exception("publish of %d message(s) failed unexpectedly", len(publications))
-        return [Unavailable("internal server error")] * len(publications)
+        return await _unavailable(len(publications))
     outcomes: list[Receipt | KeygateError] = []
     for publication in publications:
-        (outcome,) = await publish_receipts(sink, principal, [publication], stop_at_refusal=False)
+        (outcome,) = await publish_receipts(sink, principal, [publication], stop_at_refusal=True)
         outcomes.append(outcome)
-        if isinstance(outcome, KeygateError) and stop_at_refusal:
+        if isinstance(outcome, KeygateError):
             break
     return outcomes
 
@@ -294,4 +330,5 @@ __all__ = [
     "publish_in_order",
     "publish_receipts",
     "send_heartbeats",
+    "store_each",
 ]

@@ -60,9 +60,13 @@ class ByteBudget:
         self.peak = 0
         self._freed = asyncio.Event()
 
+    def full_for(self, size: int) -> bool:
+        """Whether ``acquire(size)`` would wait."""
+        return bool(self.held) and self.held + size > self.limit
+
     async def acquire(self, size: int) -> None:
         """Wait until ``size`` more bytes fit, then hold them."""
-        while self.held and self.held + size > self.limit:
+        while self.full_for(size):
             self._freed.clear()
             await self._freed.wait()
         self.held += size

@@ -16,7 +16,7 @@ it to its wire's error (reason code, reply code, ERROR frame) and keeps the serv
 from __future__ import annotations
 
 import ssl
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -207,6 +207,16 @@ class Sink(Protocol):
         self, principal: Principal, publications: Sequence[Publication]
     ) -> list[Receipt]:
         """Store all publications in one transaction, or none of them (STOMP COMMIT)."""
+        ...
+
+    def publish_each(
+        self, principal: Principal, publications: Sequence[Publication]
+    ) -> Awaitable[list[Receipt | KeygateError]]:
+        """Queue ``publications`` for storage at once, behind everything queued before,
+        so a connection may hand over its next lot before this one is committed and the
+        order holds. Each is stored or refused alone (the errors ``publish`` raises); the
+        awaitable gives one outcome per publication, after COMMIT, and does not raise for
+        a refusal."""
         ...
 
     async def declare_queue(

@@ -44,13 +44,19 @@ class GroupCommitter(Generic[T, R]):
 
     async def submit(self, item: T, weight: int = 1) -> R:
         """Queue ``item`` for the next batch; return its result once that batch committed."""
+        return await self.enqueue(item, weight)
+
+    def enqueue(self, item: T, weight: int = 1) -> asyncio.Future[R]:
+        """``submit`` in two steps: ``item`` is queued now, before anything queued later
+        (batches are processed in order), and the future resolves after its batch's
+        COMMIT. Raises Unavailable once closing."""
         if self._closing:
             raise Unavailable("the store is closed")
         future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
         self._pending.append((item, weight, future))
         self._pending_weight += weight
         self._wakeup.set()
-        return await future
+        return future
 
     async def close(self) -> None:
         """Process everything already submitted, then stop the writer task."""

@@ -14,6 +14,7 @@ module), kept honest by tests/integration/test_store_contract.py.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
@@ -29,6 +30,7 @@ from core.actions import (
     RecordDispatch,
     RetryScheduled,
 )
+from core.errors import KeygateError
 from core.model import GroupConfig, Message, QueueConfig, ResetPosition
 
 
@@ -43,6 +45,14 @@ class PublishStore(Protocol):
         seqs from 1 per (queue, partition), after the commit. A message whose (publisher,
         producer, dedup id) was stored within its queue's dedup window comes back as the
         original instead of being stored again."""
+        ...
+
+    def append_each(
+        self, units: Sequence[Sequence[Message]], *, now: float
+    ) -> asyncio.Future[list[list[Message] | KeygateError]]:
+        """Queue ``units`` for storage now, behind every append queued before; the future
+        gives each unit as ``append`` would return it, or the error that refused that unit
+        alone. Storage failing gives every unit that error, or fails the future."""
         ...
 
     def queue(self, name: str) -> QueueConfig:

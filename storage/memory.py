@@ -15,6 +15,7 @@ so each is its own transaction in commit order.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 from collections.abc import Callable, Sequence
@@ -34,6 +35,7 @@ from core.errors import (
     AlreadyExists,
     GroupNotFound,
     InvalidArgument,
+    KeygateError,
     QueueNotFound,
 )
 from core.model import GroupConfig, Message, QueueConfig, ResetKind, ResetPosition
@@ -74,6 +76,9 @@ class MemoryStore:
         self, messages: Sequence[Message], *, now: float, qos2: tuple[str, int] | None = None
     ) -> list[Message]:
         """As SqlStore's; ``qos2`` is ignored: MQTT sessions are not twinned."""
+        return self._append(messages, now)
+
+    def _append(self, messages: Sequence[Message], now: float) -> list[Message]:
         if not messages:
             return []
         check_append(messages, self.queue, self.depths, {})
@@ -93,6 +98,21 @@ class MemoryStore:
             new.append(stored)
         self._committed(new)
         return result
+
+    def append_each(
+        self, units: Sequence[Sequence[Message]], *, now: float
+    ) -> asyncio.Future[list[list[Message] | KeygateError]]:
+        """As SqlStore's (stored at once: there is no commit to wait for)."""
+        outcomes: list[list[Message] | KeygateError] = []
+        for unit in units:
+            try:
+                outcomes.append(self._append(unit, now))
+            except KeygateError as e:
+                outcomes.append(e)
+        done: asyncio.Future[list[list[Message] | KeygateError]]
+        done = asyncio.get_running_loop().create_future()
+        done.set_result(outcomes)
+        return done
 
     def _store(self, message: Message, queue: str, partition: int) -> Message:
         seq = self.heads.get((queue, partition), 0) + 1

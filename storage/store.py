@@ -20,6 +20,7 @@ the database refuses fails (ingress validation makes that rare: a bug or an old 
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import functools
 import hashlib
@@ -75,6 +76,9 @@ class AppendCall:
     now: float
     qos2: tuple[str, int] | None = None
 
+
+AppendOutcome = list[Message] | KeygateError
+"""One call's messages as stored, or the error that refused the call alone."""
 
 DedupKey = tuple[str, str, str]
 
@@ -133,7 +137,7 @@ class SqlStore(InspectionOps, LeaseOps, ProtocolStateOps, ConsumerOps, Retention
         self, url: str, engine: AsyncEngine, writer: WriterThread, *, max_batch: int, linger: float
     ) -> None:
         super().__init__(url, engine, writer)
-        self.appender: GroupCommitter[AppendCall, list[Message]] = GroupCommitter(
+        self.appender: GroupCommitter[list[AppendCall], list[AppendOutcome]] = GroupCommitter(
             self._write_appends, max_weight=max_batch, linger=linger, name="kg-append"
         )
         self.start_dispatcher(linger)
@@ -163,12 +167,41 @@ class SqlStore(InspectionOps, LeaseOps, ProtocolStateOps, ConsumerOps, Retention
         """
         if not messages:
             return []
-        return await self.appender.submit(AppendCall(messages, now, qos2), len(messages))
+        call = AppendCall(messages, now, qos2)
+        (outcome,) = await self.appender.submit([call], len(messages))
+        if isinstance(outcome, KeygateError):
+            raise outcome
+        return outcome
 
-    async def _write_appends(self, calls: list[AppendCall]) -> list[list[Message] | BaseException]:
+    def append_each(
+        self, units: Sequence[Sequence[Message]], *, now: float
+    ) -> asyncio.Future[list[AppendOutcome]]:
+        """Queue ``units`` for the append writer now, behind every append queued before
+        (so calls made in order are stored in order, without waiting for each other);
+        the future gives, after COMMIT, each unit as stored (as ``append`` returns it) or
+        the error that refused that unit alone (nothing of it stored). When storage fails
+        (StorageError, StorageUnavailable, Fenced), nothing is stored and every unit has
+        that error, or the future fails with it."""
+        if not units:
+            done: asyncio.Future[list[AppendOutcome]] = asyncio.get_running_loop().create_future()
+            done.set_result([])
+            return done
+        calls = [AppendCall(unit, now) for unit in units]
+        return self.appender.enqueue(calls, sum(len(unit) for unit in units))
+
+    async def _write_appends(
+        self, submissions: list[list[AppendCall]]
+    ) -> list[list[AppendOutcome] | BaseException]:
+        """The group commit's process: every call of every submission, each accepted or
+        refused alone, in one transaction; the outcomes regrouped per submission."""
+        calls = [call for submission in submissions for call in submission]
+        outcomes = iter(await self._write_calls(calls))
+        return [[next(outcomes) for _ in submission] for submission in submissions]
+
+    async def _write_calls(self, calls: list[AppendCall]) -> list[AppendOutcome]:
         # Checked under seq_lock: a queue deleted or altered meanwhile is seen as it is now.
         async with self.seq_lock:
-            outcomes: list[list[Message] | BaseException] = []
+            outcomes: list[AppendOutcome] = []
             accepted: list[int] = []
             pending: dict[str, list[int]] = {}
             for index, call in enumerate(calls):
@@ -186,7 +219,7 @@ class SqlStore(InspectionOps, LeaseOps, ProtocolStateOps, ConsumerOps, Retention
             outcomes[index] = result
         return outcomes
 
-    async def _commit_appends(self, calls: list[AppendCall]) -> list[list[Message] | BaseException]:
+    async def _commit_appends(self, calls: list[AppendCall]) -> list[AppendOutcome]:
         """Write ``calls`` in one transaction. If it fails for a reason other than an
         unreachable database, retry each half on its own, so only the bad call fails."""
         try:

@@ -98,9 +98,12 @@ class _Session:
                 if not data:
                     return
                 conn.receive_data(data)
-                while (event := conn.next_event()) is not None:
-                    if not await self.requests.handle(event):
-                        return
+                try:
+                    while (event := conn.next_event()) is not None:
+                        if not await self.requests.handle(event):
+                            return
+                finally:
+                    self.requests.flush()  # what this read brought, one lot
                 await self.outbox.room()
         except NativeProtocolError as e:
             self.log.info("native %s: protocol error: %s", self.peer, e)

@@ -2,11 +2,12 @@
 
 How it works. The listener's reader hands ``Requests.handle`` the connection's events in
 arrival order; answers go out through the connection's ``Outbox`` (protocols/_io.py).
-PUBLISH is pipelined: the reader queues each one and goes on reading; one task per
-connection stores everything queued meanwhile with one ``publish_receipts`` call (one
-group-commit submission; refused ones fail alone), answers each in arrival order with
-PUBLISH_OK or ERROR once committed, and takes the next lot. One lot at a time keeps the
-connection's messages in the order sent, even when a lot is retried one by one. The
+PUBLISH is pipelined: the reader queues each one and goes on reading; when it has handled
+what one socket read brought (or before any other request, or before it waits), ``flush``
+hands the queued PUBLISHes to the sink as one lot (``store_each``: one group-commit
+submission, each publication stored or refused alone) and a task answers each with
+PUBLISH_OK or ERROR once committed. Lots are queued for the store at once, in the order
+read, so the next lot goes in while this one commits and none overtakes another. The
 payload bytes of PUBLISHes not yet confirmed are held in a ``ByteBudget``: when it is
 spent the reader waits for confirms instead of reading more. BIND gives the
 sink one ``FlowOutput`` per flow; each DELIVER is pushed with the way to encode it again,
@@ -24,7 +25,7 @@ import asyncio
 import contextlib
 import functools
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import replace
 from typing import Protocol
 
@@ -33,7 +34,7 @@ from core.errors import KeygateError, Unavailable
 from core.ingress import validate_client_name, validate_delay, validate_window
 from core.model import AckMode, Publication
 from protocols import sink
-from protocols._io import Outbox, publish_receipts
+from protocols._io import Outbox, store_each
 from protocols._limits import Admission, ByteBudget, ConnectionLimits
 from protocols._log import ConnectionLog
 from protocols._tasks import Tasks
@@ -140,7 +141,6 @@ class Requests:
         self.session_id = uuid.uuid4().hex
         self.unconfirmed = ByteBudget(server.limits.max_unconfirmed_bytes)
         self._queued: list[tuple[Publish, Publication]] = []
-        self._storing: asyncio.Task[None] | None = None
 
     def send(self, event: Event) -> None:
         # RuntimeError: the state machine is closed (after ERROR/CLOSE), nothing more goes out.
@@ -167,7 +167,10 @@ class Requests:
         self.flows.clear()
 
     async def handle(self, event: Event) -> bool:
-        """Handle one request; False ends the connection."""
+        """Handle one request; False ends the connection. A PUBLISH is queued until
+        ``flush``; any other request flushes first, so it comes after them."""
+        if not isinstance(event, Publish):
+            self.flush()
         try:
             match event:
                 case Hello():
@@ -177,9 +180,11 @@ class Requests:
                         raise Unavailable("the gateway is shutting down")
                     # Refused at once when malformed (InvalidArgument answers this request).
                     message = publication(event, self.producer)
+                    if self.unconfirmed.full_for(len(event.payload)):
+                        self.flush()  # the confirms waited for must be on their way
                     # Waiting here stops the read loop: back-pressure, not buffering.
                     await self.unconfirmed.acquire(len(event.payload))
-                    self._queue(event, message)
+                    self._queued.append((event, message))
                 case Ack():
                     self.settle(event.flow_id, sink.Ack(event.message_ids))
                     self.ok(event.request_id)
@@ -249,41 +254,40 @@ class Requests:
     def producer(self) -> str:
         return f"native:{self.conn.client_name or self.session_id}"
 
-    def _queue(self, event: Publish, message: Publication) -> None:
-        self._queued.append((event, message))
-        if self._storing is None or self._storing.done():
-            self._storing = self.publishes.spawn(self._store_queued(), name="publish")
-
-    async def _store_queued(self) -> None:
-        """Store what is queued, lot by lot, until nothing is (then end: a new PUBLISH
-        starts the task again)."""
+    def flush(self) -> None:
+        """Hand the PUBLISHes queued since the last flush to the sink as one lot, queued
+        for storage now, behind the earlier lots; a task answers them once committed."""
+        if not self._queued:
+            return
         assert self.principal is not None
-        while self._queued:
-            lot, self._queued = self._queued, []
-            try:
-                outcomes = await publish_receipts(
-                    self.sink,
-                    self.principal,
-                    [message for _, message in lot],
-                    stop_at_refusal=False,
-                    log=self.log,
-                )
-            finally:
-                self.unconfirmed.release(sum(len(event.payload) for event, _ in lot))
-                self.server.unconfirmed_peak = max(
-                    self.server.unconfirmed_peak, self.unconfirmed.peak
-                )
-            for (event, _), outcome in zip(lot, outcomes, strict=True):
-                if isinstance(outcome, KeygateError):
-                    self.send(error_frame(outcome, event.request_id))
-                else:
-                    self.send(
-                        PublishOk(
-                            request_id=event.request_id,
-                            message_ids=outcome.message_ids,
-                            duplicate=outcome.duplicate,
-                        )
+        lot, self._queued = self._queued, []
+        pending = store_each(
+            self.sink, self.principal, [message for _, message in lot], log=self.log
+        )
+        self.publishes.spawn(self._confirm(lot, pending), name="publish")
+
+    async def _confirm(
+        self,
+        lot: list[tuple[Publish, Publication]],
+        pending: Awaitable[list[sink.Receipt | KeygateError]],
+    ) -> None:
+        """Answer each PUBLISH of ``lot`` in arrival order with PUBLISH_OK or ERROR."""
+        try:
+            outcomes = await pending
+        finally:
+            self.unconfirmed.release(sum(len(event.payload) for event, _ in lot))
+            self.server.unconfirmed_peak = max(self.server.unconfirmed_peak, self.unconfirmed.peak)
+        for (event, _), outcome in zip(lot, outcomes, strict=True):
+            if isinstance(outcome, KeygateError):
+                self.send(error_frame(outcome, event.request_id))
+            else:
+                self.send(
+                    PublishOk(
+                        request_id=event.request_id,
+                        message_ids=outcome.message_ids,
+                        duplicate=outcome.duplicate,
                     )
+                )
 
     def settle(self, flow_id: str, event: sink.Settle) -> None:
         assert self.principal is not None

@@ -99,23 +99,29 @@ async def test_oldest_message_age_per_queue_follows_its_slowest_group(gateway: G
 
 
 async def test_a_publish_refused_inside_a_batch_is_counted_once(gateway: Gateway) -> None:
-    """Four MQTT publishes in one read: the batch is refused for the one too large, the
-    listener stores them one by one, and only that one counts as refused."""
+    """Six MQTT publishes in one read, one lot: the one too large (refused by the broker)
+    and the one its queue has no room for (refused by the store) each count once as
+    refused, the other four as published."""
     async with Client(native_url(gateway)) as client:
         await client.declare_queue("orders", partitions=1, subscriptions=["orders/#"])
         await client.declare_queue("small", max_message_size=4, subscriptions=["small/#"])
+        await client.declare_queue("one", max_depth_messages=1, subscriptions=["one/#"])
     mqtt = await RawMqtt.connected(gateway.ports["mqtt"], Connect("batcher"))
     try:
         await mqtt.send_together(
             Publish("orders/a", b"1", 1, packet_id=1),
             Publish("small/b", b"too large", 1, packet_id=2),
             Publish("orders/c", b"3", 1, packet_id=3),
-            Publish("orders/d", b"4", 1, packet_id=4),
+            Publish("one/x", b"x", 1, packet_id=4),
+            Publish("one/y", b"y", 1, packet_id=5),
+            Publish("orders/d", b"4", 1, packet_id=6),
         )
-        acks = [await mqtt.receive() for _ in range(4)]
-        assert [a.packet_id for a in acks if isinstance(a, PubAck)] == [1, 2, 3, 4]
+        acks = [await mqtt.receive() for _ in range(6)]
+        assert [a.packet_id for a in acks if isinstance(a, PubAck)] == [1, 2, 3, 4, 5, 6]
     finally:
         await RawMqtt.close_all()
     samples = await _scrape(gateway)
     assert _value(samples, "keygate_publish_rejected_total", reason="message-too-large") == 1
+    assert _value(samples, "keygate_publish_rejected_total", reason="queue-full") == 1
     assert _value(samples, "keygate_published_total", queue="orders", protocol="mqtt") == 3
+    assert _value(samples, "keygate_published_total", queue="one", protocol="mqtt") == 1

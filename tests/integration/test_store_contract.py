@@ -120,6 +120,35 @@ async def test_an_append_that_breaks_a_limit_stores_none_of_its_messages(
     assert [m.seq for m in await twin.append([make_message("orders")], now=NOW)] == [2]
 
 
+async def test_append_each_stores_or_refuses_each_unit_alone_in_the_order_of_the_calls(
+    twin: Store, make_message: MessageFactory
+) -> None:
+    """Two calls made back to back, before either committed (two lots of one connection):
+    each unit is stored or refused alone, and the second call's units come after the
+    first's, whatever the first one refused."""
+    await twin.create_queue(QueueConfig("orders", max_depth_messages=4, max_message_size=10))
+    await twin.create_queue(QueueConfig("audit"))
+    a1, a2, b1 = (make_message("orders", payload=p) for p in (b"a1", b"a2", b"b1"))
+    too_large = make_message("orders", payload=b"x" * 11)
+    both = [make_message("orders", payload=b"b2"), make_message("audit", payload=b"b2")]
+    full = [make_message("orders", payload=b"b3"), make_message("audit", payload=b"b3")]
+    first = twin.append_each([[a1], [too_large], [a2]], now=NOW)
+    second = twin.append_each([[b1], both, full], now=NOW)
+    one, two = await first, await second
+    assert isinstance(one[1], MessageTooLarge) and isinstance(two[2], QueueFull)
+    stored = [unit for unit in [*one, *two] if not isinstance(unit, KeygateError)]
+    assert [[m.payload for m in unit] for unit in stored] == [
+        [b"a1"],
+        [b"a2"],
+        [b"b1"],
+        [b"b2"] * 2,
+    ]
+    orders = await twin.read("orders", 0, 0, 10)
+    assert [(m.payload, m.seq) for m in orders] == [(b"a1", 1), (b"a2", 2), (b"b1", 3), (b"b2", 4)]
+    assert [m.payload for m in await twin.read("audit", 0, 0, 10)] == [b"b2"]  # b3: none of it
+    assert await twin.append_each([], now=NOW) == []
+
+
 async def test_an_append_to_a_missing_queue_stores_nothing(
     twin: Store, make_message: MessageFactory
 ) -> None:

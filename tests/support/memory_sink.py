@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field, replace
 
 from core.errors import (
     AlreadyExists,
     AuthenticationFailed,
     InvalidArgument,
+    KeygateError,
     MessageTooLarge,
     NoRoute,
     PermissionDenied,
@@ -118,6 +119,25 @@ class MemorySink:
     async def publish_many(
         self, principal: Principal, publications: Sequence[Publication]
     ) -> list[Receipt]:
+        return await self._store(publications)
+
+    def publish_each(
+        self, principal: Principal, publications: Sequence[Publication]
+    ) -> Awaitable[list[Receipt | KeygateError]]:
+        return self._store_each(list(publications))
+
+    async def _store_each(self, publications: list[Publication]) -> list[Receipt | KeygateError]:
+        # Calls waiting on a cleared gate wake in call order, and each then runs to its end
+        # (a set gate does not suspend): calls are stored in the order made.
+        outcomes: list[Receipt | KeygateError] = []
+        for publication in publications:
+            try:
+                outcomes.extend(await self._store([publication]))
+            except KeygateError as e:
+                outcomes.append(e)
+        return outcomes
+
+    async def _store(self, publications: Sequence[Publication]) -> list[Receipt]:
         routed = [(pub, self._route(pub)) for pub in publications]
         for pub, queues in routed:
             for queue in queues:
@@ -288,7 +308,8 @@ class MemorySink:
 
 @dataclass
 class BatchSink(MemorySink):
-    """Records the size of every ``publish_many`` call (``publish`` is a call of one)."""
+    """Records the size of every ``publish_many`` and ``publish_each`` call (``publish`` is
+    a call of one)."""
 
     batches: list[int] = field(default_factory=list)
 
@@ -297,3 +318,9 @@ class BatchSink(MemorySink):
     ) -> list[Receipt]:
         self.batches.append(len(publications))
         return await super().publish_many(principal, publications)
+
+    def publish_each(
+        self, principal: Principal, publications: Sequence[Publication]
+    ) -> Awaitable[list[Receipt | KeygateError]]:
+        self.batches.append(len(publications))
+        return super().publish_each(principal, publications)

@@ -167,7 +167,7 @@ async def test_closing_the_listener_confirms_publishes_already_received() -> Non
 
 
 async def test_the_publishes_of_one_read_share_one_commit_and_are_answered_in_order() -> None:
-    """Five PUBLISHes in one write: one publish_many; the one too large for its queue is
+    """Five PUBLISHes in one write: one publish_each; the one too large for its queue is
     refused alone (ERROR with its request id) and the others get PUBLISH_OK, in order."""
     sink = BatchSink()
     await sink.declare_queue(ME, QueueConfig("small", max_message_size=4))
@@ -189,8 +189,38 @@ async def test_the_publishes_of_one_read_share_one_commit_and_are_answered_in_or
             p.request_id for p in publishes
         ]
         assert [type(r) for r in replies] == [PublishOk, PublishOk, Error, PublishOk, PublishOk]
-        assert sink.batches == [5, 1, 1, 1, 1, 1]  # refused as a lot, then one by one
+        assert sink.batches == [5]  # one lot; the refused one alone, not retried one by one
         assert [s.publication.payload for s in sink.stored] == [b"1", b"2", b"4", b"5"]
+        client.writer.close()
+
+
+async def test_the_next_read_is_handed_over_while_the_previous_one_commits_in_order() -> None:
+    """Lots overlap: with commits stalled, a second read's PUBLISHes reach the sink before
+    the first read's are confirmed; once commits resume, everything is stored and
+    answered in the order sent."""
+    sink = BatchSink()
+    async with _serving(sink) as (_, port):
+        client = await _client(port)
+        sink.gate.clear()
+        first = [
+            Publish(request_id=client.conn.next_request_id(), queue="q", payload=b"%d" % i)
+            for i in range(3)
+        ]
+        client.writer.write(b"".join(client.conn.send(p) for p in first))
+        await eventually(lambda: sink.batches == [3])
+        second = [
+            Publish(request_id=client.conn.next_request_id(), queue="q", payload=b"%d" % i)
+            for i in range(3, 5)
+        ]
+        client.writer.write(b"".join(client.conn.send(p) for p in second))
+        await eventually(lambda: sink.batches == [3, 2])
+        assert sink.stored == []  # neither lot committed yet
+        sink.gate.set()
+        replies = [await client.receive() for _ in range(5)]
+        assert [(type(r), r.request_id) for r in replies if r is not None] == [
+            (PublishOk, p.request_id) for p in [*first, *second]
+        ]
+        assert [s.publication.payload for s in sink.stored] == [b"%d" % i for i in range(5)]
         client.writer.close()
 
 

@@ -1,0 +1,219 @@
+"""Publishing: a publication routed to its queues, built into messages and stored. Mixed
+into Broker, whose queue table, subscription index and store it uses.
+
+``publish`` and ``publish_many`` store all of their publications or none (an MQTT QoS 2
+PUBLISH, a STOMP transaction). ``publish_each`` is the listeners' ordinary path: it routes
+and queues a lot for the append writer at once (``SqlStore.append_each``) and each
+publication is stored or refused alone inside one transaction, so a connection may queue
+its next lot while this one commits, in order, and a refusal never makes a lot be tried
+again publication by publication.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Final
+
+from core.errors import KeygateError, NoRoute, StorageError, Unavailable
+from core.ingress import validate_publication
+from core.model import Message, Publication, QueueConfig
+from core.topics import SubscriptionIndex, normalize_topic
+from gateway.access import Access
+from gateway.messages import build_message
+from gateway.metrics import Metrics
+from protocols.sink import Principal, Receipt
+from storage.store import SqlStore
+
+# Topics whose routes are cached; a publisher using more only costs the trie walk again.
+ROUTE_CACHE_SIZE: Final = 10_000
+
+
+class Publishing:
+    _store: SqlStore
+    clock: Callable[[], float]
+    metrics: Metrics
+    access: Access
+    _queues: dict[str, QueueConfig]
+    _index: SubscriptionIndex
+    # Topic -> the queues subscribed to it, as _route found them; emptied whenever a
+    # queue or a subscription changes, and when it holds ROUTE_CACHE_SIZE topics.
+    _routes: dict[str, tuple[QueueConfig, ...]]
+    _appends_in_flight: int
+    _closing: bool
+    queue: Callable[[str], QueueConfig]
+
+    @property
+    def blocked(self) -> bool:
+        return self._appends_in_flight > 50_000
+
+    def _route(self, publication: Publication, topic: str | None) -> tuple[QueueConfig, ...]:
+        if topic is None:
+            assert publication.queue is not None
+            return (self.queue(publication.queue),)
+        queues = self._routes.get(topic)
+        if queues is None:
+            names = self._index.match(topic)
+            if not names:
+                raise NoRoute(f"no queue subscribes to topic {topic!r}")
+            if len(self._routes) >= ROUTE_CACHE_SIZE:
+                self._routes.clear()
+            queues = self._routes[topic] = tuple(self._queues[name] for name in sorted(names))
+        return queues
+
+    def _messages(
+        self, principal: Principal, publication: Publication, now: float
+    ) -> list[Message]:
+        out = []
+        validate_publication(publication)
+        topic = None if publication.topic is None else normalize_topic(publication.topic)
+        for queue in self._route(publication, topic):
+            self.access.authorize(principal, "publish", queue.name)
+            out.append(build_message(queue, publication, principal.username, now, topic))
+        return out
+
+    async def publish(
+        self,
+        principal: Principal,
+        publication: Publication,
+        *,
+        qos2_packet_id: int | None = None,
+    ) -> Receipt:
+        qos2 = None
+        if qos2_packet_id is not None and principal.client_id is not None:
+            qos2 = (principal.client_id, qos2_packet_id)
+        return (await self._publish(principal, [publication], qos2))[0]
+
+    async def publish_many(
+        self, principal: Principal, publications: Sequence[Publication]
+    ) -> list[Receipt]:
+        return await self._publish(principal, publications, None)
+
+    def publish_each(
+        self, principal: Principal, publications: Sequence[Publication]
+    ) -> Awaitable[list[Receipt | KeygateError]]:
+        """Route ``publications`` and queue them for storage now, behind every append
+        queued before: a connection may call again before this one's commit without
+        either overtaking the other. Each is stored (all its queues) or refused alone; the
+        awaitable gives one outcome per publication, after COMMIT."""
+        now = self.clock()
+        if self._closing:
+            refused = Unavailable("the gateway is shutting down")
+            self._refused(refused, len(publications))
+            return _ready([refused] * len(publications))
+        routed: list[list[Message] | KeygateError] = []
+        for publication in publications:
+            try:
+                routed.append(self._messages(principal, publication, now))
+            except KeygateError as e:
+                self._refused(e, 1)
+                routed.append(e)
+        units = [batch for batch in routed if not isinstance(batch, KeygateError)]
+        count = sum(len(batch) for batch in units)
+        try:
+            stored = self._store.append_each(units, now=now)
+        except KeygateError as e:  # the store is closed
+            self._refused(e, len(units))
+            return _ready([e if isinstance(r, list) else r for r in routed])
+        self._appends_in_flight += count
+        return self._receipts(principal, publications, routed, stored, now, count)
+
+    async def _receipts(
+        self,
+        principal: Principal,
+        publications: Sequence[Publication],
+        routed: list[list[Message] | KeygateError],
+        stored: Awaitable[list[list[Message] | KeygateError]],
+        now: float,
+        count: int,
+    ) -> list[Receipt | KeygateError]:
+        try:
+            results: list[list[Message] | KeygateError] = await stored
+        except KeygateError as e:
+            results = [e] * (len(routed) - sum(isinstance(r, KeygateError) for r in routed))
+        finally:
+            self._appends_in_flight -= count
+        self.metrics.publish_latency.observe(self.clock() - now)
+        outcomes: list[Receipt | KeygateError] = []
+        committed: list[Message] = []
+        unit = iter(results)
+        for publication, batch in zip(publications, routed, strict=True):
+            if isinstance(batch, KeygateError):
+                outcomes.append(batch)
+                continue
+            result = next(unit)
+            if isinstance(result, KeygateError):
+                self._refused(result, 1)
+                outcomes.append(result)
+            else:
+                committed.extend(result)
+                outcomes.append(_receipt(publication, batch, result))
+        self._count_published(committed, principal.protocol)
+        return outcomes
+
+    async def _publish(
+        self,
+        principal: Principal,
+        publications: Sequence[Publication],
+        qos2: tuple[str, int] | None,
+    ) -> list[Receipt]:
+        if self._closing:
+            raise Unavailable("the gateway is shutting down")
+        now = self.clock()
+        try:
+            batches = [self._messages(principal, pub, now) for pub in publications]
+            flat = [m for batch in batches for m in batch]
+            self._appends_in_flight += len(flat)
+            try:
+                stored = await self._store.append(flat, now=now, qos2=qos2)
+            finally:
+                self._appends_in_flight -= len(flat)
+        except KeygateError as e:
+            self._count_refusal(e, len(publications))
+            raise
+        self.metrics.publish_latency.observe(self.clock() - now)
+        self._count_published(stored, principal.protocol)
+        receipts = []
+        position = 0
+        for batch, pub in zip(batches, publications, strict=True):
+            receipts.append(_receipt(pub, batch, stored[position : position + len(batch)]))
+            position += len(batch)
+        return receipts
+
+    def _count_published(self, stored: Sequence[Message], protocol: str) -> None:
+        if len(stored) == 1:
+            self.metrics.published.labels(stored[0].queue, protocol).inc()
+        elif stored:
+            for queue, count in Counter(m.queue for m in stored).items():
+                self.metrics.published.labels(queue, protocol).inc(count)
+
+    def _count_refusal(self, error: KeygateError, publications: int) -> None:
+        """Count refused publications once each. Storage failing refuses every one of the
+        call; any other refusal of a multi-publication call is not final: the listener
+        stores them one by one next (protocols._io.publish_in_order) and that counts.
+        ``publish_each``'s refusals are all final: it counts them with ``_refused``."""
+        if publications == 1 or isinstance(error, (StorageError, Unavailable)):
+            self._refused(error, publications)
+
+    def _refused(self, error: KeygateError, publications: int) -> None:
+        self.metrics.rejected.labels(error.code).inc(publications)
+
+
+def _receipt(
+    publication: Publication, built: Sequence[Message], stored: Sequence[Message]
+) -> Receipt:
+    """What one publication's stored copies confirm; ``duplicate`` when dedup returned
+    an earlier message in place of every copy built (and the publication asked for dedup)."""
+    duplicate = any(s.message_id != m.message_id for s, m in zip(stored, built, strict=True))
+    return Receipt(
+        tuple(m.message_id for m in stored),
+        tuple(m.queue for m in stored),
+        duplicate=duplicate and publication.dedup_id is not None,
+    )
+
+
+async def _ready(outcomes: list[Receipt | KeygateError]) -> list[Receipt | KeygateError]:
+    return outcomes
+
+
+__all__ = ["ROUTE_CACHE_SIZE", "Publishing"]
