@@ -7,7 +7,7 @@ A confirmed native publisher (a process of its own) sends 1 KiB messages stamped
 their send time to a gateway in its own process; one client-ack consumer receives them.
 The gateway is ``keygate serve`` run by this module, which first wraps a few of the
 store's and the native listener's methods to note, per message, the wall-clock time it
-reached them: the broker's publish time (the message's own), ``SqlStore.append``, its
+reached them: the broker's publish time (the message's own), ``SqlStore.append_each``, its
 transaction handed to the writer, the writer thread's first statement, the heads update,
 the INSERT, the commit seen by the event loop, the delivery pushed to the consumer's
 outbox. The wrappers cost a few microseconds each; the table is for finding where the
@@ -34,8 +34,8 @@ from gateway.client import Client
 
 # (stage, from stamp, to stamp); "sent" and "received" are the clients'.
 STAGES = (
-    ("send → broker (read, decode, the connection's previous lot)", "sent", "publish"),
-    ("broker → SqlStore.append (route, validate, build)", "publish", "append"),
+    ("send → broker (read, decode)", "sent", "publish"),
+    ("broker → SqlStore.append_each (route, validate, build)", "publish", "append"),
     ("append → the transaction is sent (group commit's turn)", "append", "write"),
     ("sent → writer thread's first statement (hand-over, GIL)", "write", "first"),
     ("first statement → heads update (fence check)", "first", "heads"),
@@ -73,15 +73,15 @@ def _serve(argv: list[str]) -> int:
 
         setattr(owner, method, stamped)
 
-    original_append = store.SqlStore.append
+    original_append = store.SqlStore.append_each
     original_transact = store.SqlStore._transact_appends
     original_insert = base.StoreBase.insert_messages
     original_committed = base.StoreBase.committed
     original_deliver = requests.Requests.deliver
 
-    async def append(self: Any, messages: Any, **kwargs: Any) -> Any:
-        note((m.message_id for m in messages), "append")
-        return await original_append(self, messages, **kwargs)
+    def append_each(self: Any, units: Any, **kwargs: Any) -> Any:
+        note((m.message_id for unit in units for m in unit), "append")
+        return original_append(self, units, **kwargs)
 
     async def transact(self: Any, calls: Any) -> Any:
         note((m.message_id for call in calls for m in call.messages), "write")
@@ -103,7 +103,7 @@ def _serve(argv: list[str]) -> int:
             note([frame.message_id], "pushed")
         original_deliver(self, frame, **kwargs)
 
-    store.SqlStore.append = append  # type: ignore[method-assign]
+    store.SqlStore.append_each = append_each  # type: ignore[method-assign]
     store.SqlStore._transact_appends = transact  # type: ignore[method-assign]
     base.StoreBase.insert_messages = insert  # type: ignore[method-assign]
     base.StoreBase.committed = committed  # type: ignore[method-assign]
