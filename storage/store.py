@@ -21,6 +21,7 @@ the database refuses fails (ingress validation makes that rare: a bug or an old 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -194,30 +195,42 @@ class SqlStore(InspectionOps, LeaseOps, ProtocolStateOps, ConsumerOps, Retention
     ) -> list[list[AppendOutcome] | BaseException]:
         """The group commit's process: every call of every submission, each accepted or
         refused alone, in one transaction; the outcomes regrouped per submission."""
-        calls = [call for submission in submissions for call in submission]
-        outcomes = iter(await self._write_calls(calls))
-        return [[next(outcomes) for _ in submission] for submission in submissions]
-
-    async def _write_calls(self, calls: list[AppendCall]) -> list[AppendOutcome]:
         # Checked under seq_lock: a queue deleted or altered meanwhile is seen as it is now.
         async with self.seq_lock:
-            outcomes: list[AppendOutcome] = []
-            accepted: list[int] = []
             pending: dict[str, list[int]] = {}
-            for index, call in enumerate(calls):
-                try:
-                    check_append(call.messages, self.queue, self.depths, pending)
-                except KeygateError as e:
-                    outcomes.append(e)
-                else:
-                    outcomes.append([])
-                    accepted.append(index)
-            if not accepted:
-                return outcomes
-            results = await self._commit_appends([calls[i] for i in accepted])
-        for index, result in zip(accepted, results, strict=True):
-            outcomes[index] = result
-        return outcomes
+            checked = [self._check(submission, pending) for submission in submissions]
+            accepted = [
+                call
+                for submission, refusals in zip(submissions, checked, strict=True)
+                for call, refusal in zip(submission, refusals, strict=True)
+                if refusal is None
+            ]
+            results = iter(await self._commit_appends(accepted) if accepted else ())
+        return [
+            [next(results) if refusal is None else refusal for refusal in refusals]
+            for refusals in checked
+        ]
+
+    def _check(
+        self, submission: list[AppendCall], pending: dict[str, list[int]]
+    ) -> list[KeygateError | None]:
+        """What refuses each call of ``submission`` (check_append), None for those that
+        fit: all at once when they fit together (the common case: one check per lot),
+        else call by call, in order."""
+        if len(submission) > 1:
+            with contextlib.suppress(KeygateError):
+                every = [m for call in submission for m in call.messages]
+                check_append(every, self.queue, self.depths, pending)
+                return [None] * len(submission)
+        refusals: list[KeygateError | None] = []
+        for call in submission:
+            try:
+                check_append(call.messages, self.queue, self.depths, pending)
+            except KeygateError as e:
+                refusals.append(e)
+            else:
+                refusals.append(None)
+        return refusals
 
     async def _commit_appends(self, calls: list[AppendCall]) -> list[AppendOutcome]:
         """Write ``calls`` in one transaction. If it fails for a reason other than an
