@@ -190,7 +190,7 @@ class Publishing:
     def _count_refusal(self, error: KeygateError, publications: int) -> None:
         """Count refused publications once each. Storage failing refuses every one of the
         call; any other refusal of a multi-publication call is not final: the listener
-        stores them one by one next (protocols._io.publish_in_order) and that counts.
+        stores them one by one next (protocols._io.publish_receipts, STOMP) and that counts.
         ``publish_each``'s refusals are all final: it counts them with ``_refused``."""
         if publications == 1 or isinstance(error, (StorageError, Unavailable)):
             self._refused(error, publications)

@@ -8,9 +8,9 @@ the outbox:
 
 - a run of consecutive Publishes (everything that arrived while the previous batch was
   committing) is stored with one ``publish_in_order`` call — one transaction, in arrival
-  order, retried one by one only when a publication spoils the batch, so only the
-  refused messages are nacked; a failed write nacks the whole batch (nothing of it was
-  stored). One batch at a time keeps the connection's messages in the order sent;
+  order, each publication stored or refused alone, so only the refused messages are
+  nacked; a failed write nacks the whole batch (nothing of it was stored). One batch at
+  a time keeps the connection's messages in the order sent;
 - queue declare, delete, purge, bind and unbind go to the sink; consumers (consume,
   cancel, get, ack, ...) to ``protocols.amqp.flows``, so a cancel or an ack never
   overtakes the consume it belongs to.

@@ -7,17 +7,17 @@ takes from the head:
 
 - a run of consecutive QoS 0/1 publishes (up to ``MAX_BATCH`` messages and
   ``MAX_BATCH_BYTES``): stored with one ``publish_in_order`` call, i.e. one
-  ``Sink.publish_many`` group-commit submission; when one publication spoils the batch
-  (no route, too large, queue full, not permitted) they are retried one by one so only
-  the refused ones fail;
+  ``Sink.publish_each`` group-commit submission in which each publication is stored or
+  refused alone (no route, too large, queue full, not permitted): only the refused ones
+  fail, and the batch is never tried again publication by publication;
 - a QoS 2 publish, alone: stored with its packet id recorded in the stored session in the
   same transaction (``Sink.publish(..., qos2_packet_id=)``), so a PUBLISH re-sent after a
   failover is answered, not stored again.
 
 There is one worker and it stores one batch at a time, so a connection's messages are
-stored in the order sent, QoS 2 ones included, and a retried batch cannot be overtaken by
-the next one. After a batch is committed its PUBACK / PUBREC go out in arrival order
-(MQTT 3.1.1 §4.6), each publish counted once as stored or rejected. A QoS 1/2 publish
+stored in the order sent, QoS 2 ones included. After a batch is committed its PUBACK /
+PUBREC go out in arrival order (MQTT 3.1.1 §4.6), each publish counted once as stored or
+rejected. A QoS 1/2 publish
 that was not stored gets a reason code on MQTT 5; on 3.1.1, which has no negative ack,
 the connection is closed instead (``ServerConnection.complete``), counted in
 ``unconfirmed_closes``, and the client sends it again after reconnecting.

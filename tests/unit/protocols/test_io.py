@@ -1,14 +1,16 @@
-"""The listeners' shared socket side. The publish step: one transaction, one by one only
-when a publication spoils the batch, nothing after a refusal where the protocol stops
-there. The outbox: push order, auto-acks settled once the kernel took their bytes, frames
-above the high-water mark held as remakes."""
+"""The listeners' shared socket side. The publish step: one transaction, each publication
+stored or refused alone; where a refusal stops the protocol, one by one only when a
+publication spoils the batch, nothing after the refusal. The outbox: push order, auto-acks
+settled once the kernel took their bytes, frames above the high-water mark held as
+remakes."""
 
 from __future__ import annotations
 
 import asyncio
 import socket
+from typing import Any
 
-from core.errors import MessageTooLarge, StorageError
+from core.errors import MessageTooLarge, StorageError, Unavailable
 from core.model import Publication, QueueConfig
 from protocols._io import Outbox, publish_in_order
 from protocols.sink import Principal
@@ -55,6 +57,17 @@ async def test_a_storage_failure_fails_the_whole_batch_without_retrying() -> Non
     outcomes = await publish_in_order(sink, ME, _pubs(2), stop_at_refusal=False)
     assert len(outcomes) == 2 and all(isinstance(o, StorageError) for o in outcomes)
     assert sink.stored == []
+
+
+async def test_a_bug_in_the_sink_answers_each_publication_as_unavailable() -> None:
+    class Broken(MemorySink):
+        def publish_each(self, *_: object) -> Any:
+            raise RuntimeError("a bug")
+
+    sink = Broken()
+    await sink.declare_queue(ME, QueueConfig("q"))
+    outcomes = await publish_in_order(sink, ME, _pubs(2), stop_at_refusal=False)
+    assert [type(o) for o in outcomes] == [Unavailable, Unavailable]
 
 
 class _Pipe:
