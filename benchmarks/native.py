@@ -4,6 +4,7 @@ acks, and end-to-end latency at a fixed offered rate, on SQLite and PostgreSQL.
     .venv/bin/python benchmarks/native.py --messages 20000
     .venv/bin/python benchmarks/native.py --postgres postgresql://postgres@127.0.0.1:5432/test
     .venv/bin/python benchmarks/native.py --partitions 256 --no-latency
+    .venv/bin/python benchmarks/native.py --no-latency --refuse-every 1000
 
 The gateway runs in its own process (``keygate serve``), as in production; its peak
 resident memory (VmHWM) is printed with the rates.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import multiprocessing
 import os
@@ -33,6 +35,7 @@ from psycopg import sql
 from sqlalchemy.engine import make_url
 
 from benchmarks.cpu import cpu_per_100k, cpu_text
+from core.errors import QueueNotFound
 from gateway.client import Client
 
 PAYLOAD = os.urandom(1024)
@@ -86,14 +89,21 @@ def gateway(
             proc.wait(30)
 
 
-async def publish_rate(url: str, queue: str, count: int, keys: int = KEYS) -> float:
+async def publish_rate(
+    url: str, queue: str, count: int, keys: int = KEYS, refuse_every: int = 0
+) -> float:
     """IN_FLIGHT publishers on one connection, each publishing its share one confirmed
     message at a time (IN_FLIGHT coroutines, not one per message: the load generator
-    should cost the client little)."""
+    should cost the client little). With ``refuse_every`` N, every Nth publish names a
+    queue that does not exist and is refused (counted in the rate: it was answered)."""
     async with Client(url) as client:
 
         async def publisher(first: int) -> None:
             for i in range(first, count, IN_FLIGHT):
+                if refuse_every and i % refuse_every == refuse_every - 1:
+                    with contextlib.suppress(QueueNotFound):
+                        await client.publish(queue + "-missing", PAYLOAD, key=f"key-{i % keys}")
+                    continue
                 await client.publish(queue, PAYLOAD, key=f"key-{i % keys}")
 
         started = time.perf_counter()
@@ -203,17 +213,24 @@ def peak_rss_mb(pid: int) -> float:
 
 
 async def run(
-    url: str, pid: int, messages: int, partitions: int, rate: int | None, keys: int
+    url: str,
+    pid: int,
+    messages: int,
+    partitions: int,
+    rate: int | None,
+    keys: int,
+    refuse_every: int = 0,
 ) -> dict[str, float | None]:
     queue = "bench-" + uuid.uuid4().hex[:8]
     async with Client(url) as admin:
         await admin.declare_queue(queue, partitions=partitions)
     out: dict[str, float | None] = {}
     out["publish_msgs_s"], out["publish_cpu"] = await cpu_per_100k(
-        pid, messages, publish_rate(url, queue, messages, keys)
+        pid, messages, publish_rate(url, queue, messages, keys, refuse_every)
     )
+    stored = messages - (messages // refuse_every if refuse_every else 0)
     out["consume_msgs_s"], out["consume_cpu"] = await cpu_per_100k(
-        pid, messages, consume_rate(url, queue, messages)
+        pid, stored, consume_rate(url, queue, stored)
     )
     if rate is not None:
         out["p50_ms"], out["p99_ms"] = await latency(url, queue, rate, 5.0)
@@ -227,6 +244,13 @@ def main() -> None:
     parser.add_argument("--keys", type=int, default=KEYS, help="distinct keys published")
     parser.add_argument("--rate", type=int, default=1000, help="offered rate for latency")
     parser.add_argument("--no-latency", action="store_true", help="skip the latency run")
+    parser.add_argument(
+        "--refuse-every",
+        type=int,
+        default=0,
+        metavar="N",
+        help="every Nth publish names a missing queue (refused alone, amid pipelined ones)",
+    )
     parser.add_argument("--postgres", default=os.environ.get("KEYGATE_TEST_POSTGRES_URL"))
     args = parser.parse_args()
     targets = {}
@@ -237,7 +261,17 @@ def main() -> None:
         for name, db in targets.items():
             with gateway(db) as (url, pid):
                 rate = None if args.no_latency else args.rate
-                result = asyncio.run(run(url, pid, args.messages, args.partitions, rate, args.keys))
+                result = asyncio.run(
+                    run(
+                        url,
+                        pid,
+                        args.messages,
+                        args.partitions,
+                        rate,
+                        args.keys,
+                        args.refuse_every,
+                    )
+                )
                 rss = peak_rss_mb(pid)
                 line = (
                     f"{name:10s} {args.partitions} partitions, {args.keys} keys | publish "
