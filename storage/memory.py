@@ -40,10 +40,10 @@ from core.errors import (
 )
 from core.model import GroupConfig, Message, QueueConfig, ResetKind, ResetPosition
 from storage.admin import _ALTERABLE, _with_patterns, validate_pattern
+from storage.appends import DedupKey, _dedup_key
 from storage.consumer import dead_letter_copy
 from storage.limits import check_append
 from storage.memory_group import GroupState, KeyChange
-from storage.store import DedupKey, _dedup_key
 
 _log = logging.getLogger("keygate.storage")
 
