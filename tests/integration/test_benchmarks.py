@@ -47,3 +47,16 @@ def test_the_latency_benchmark_prints_percentiles_and_its_timeline() -> None:
     assert "keygate sqlite at   200 msg/s: p50" in report, run.stdout
     assert timeline.strip().startswith("worst per 0.25 s of send time (ms): 0.00s "), run.stdout
     assert timeline.count("s ") >= 4, run.stdout  # a second of sending, four buckets
+
+
+def test_the_instruction_count_workload_publishes_delivers_and_acks_every_message() -> None:
+    """benchmarks.instructions drives the broker directly (publish_each, bind, settle);
+    its worker, run here without valgrind, must still get every message through."""
+    run = subprocess.run(
+        [sys.executable, "-m", "benchmarks.instructions", "--worker", "300"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "300 published, 300 delivered and acked", run.stdout
