@@ -202,14 +202,16 @@ class Publishing:
 def _receipt(
     publication: Publication, built: Sequence[Message], stored: Sequence[Message]
 ) -> Receipt:
-    """What one publication's stored copies confirm; ``duplicate`` when dedup returned
-    an earlier message in place of every copy built (and the publication asked for dedup)."""
-    duplicate = any(s.message_id != m.message_id for s, m in zip(stored, built, strict=True))
-    return Receipt(
-        tuple(m.message_id for m in stored),
-        tuple(m.queue for m in stored),
-        duplicate=duplicate and publication.dedup_id is not None,
-    )
+    """What one publication's stored copies confirm; ``duplicate`` when the publication
+    asked for dedup and an earlier message came back in place of a copy built."""
+    ids: tuple[str, ...]
+    queues: tuple[str, ...]
+    if len(stored) == 1:  # most publications: one queue
+        ids, queues = (stored[0].message_id,), (stored[0].queue,)
+    else:
+        ids, queues = tuple(m.message_id for m in stored), tuple(m.queue for m in stored)
+    duplicate = publication.dedup_id is not None and ids != tuple(m.message_id for m in built)
+    return Receipt(ids, queues, duplicate=duplicate)
 
 
 async def _ready(outcomes: list[Receipt | KeygateError]) -> list[Receipt | KeygateError]:
