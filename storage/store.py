@@ -115,7 +115,11 @@ class SqlStore(InspectionOps, LeaseOps, AppendOps, ConsumerOps):
                 params: dict[str, Any] = {"queue": queue}
                 for i, (partition, after_seq, limit) in enumerate(chunk):
                     params.update({f"p{i}": partition, f"a{i}": after_seq, f"l{i}": limit})
-                rows = await conn.execute(_pages_query(len(chunk)), params)
+                result = await conn.execute(_pages_query(len(chunk)), params)
+                # The driver's own rows (the async adapters fetch them all at execute):
+                # no Row object per message.
+                rows = result.cursor.fetchall()
+                result.close()
                 for row in rows:
                     message, readable = salvage_values(row, json_text=self._json_text)
                     found[message.partition].append(message)
