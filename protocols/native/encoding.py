@@ -53,6 +53,10 @@ U32: Final = struct.Struct(">I")
 PARTITION_SEQ: Final = struct.Struct(">IQ")
 I64: Final = struct.Struct(">q")
 F64: Final = struct.Struct(">d")
+# DELIVER's publish time, delivery count and redelivered flag, packed together.
+_TIME_COUNT_FLAG: Final = struct.Struct(">dIB")
+_NO_PROPERTIES: Final = U16.pack(0)
+_THREE_ABSENT: Final = b"\x00\x00\x00"
 HEADER_SIZE: Final = HEADER.size  # 9: length + type + request id
 
 # Property value type tags.
@@ -214,19 +218,25 @@ def _w_bind_ok(out: bytearray, e: BindOk) -> None:
 
 
 def _w_deliver(out: bytearray, e: Deliver) -> None:
+    # Every delivery is encoded here (twice when its socket was slow): the fields most
+    # messages leave empty are written as their absent forms at once.
     _str(out, e.flow_id)
     _str(out, e.message_id)
     out += PARTITION_SEQ.pack(e.partition, e.seq)
     _opt_str(out, e.key)
     _bytes(out, e.payload)
-    _properties(out, e.properties)
+    if e.properties:
+        _properties(out, e.properties)
+    else:
+        out += _NO_PROPERTIES
     _opt_str(out, e.topic)
-    out += F64.pack(e.publish_time)
-    out += U32.pack(e.delivery_count)
-    out.append(1 if e.redelivered else 0)
-    _opt_str(out, e.content_type)
-    _opt_str(out, e.correlation_id)
-    _opt_str(out, e.reply_to)
+    out += _TIME_COUNT_FLAG.pack(e.publish_time, e.delivery_count, 1 if e.redelivered else 0)
+    if e.content_type is None and e.correlation_id is None and e.reply_to is None:
+        out += _THREE_ABSENT
+    else:
+        _opt_str(out, e.content_type)
+        _opt_str(out, e.correlation_id)
+        _opt_str(out, e.reply_to)
 
 
 def _w_ack(out: bytearray, e: Ack) -> None:
