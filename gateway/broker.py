@@ -81,7 +81,6 @@ class Broker(Publishing, ProtocolState):
         # queue or a subscription changes, and when it holds ROUTE_CACHE_SIZE topics.
         self._routes: dict[str, tuple[QueueConfig, ...]] = {}
         self.groups = Groups(store, config, RuntimeMetrics(metrics), self.queue, clock, log.warning)
-        self._appends_in_flight = 0
         self._closing = False
         self.access = Access(config)
         metrics.watch(self._queue_gauges, self._group_gauges, clock)

@@ -11,6 +11,8 @@ again publication by publication.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Final
@@ -23,10 +25,14 @@ from gateway.access import Access
 from gateway.messages import build_message
 from gateway.metrics import Metrics
 from protocols.sink import Principal, Receipt
+from storage.appends import AppendOutcome
 from storage.store import SqlStore
 
 # Topics whose routes are cached; a publisher using more only costs the trie walk again.
 ROUTE_CACHE_SIZE: Final = 10_000
+# Messages waiting for their commit above which the gateway reports itself blocked
+# (AMQP connection.blocked).
+MAX_PENDING_APPENDS: Final = 50_000
 
 
 class Publishing:
@@ -39,13 +45,12 @@ class Publishing:
     # Topic -> the queues subscribed to it, as _route found them; emptied whenever a
     # queue or a subscription changes, and when it holds ROUTE_CACHE_SIZE topics.
     _routes: dict[str, tuple[QueueConfig, ...]]
-    _appends_in_flight: int
     _closing: bool
     queue: Callable[[str], QueueConfig]
 
     @property
     def blocked(self) -> bool:
-        return self._appends_in_flight > 50_000
+        return self._store.appends_pending > MAX_PENDING_APPENDS
 
     def _route(self, publication: Publication, topic: str | None) -> tuple[QueueConfig, ...]:
         if topic is None:
@@ -109,47 +114,38 @@ class Publishing:
                 self._refused(e, 1)
                 routed.append(e)
         units = [batch for batch in routed if not isinstance(batch, KeygateError)]
-        count = sum(len(batch) for batch in units)
         try:
             stored = self._store.append_each(units, now=now)
         except KeygateError as e:  # the store is closed
             self._refused(e, len(units))
             return _ready([e if isinstance(r, list) else r for r in routed])
-        self._appends_in_flight += count
-        return self._receipts(principal, publications, routed, stored, now, count)
+        # Counted when the commit is known, whether or not anyone awaits the outcomes (a
+        # connection torn down meanwhile does not).
+        stored.add_done_callback(
+            functools.partial(self._stored_each, principal.protocol, now, len(units))
+        )
+        return _receipts(publications, routed, stored)
 
-    async def _receipts(
-        self,
-        principal: Principal,
-        publications: Sequence[Publication],
-        routed: list[list[Message] | KeygateError],
-        stored: Awaitable[list[list[Message] | KeygateError]],
-        now: float,
-        count: int,
-    ) -> list[Receipt | KeygateError]:
-        try:
-            results: list[list[Message] | KeygateError] = await stored
-        except KeygateError as e:
-            results = [e] * (len(routed) - sum(isinstance(r, KeygateError) for r in routed))
-        finally:
-            self._appends_in_flight -= count
+    def _stored_each(
+        self, protocol: str, now: float, units: int, stored: asyncio.Future[list[AppendOutcome]]
+    ) -> None:
+        """Metrics of one ``publish_each``, once its commit is known (not when the caller
+        that awaited it was cancelled: the write goes on, its outcome unseen)."""
+        if stored.cancelled():
+            return
         self.metrics.publish_latency.observe(self.clock() - now)
-        outcomes: list[Receipt | KeygateError] = []
-        committed: list[Message] = []
-        unit = iter(results)
-        for publication, batch in zip(publications, routed, strict=True):
-            if isinstance(batch, KeygateError):
-                outcomes.append(batch)
-                continue
-            result = next(unit)
+        error = stored.exception()
+        if error is not None:
+            if isinstance(error, KeygateError):
+                self._refused(error, units)
+            return
+        committed = []
+        for result in stored.result():
             if isinstance(result, KeygateError):
                 self._refused(result, 1)
-                outcomes.append(result)
             else:
                 committed.extend(result)
-                outcomes.append(_receipt(publication, batch, result))
-        self._count_published(committed, principal.protocol)
-        return outcomes
+        self._count_published(committed, protocol)
 
     async def _publish(
         self,
@@ -163,11 +159,7 @@ class Publishing:
         try:
             batches = [self._messages(principal, pub, now) for pub in publications]
             flat = [m for batch in batches for m in batch]
-            self._appends_in_flight += len(flat)
-            try:
-                stored = await self._store.append(flat, now=now, qos2=qos2)
-            finally:
-                self._appends_in_flight -= len(flat)
+            stored = await self._store.append(flat, now=now, qos2=qos2)
         except KeygateError as e:
             self._count_refusal(e, len(publications))
             raise
@@ -212,6 +204,30 @@ def _receipt(
         ids, queues = tuple(m.message_id for m in stored), tuple(m.queue for m in stored)
     duplicate = publication.dedup_id is not None and ids != tuple(m.message_id for m in built)
     return Receipt(ids, queues, duplicate=duplicate)
+
+
+async def _receipts(
+    publications: Sequence[Publication],
+    routed: list[list[Message] | KeygateError],
+    stored: Awaitable[list[AppendOutcome]],
+) -> list[Receipt | KeygateError]:
+    """One outcome per publication: refused before the store (``routed``), by it, or
+    stored."""
+    try:
+        results = await stored
+    except KeygateError as e:
+        results = [e] * sum(not isinstance(r, KeygateError) for r in routed)
+    outcomes: list[Receipt | KeygateError] = []
+    unit = iter(results)
+    for publication, batch in zip(publications, routed, strict=True):
+        if isinstance(batch, KeygateError):
+            outcomes.append(batch)
+            continue
+        result = next(unit)
+        outcomes.append(
+            result if isinstance(result, KeygateError) else _receipt(publication, batch, result)
+        )
+    return outcomes
 
 
 async def _ready(outcomes: list[Receipt | KeygateError]) -> list[Receipt | KeygateError]:

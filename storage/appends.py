@@ -83,6 +83,11 @@ class AppendOps(ProtocolStateOps, RetentionOps):
     # Appends go out as one pipeline where the driver can (psycopg: PostgreSQL).
     _pipelines: bool
 
+    @property
+    def appends_pending(self) -> int:
+        """Messages handed to ``append``/``append_each`` and not yet committed."""
+        return self.appender.backlog
+
     async def append(
         self, messages: Sequence[Message], *, now: float, qos2: tuple[str, int] | None = None
     ) -> list[Message]:

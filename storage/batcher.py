@@ -36,11 +36,18 @@ class GroupCommitter(Generic[T, R]):
         self._linger = linger
         self._pending: deque[tuple[T, int, asyncio.Future[R]]] = deque()
         self._pending_weight = 0
+        self._processing_weight = 0
         self._wakeup = asyncio.Event()
         self._closing = False
         self._task = asyncio.create_task(self._run(), name=name)
         self.commits = 0
         """Batches written so far (observable, e.g. by tests and metrics)."""
+
+    @property
+    def backlog(self) -> int:
+        """The weight submitted and not yet committed (queued, or in the batch being
+        written)."""
+        return self._pending_weight + self._processing_weight
 
     async def submit(self, item: T, weight: int = 1) -> R:
         """Queue ``item`` for the next batch; return its result once that batch committed."""
@@ -88,6 +95,7 @@ class GroupCommitter(Generic[T, R]):
             if self._linger > 0 and not (busy or full or self._closing):
                 await asyncio.sleep(self._linger)
             batch = self._take()
+            self._processing_weight = sum(weight for _, weight, _ in batch)
             try:
                 outcomes = await self._process([item for item, _, _ in batch])
                 self.commits += 1
@@ -100,6 +108,7 @@ class GroupCommitter(Generic[T, R]):
                 error = StorageError("storage error")
                 error.__cause__ = e
                 outcomes = [error] * len(batch)
+            self._processing_weight = 0
             for (_, _, future), outcome in zip(batch, outcomes, strict=True):
                 if future.done():  # the caller was cancelled; the write still happened
                     continue
