@@ -150,8 +150,10 @@ def _stomp(host: str, port: int, user: str | None) -> str | None:
         answered.wait(WAIT)
         return errors[0] if errors else "refused"
     assert answered.wait(WAIT), "no STOMP answer"
+    if errors:
+        return errors[0]  # the server closed the connection after its ERROR
     conn.disconnect()
-    return errors[0] if errors else None
+    return None
 
 
 async def _users_gateway(db_url: str, **settings: Any) -> Gateway:
