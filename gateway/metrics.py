@@ -187,7 +187,7 @@ class RunHistogram(Collector):
 
     def collect(self) -> Iterator[HistogramMetricFamily]:
         cumulative = list(itertools.accumulate(self._counts))
-        buckets = [(_go_float(b), n) for b, n in zip(self._bounds, cumulative, strict=False)]
+        buckets = [(_go_float(b), n) for b, n in zip(self._bounds, cumulative[:-1], strict=True)]
         buckets.append(("+Inf", cumulative[-1]))
         family = HistogramMetricFamily(self._name, self._documentation)
         family.add_metric([], buckets, self._sum)

@@ -8,11 +8,16 @@ nothing of it stored), resolves dedup ids against ``kg_dedup``, assigns seqs fro
 partitions' heads (read in the same transaction) and writes everything in ONE transaction,
 run as one function on the writer thread (storage.writer). After COMMIT the cached heads
 and depths advance, commit listeners see the new messages, and only then do the callers'
-awaits return. If the
-database is unreachable (StorageUnavailable), every call of the batch fails and nothing of
-it is stored (callers may retry; the broker turns it into a negative confirm). If the
-transaction fails for any other reason, the batch is retried by halves, so only the call
-the database refuses fails (ingress validation makes that rare: a bug or an old schema).
+awaits return. If the database is unreachable (StorageUnavailable), every call of the
+batch fails and nothing of it is stored (callers may retry; the broker turns it into a
+negative confirm). If the transaction fails for any other reason, the batch is retried by
+halves, so only the call the database refuses fails (ingress validation makes that rare:
+a bug or an old schema).
+
+``append_each`` submits many calls at once (one per publication of a protocol's lot):
+each is accepted or refused alone inside the one transaction, so a lot is never retried
+publication by publication, and a connection can queue its next lot before this one
+committed without either overtaking the other.
 """
 
 from __future__ import annotations

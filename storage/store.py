@@ -15,9 +15,7 @@ from typing import Any, Final
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from core.errors import (
-    StorageError,
-)
+from core.errors import StorageError
 from core.model import Message
 from storage.appends import AppendCall, AppendOps, AppendOutcome
 from storage.batcher import GroupCommitter
@@ -28,9 +26,7 @@ from storage.inspection import InspectionOps
 from storage.leases import LeaseOps
 from storage.migrate import migrate
 from storage.retention import Riders
-from storage.schema import (
-    kg_messages,
-)
+from storage.schema import kg_messages
 from storage.writer import WriterThread
 
 _log = logging.getLogger("keygate.storage")
