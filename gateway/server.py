@@ -55,6 +55,20 @@ GC_THRESHOLDS: Final = (50_000, 20, 20)
 log = logging.getLogger("keygate.server")
 
 
+def tune_collector() -> None:
+    """Set the garbage collector up for a started gateway (benchmarks.instructions does
+    the same, so that it counts what the gateway does)."""
+    # Everything alive now (modules, SQLAlchemy's caches, the broker) lives as long as
+    # the process: keep it out of the collector's full passes, which otherwise stall
+    # the event loop for tens of milliseconds (docs/performance.md).
+    gc.collect()
+    gc.freeze()
+    # A publish allocates dozens of short-lived objects, nearly all freed by reference
+    # counting; at the default 700 allocations per young pass the collector ran ~50
+    # times per 1,000 messages (about 7 % of the gateway's CPU, docs/performance.md).
+    gc.set_threshold(*GC_THRESHOLDS)
+
+
 class PortInUse(KeygateError):
     code = "port-in-use"
 
@@ -346,15 +360,7 @@ class Gateway:
     async def serve_forever(self) -> None:
         """Start, run until SIGTERM/SIGINT, then stop gracefully."""
         await self.start()
-        # Everything alive now (modules, SQLAlchemy's caches, the broker) lives as long as
-        # the process: keep it out of the collector's full passes, which otherwise stall
-        # the event loop for tens of milliseconds (docs/performance.md).
-        gc.collect()
-        gc.freeze()
-        # A publish allocates dozens of short-lived objects, nearly all freed by reference
-        # counting; at the default 700 allocations per young pass the collector ran ~50
-        # times per 1,000 messages (about 7 % of the gateway's CPU, docs/performance.md).
-        gc.set_threshold(*GC_THRESHOLDS)
+        tune_collector()
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
