@@ -205,7 +205,7 @@ class DeliveryBook(Pump):
             self._dead_letter(part, message, DeadLetterReason.KEY_DEAD_LETTERED, count, first_time)
             return
         # A message storage may be moving waits for its report, whatever becomes of it.
-        moving = message.key is not None and part.key_moves[message.key] > 0
+        moving = message.key is not None and message.key in part.key_moves
         if prior is not None:
             # A parked key's messages wait for an operator who asked for them to flow:
             # their next delivery decides (recovery may count one it never had).

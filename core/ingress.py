@@ -117,7 +117,7 @@ def validate_publication(publication: Publication) -> None:
     p = publication
     if not isinstance(p.payload, bytes):
         raise InvalidMessage("message rejected: payload must be bytes")
-    if p.properties or not isinstance(p.properties, Mapping):
+    if p.properties or type(p.properties) is not dict:
         validate_properties(p.properties)
         # The key a queue derives from the key properties (core.keys) must fit the key column.
         _check_text("key", key_from_properties(p.properties), MAX_KEY_BYTES)

@@ -144,11 +144,13 @@ class Pump:
     def _blocked(self, part: Partition, key: str | None, held_back: set[str]) -> bool:
         if key is None:
             return False
-        if key in held_back or part.retry_keys[key] or key in part.parked:
+        # .get, not [key]: a Counter's missing key costs a Python call (__missing__), and
+        # every message asks here about counts that are nearly always absent.
+        if key in held_back or key in part.parked or part.retry_keys.get(key):
             return True
-        if part.handoff_keys[key] or part.key_moves[key]:
+        if part.handoff_keys.get(key) or part.key_moves.get(key):
             return True
-        return self._group.key_order is KeyOrder.STRICT and part.inflight_keys[key] > 0
+        return self._group.key_order is KeyOrder.STRICT and key in part.inflight_keys
 
     def _pump_partition(self, part: Partition, now: float) -> bool:
         """Send the partition's due retries, then its buffer, in seq order; whether it

@@ -154,8 +154,14 @@ def with_seq(message: Message, seq: int) -> Message:
         message.reply_to,
         message.publisher,
     )
-    object.__setattr__(stored, "_size", message.size)
-    return stored
+    return _sized(stored, message.size)
+
+
+def _sized(message: Message, size: int) -> Message:
+    """``message`` with its ``size`` already known (Message measures it on first use,
+    property by property)."""
+    object.__setattr__(message, "_size", size)
+    return message
 
 
 def message_from_row(row: Mapping[Any, Any]) -> Message:
@@ -194,11 +200,13 @@ def _values(row: Mapping[Any, Any]) -> list[Any]:
 
 def _message(values: Sequence[Any], properties: dict[str, PropertyValue]) -> Message:
     """A row in ``MESSAGE_COLUMNS`` order as a Message: its columns from ``topic`` to
-    ``reply_to`` are the Message's fields after ``properties``, in the same order."""
+    ``reply_to`` are the Message's fields after ``properties``, in the same order; its
+    size is the ``size`` column, what the message counted as when it was stored."""
     queue, partition, seq, message_id, key, payload = values[:6]
-    return Message(
+    message = Message(
         message_id, queue, partition, seq, key, bytes(payload), properties, *values[7:16]
     )
+    return _sized(message, values[16])
 
 
 def queue_row(config: QueueConfig) -> dict[str, Any]:

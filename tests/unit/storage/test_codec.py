@@ -18,6 +18,7 @@ from storage.codec import (
     decode_ranges,
     encode_properties,
     encode_ranges,
+    message_from_row,
     message_row,
     message_values,
     queue_from_row,
@@ -70,3 +71,12 @@ def test_driver_values_follow_the_table_columns() -> None:
     row["properties"] = json.dumps(row["properties"])
     assert message_values(message) == tuple(row[name] for name in MESSAGE_COLUMNS)
     assert with_seq(message, 9) == dataclasses.replace(message, seq=9)
+
+
+def test_a_message_read_back_is_the_one_stored_and_counts_its_stored_size() -> None:
+    message = Message("id", "q", 2, 7, "k", b"xy", {"b": b"\x01"}, "t", 1.0, None, 3.0)
+    row = message_row(message)
+    assert message_from_row(row) == message
+    assert message_from_row(row).size == message.size
+    # The size column decides, not a new measurement (rows other writers stored included).
+    assert message_from_row({**row, "size": message.size + 100}).size == message.size + 100
