@@ -25,11 +25,16 @@ class AckLedger:
     def is_settled(self, seq: int) -> bool:
         if seq <= self.committed:
             return True
+        if not self._los:
+            return False
         index = bisect_right(self._los, seq) - 1
         return index >= 0 and self._his[index] >= seq
 
     def settle(self, seq: int) -> bool:
         """Mark ``seq`` settled; False when it already was."""
+        if seq == self.committed + 1 and not self._los:  # acked in order: most acks
+            self.committed = seq
+            return True
         return self.settle_range(seq, seq)
 
     def settle_range(self, lo: int, hi: int) -> bool:

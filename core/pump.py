@@ -270,8 +270,9 @@ class Pump:
         part.held[flow.flow_id] += 1
         flow.pending += 1
         self._by_id[message.message_id] = (part.index, seq)
-        if message.key is not None:
-            part.inflight_keys[message.key] += 1
+        key = message.key
+        if key is not None:
+            part.inflight_keys[key] = part.inflight_keys.get(key, 0) + 1
         if self._group.ack_timeout is not None and flow.ack_mode is AckMode.CLIENT:
             deadline = now + self._group.ack_timeout
             heapq.heappush(self._timers, (deadline, ACK_TIMEOUT, part.index, seq, count))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Sequence
+from operator import attrgetter
 from typing import Any, Final
 
 import sqlalchemy as sa
@@ -48,6 +49,7 @@ def _partition_query(queue: str, partition: int, after_seq: int, limit: int) -> 
 # Partition pages read_for_delivery reads in one statement (SQLite allows 500 SELECTs in
 # a compound statement).
 READ_PAGES: Final = 64
+_SEQ: Final = attrgetter("seq")
 
 
 @functools.cache
@@ -122,7 +124,7 @@ class SqlStore(InspectionOps, LeaseOps, AppendOps, ConsumerOps):
                     if not readable:
                         unreadable[message.partition].add(message.seq)
         return {
-            p: (sorted(messages, key=lambda m: m.seq), frozenset(unreadable[p]))
+            p: (sorted(messages, key=_SEQ), frozenset(unreadable[p]))
             for p, messages in found.items()
         }
 
