@@ -203,7 +203,7 @@ def _receipt(
     else:
         ids, queues = tuple(m.message_id for m in stored), tuple(m.queue for m in stored)
     duplicate = publication.dedup_id is not None and ids != tuple(m.message_id for m in built)
-    return Receipt(ids, queues, duplicate=duplicate)
+    return Receipt(ids, queues, duplicate)
 
 
 async def _receipts(
