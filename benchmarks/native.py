@@ -24,7 +24,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from multiprocessing.process import BaseProcess
 from pathlib import Path
@@ -45,15 +45,23 @@ IN_FLIGHT = 1000
 
 @contextmanager
 def gateway(
-    db: str, stderr: IO[str] | None = None, module: str = "gateway.cli"
+    db: str,
+    stderr: IO[str] | None = None,
+    module: str = "gateway.cli",
+    *,
+    wrapper: Sequence[str] = (),
+    patience: float = 30,
 ) -> Iterator[tuple[str, int]]:
     """A ``keygate serve`` process on ``db`` with the native port only: (its URL, its pid).
     Its log goes to ``stderr`` (discarded by default). ``module``: what runs ``serve``
-    (benchmarks.stages runs it with timestamps added)."""
+    (benchmarks.stages runs it with timestamps added); ``wrapper``: a command that runs
+    it (benchmarks.native_instructions: valgrind); ``patience``: seconds it may take to
+    start, and to stop once told to."""
     with tempfile.TemporaryDirectory() as tmp:
         ports = Path(tmp) / "ports.json"
         proc = subprocess.Popen(
             [
+                *wrapper,
                 sys.executable,
                 "-m",
                 module,
@@ -78,7 +86,7 @@ def gateway(
             stderr=subprocess.DEVNULL if stderr is None else stderr,
         )
         try:
-            deadline = time.monotonic() + 30
+            deadline = time.monotonic() + patience
             while not ports.exists():
                 if proc.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError("the gateway did not start")
@@ -86,7 +94,7 @@ def gateway(
             yield f"keygate://127.0.0.1:{json.loads(ports.read_text())['native']}", proc.pid
         finally:
             proc.terminate()
-            proc.wait(30)
+            proc.wait(patience)
 
 
 async def publish_rate(

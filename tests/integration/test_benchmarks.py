@@ -4,8 +4,13 @@ unmeasured. A tiny run must reach every stage."""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
+from pathlib import Path
+
+from benchmarks.native import gateway
+from benchmarks.native_instructions import PHASES, phases
 
 
 def test_the_stage_benchmark_reaches_every_stage() -> None:
@@ -60,3 +65,13 @@ def test_the_instruction_count_workload_publishes_delivers_and_acks_every_messag
     )
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "300 published, 300 delivered and acked", run.stdout
+
+
+def test_the_native_instruction_count_phases_get_every_message_through(tmp_path: Path) -> None:
+    """benchmarks.native_instructions drives a gateway through its phases, telling its
+    callgrind when to zero and dump; run here without valgrind, each phase must finish
+    (every message confirmed, then delivered and acked) and be marked in order."""
+    marks: list[str] = []
+    with gateway(f"sqlite:///{tmp_path}/bench.db") as (url, _pid):
+        asyncio.run(phases(url, 100, marks.append))
+    assert marks == ["--zero", *(f"--dump={phase}" for phase in PHASES)]

@@ -1,0 +1,124 @@
+"""The gateway's work per message over the native protocol, in CPU instructions counted by
+valgrind: what ``benchmarks.native`` measures in CPU seconds, in a unit that does not
+move with the machine's speed.
+
+    .venv/bin/python -m benchmarks.native_instructions --messages 2000
+
+``keygate serve`` runs on SQLite in a process of its own under ``valgrind
+--tool=callgrind``; this process drives it with the SDK as ``benchmarks.native`` does
+(1 KiB messages, 1,000 keys, 16 partitions; a publisher with IN_FLIGHT confirmed
+publishes in flight on one connection, then a client-ack consumer with a window of
+2,000). Only the gateway is counted: its listener, broker, store and writer thread, not
+the client nor the kernel. Once it has started and the queue is declared its counters are
+zeroed, then dumped after each of four phases: publish N, publish N more, consume N,
+consume N more. Printed: the second publish phase over N, the instructions of one message
+published and confirmed (start-up and first-use costs left out), and both consume
+phases over 2N, of one message delivered and acked (the first consume phase delivers up
+to a window more than it acks, the second as much less). What runs on a timer
+(housekeeping, lease renewal) is counted with the phase it fell in. ``--keep DIR`` keeps
+the callgrind files (one per phase) for ``callgrind_annotate``. Python runs about 50 times
+slower under valgrind: a run takes a few minutes, most of them the gateway's start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import re
+import shutil
+import subprocess
+import tempfile
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+from benchmarks.native import IN_FLIGHT, gateway, publish_rate
+from gateway.client import Client
+
+PARTITIONS = 16
+WINDOW = 2000
+PHASES = ("publish-1", "publish-2", "consume-1", "consume-2")
+
+
+def _control(pid: int, command: str) -> None:
+    """Tell the callgrind of process ``pid`` to ``--zero`` or ``--dump=NAME`` its counters."""
+    subprocess.run(["callgrind_control", command, str(pid)], check=True, capture_output=True)
+
+
+async def phases(url: str, messages: int, control: Callable[[str], None]) -> None:
+    """Drive the gateway at ``url`` through PHASES of ``messages`` each: ``control`` is
+    called with ``--zero`` before them and ``--dump=PHASE`` after each."""
+    queue = "bench-" + uuid.uuid4().hex[:8]
+    async with Client(url) as admin:
+        await admin.declare_queue(queue, partitions=PARTITIONS)
+    await asyncio.to_thread(control, "--zero")
+    for phase in PHASES[:2]:
+        await publish_rate(url, queue, messages)
+        await asyncio.to_thread(control, f"--dump={phase}")
+    async with Client(url) as client:
+        consumer = await client.subscribe(queue, group="bench", window=WINDOW)
+        for phase in PHASES[2:]:
+            for _ in range(messages):
+                await consumer.acknowledge(await consumer.receive(timeout=120))
+            await asyncio.to_thread(control, f"--dump={phase}")
+        await consumer.close()
+
+
+def _dumped(out: Path) -> dict[str, int]:
+    """Instructions per dump of a callgrind output file family, by trigger name."""
+    counts = {}
+    for part in out.parent.glob(out.name + ".*"):
+        text = part.read_text(errors="replace")
+        trigger = re.search(r"^desc: Trigger: dump (\S+)", text, re.MULTILINE)
+        summary = re.search(r"^summary: (\d+)", text, re.MULTILINE)
+        if trigger and summary:
+            counts[trigger.group(1)] = int(summary.group(1))
+    return counts
+
+
+def instructions(messages: int, keep: Path | None = None) -> dict[str, int]:
+    """Instructions the gateway spent in each phase of a run of ``messages`` per phase;
+    ``keep``: a directory to copy the callgrind files to."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "callgrind.out"
+        wrapper = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"]
+        with (
+            open(Path(tmp) / "gateway.log", "w") as log,
+            gateway(f"sqlite:///{tmp}/bench.db", log, wrapper=wrapper, patience=600) as (url, pid),
+        ):
+            asyncio.run(phases(url, messages, functools.partial(_control, pid)))
+        counts = _dumped(out)
+        if keep is not None:
+            keep.mkdir(parents=True, exist_ok=True)
+            for part in out.parent.glob(out.name + "*"):
+                shutil.copy(part, keep)
+        missing = [phase for phase in PHASES if phase not in counts]
+        if missing:
+            tail = (Path(tmp) / "gateway.log").read_text()[-2000:]
+            raise SystemExit(f"no callgrind dump for {missing}; the gateway's log:\n{tail}")
+        return counts
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--messages", type=int, default=2000, help="messages per phase")
+    parser.add_argument("--runs", type=int, default=1, help="runs (each printed)")
+    parser.add_argument("--keep", type=Path, metavar="DIR", help="keep the callgrind files")
+    args = parser.parse_args()
+    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+        raise SystemExit("valgrind is not installed (Debian package valgrind)")
+    for _ in range(args.runs):
+        counts = instructions(args.messages, args.keep)
+        consumed = (counts["consume-1"] + counts["consume-2"]) / (2 * args.messages)
+        print(
+            f"native, SQLite, {IN_FLIGHT} publishes in flight, window {WINDOW}: "
+            f"{counts['publish-2'] / args.messages:,.0f} instructions per message published "
+            f"(the first {args.messages:,}: {counts['publish-1'] / args.messages:,.0f}), "
+            f"{consumed:,.0f} per message delivered and acked",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()
