@@ -12,6 +12,18 @@ are frozen: mypy rejects an assignment to a field exactly as it does for
 ``frozen=True``. What is given up is only the runtime check against code that bypasses
 the type checker. Everything not on the per-message path stays
 ``@dataclass(frozen=True, slots=True)``.
+
+``bare`` is for the few places that build one such object per message with keywords.
+Calling a class with keywords (``Message(message_id=..., ...)``) makes CPython 3.11 pack
+them into a dict for ``type.__call__`` and unpack it again for ``__init__``: two thirds
+of the construction's time for a ``Message`` (2.4 µs against 0.8 µs positionally).
+Calling ``__init__`` itself takes the keywords as they are, so
+
+    message = bare(Message)
+    Message.__init__(message, message_id=..., queue=..., ...)
+
+costs what a positional call costs, keeps the names at the call site, and is checked by
+mypy as the constructor is.
 """
 
 from __future__ import annotations
@@ -22,7 +34,7 @@ from typing import Any, TypeVar, dataclass_transform, overload
 
 T = TypeVar("T")
 
-__all__ = ["frozen"]
+__all__ = ["bare", "frozen"]
 
 
 @overload
@@ -39,3 +51,9 @@ def frozen(cls: type[T] | None = None, /, *, kw_only: bool = False, eq: bool = T
         return dataclass(slots=True, eq=eq, unsafe_hash=eq, kw_only=kw_only)(c)
 
     return build if cls is None else build(cls)
+
+
+def bare(cls: type[T], /) -> T:
+    """An instance of ``cls`` whose ``__init__`` has not run yet: call it next."""
+    instance: T = object.__new__(cls)
+    return instance

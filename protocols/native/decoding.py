@@ -13,6 +13,7 @@ import struct
 from collections.abc import Callable
 from typing import Any, Final
 
+from core.frozen import bare
 from core.model import PropertyValue
 from protocols.native.encoding import (
     F64,
@@ -203,7 +204,9 @@ def _r_hello_ok(r: _Reader, rid: int) -> HelloOk:
 
 
 def _r_publish(r: _Reader, rid: int) -> Publish:
-    return Publish(
+    event = bare(Publish)  # core.frozen: keywords without a dict of them
+    Publish.__init__(
+        event,
         request_id=rid,
         queue=r.opt_str(),
         topic=r.opt_str(),
@@ -217,6 +220,7 @@ def _r_publish(r: _Reader, rid: int) -> Publish:
         correlation_id=r.opt_str(),
         reply_to=r.opt_str(),
     )
+    return event
 
 
 def _r_publish_ok(r: _Reader, rid: int) -> PublishOk:

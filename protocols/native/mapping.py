@@ -13,13 +13,16 @@ from typing import Any
 
 from core import actions
 from core.errors import InvalidArgument
+from core.frozen import bare
 from core.model import Publication, QueueConfig
 from core.settings import SETTING_NAMES
 from protocols.native.events import Deliver, Publish, QueueOk, SettingValue
 
 
 def publication(event: Publish, producer: str) -> Publication:
-    return Publication(
+    made = bare(Publication)  # core.frozen: keywords without a dict of them
+    Publication.__init__(
+        made,
         payload=event.payload,
         queue=event.queue,
         topic=event.topic,
@@ -33,11 +36,14 @@ def publication(event: Publish, producer: str) -> Publication:
         correlation_id=event.correlation_id,
         reply_to=event.reply_to,
     )
+    return made
 
 
 def deliver_frame(delivery: actions.Deliver) -> Deliver:
     m = delivery.message
-    return Deliver(
+    frame = bare(Deliver)  # core.frozen: keywords without a dict of them
+    Deliver.__init__(
+        frame,
         flow_id=delivery.flow_id,
         message_id=m.message_id,
         partition=m.partition,
@@ -53,6 +59,7 @@ def deliver_frame(delivery: actions.Deliver) -> Deliver:
         correlation_id=m.correlation_id,
         reply_to=m.reply_to,
     )
+    return frame
 
 
 def check_setting_names(names: Iterable[str]) -> None:
