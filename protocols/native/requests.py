@@ -9,25 +9,25 @@ submission, each publication stored or refused alone) and a task answers each wi
 PUBLISH_OK or ERROR once committed. Lots are queued for the store at once, in the order
 read, so the next lot goes in while this one commits and none overtakes another. The
 payload bytes of PUBLISHes not yet confirmed are held in a ``ByteBudget``: when it is
-spent the reader waits for confirms instead of reading more. BIND gives the
-sink one ``FlowOutput`` per flow; each DELIVER is pushed with the way to encode it again,
-so a consumer that reads slowly holds its window of messages, not an encoded copy, and
-auto-ack deliveries are acked once the kernel took them; the flow's window bounds how much
-can be outstanding. ACK, NACK, CREDIT and UNBIND become the sink's settle events; the sink
-refuses them for a flow bound by another connection (ERROR, the connection stays).
-``unbind_all`` is what a dropped socket does: its flows' partitions enter the rebalance
-delay, exactly as after UNBIND without shutdown.
+spent the reader waits for confirms instead of reading more. BIND gives the sink one
+``FlowOutput`` per flow; a run of DELIVERs is pushed in pieces of DELIVER_CHUNK bytes,
+each with the way to encode it again, so a consumer that reads slowly holds its window of
+messages, not an encoded copy, and auto-ack deliveries are acked once the kernel took
+them; the flow's window bounds how much can be outstanding. ACK, NACK, CREDIT and UNBIND
+become the sink's settle events; the sink refuses them for a flow bound by another
+connection (ERROR, the connection stays). ``unbind_all`` is what a dropped socket does:
+its flows' partitions enter the rebalance delay, exactly as after UNBIND without
+shutdown.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import uuid
 from collections.abc import Awaitable, Sequence
 from dataclasses import replace
-from typing import Protocol
+from typing import Final, Protocol
 
 from core import actions
 from core.errors import KeygateError, Unavailable
@@ -74,6 +74,14 @@ from protocols.native.mapping import (
 )
 from protocols.sink import BindRequest, Principal, Sink, peer_identity
 
+# A run of deliveries is written in pieces of about this many bytes: each a push of its
+# own that a slow consumer's outbox can hold as the frames, not their bytes.
+DELIVER_CHUNK: Final = 64 * 1024
+
+
+def _encode_all(frames: Sequence[Deliver], max_frame: int) -> bytes:
+    return b"".join(encode(frame, max_frame) for frame in frames)
+
 
 class Server(Protocol):
     """What the requests of a connection need of their listener."""
@@ -96,15 +104,13 @@ class FlowOutput:
         self.auto_ack = auto_ack
 
     def deliver(self, deliveries: Sequence[actions.Deliver]) -> Sequence[actions.Deliver]:
-        failed = []
-        for delivery in deliveries:
-            try:
-                self.requests.deliver(deliver_frame(delivery), auto_ack=self.auto_ack)
-            except KeygateError:
-                # Not encodable (a field longer than the wire carries, a frame over the
-                # peer's max_frame): the group dead-letters it as undeliverable.
-                failed.append(delivery)
-        return failed
+        frames = [deliver_frame(delivery) for delivery in deliveries]
+        failed = self.requests.deliver(frames, auto_ack=self.auto_ack)
+        if not failed:
+            return []
+        # Not encodable (a field longer than the wire carries, a frame over the peer's
+        # max_frame): the group dead-letters them as undeliverable.
+        return [d for d, frame in zip(deliveries, frames, strict=True) if frame in failed]
 
     def partitions_changed(self, partitions: frozenset[int]) -> None:
         self.requests.send(PartitionsChanged(flow_id=self.flow_id, partitions=partitions))
@@ -142,19 +148,47 @@ class Requests:
         self.unconfirmed = ByteBudget(server.limits.max_unconfirmed_bytes)
         self._queued: list[tuple[Publish, Publication]] = []
 
-    def send(self, event: Event) -> None:
-        # RuntimeError: the state machine is closed (after ERROR/CLOSE), nothing more goes out.
-        with contextlib.suppress(RuntimeError):
-            self.outbox.push(self.conn.send(event))
+    def send(self, *events: Event) -> None:
+        """Queue ``events`` as one write."""
+        data = []
+        for event in events:
+            try:
+                data.append(self.conn.send(event))
+            except RuntimeError:
+                break  # the state machine closed (ERROR/CLOSE sent): nothing more goes out
+        if data:
+            self.outbox.push(b"".join(data))
 
-    def deliver(self, frame: Deliver, *, auto_ack: bool) -> None:
-        """Raises KeygateError when the wire cannot carry ``frame``."""
-        try:
-            data = self.conn.send(frame)
-        except RuntimeError:
-            return  # closed: not auto-acked, so the unbind returns it for redelivery
-        acked = (frame.flow_id, (frame.message_id,)) if auto_ack else None
-        self.outbox.push(data, acked, remake=functools.partial(encode, frame, self.conn.max_frame))
+    def deliver(self, frames: Sequence[Deliver], *, auto_ack: bool) -> list[Deliver]:
+        """Queue DELIVER frames, in writes of up to DELIVER_CHUNK bytes each pushed with
+        the way to encode it again; returns the frames the wire cannot carry."""
+        failed: list[Deliver] = []
+        chunk: list[bytes] = []
+        sent: list[Deliver] = []
+        size = 0
+        for frame in frames:
+            try:
+                data = self.conn.send(frame)
+            except RuntimeError:
+                return failed  # closed: not auto-acked, so the unbind returns them
+            except KeygateError:
+                failed.append(frame)
+                continue
+            chunk.append(data)
+            sent.append(frame)
+            size += len(data)
+            if size >= DELIVER_CHUNK:
+                self._push_deliveries(chunk, sent, auto_ack)
+                chunk, sent, size = [], [], 0
+        if chunk:
+            self._push_deliveries(chunk, sent, auto_ack)
+        return failed
+
+    def _push_deliveries(self, chunk: list[bytes], sent: list[Deliver], auto_ack: bool) -> None:
+        # One flow's frames: a FlowOutput's run.
+        acked = (sent[0].flow_id, [frame.message_id for frame in sent]) if auto_ack else None
+        remake = functools.partial(_encode_all, sent, self.conn.max_frame)
+        self.outbox.push(b"".join(chunk), acked, remake=remake)
 
     def settle_written(self, flow_id: str, message_ids: tuple[str, ...]) -> None:
         if self.principal is not None:
@@ -277,17 +311,18 @@ class Requests:
         finally:
             self.unconfirmed.release(sum(len(event.payload) for event, _ in lot))
             self.server.unconfirmed_peak = max(self.server.unconfirmed_peak, self.unconfirmed.peak)
-        for (event, _), outcome in zip(lot, outcomes, strict=True):
-            if isinstance(outcome, KeygateError):
-                self.send(error_frame(outcome, event.request_id))
-            else:
-                self.send(
-                    PublishOk(
-                        request_id=event.request_id,
-                        message_ids=outcome.message_ids,
-                        duplicate=outcome.duplicate,
-                    )
+        self.send(
+            *(
+                error_frame(outcome, event.request_id)
+                if isinstance(outcome, KeygateError)
+                else PublishOk(
+                    request_id=event.request_id,
+                    message_ids=outcome.message_ids,
+                    duplicate=outcome.duplicate,
                 )
+                for (event, _), outcome in zip(lot, outcomes, strict=True)
+            )
+        )
 
     def settle(self, flow_id: str, event: sink.Settle) -> None:
         assert self.principal is not None

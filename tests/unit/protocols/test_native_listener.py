@@ -149,6 +149,23 @@ async def test_a_slow_auto_ack_reader_gets_every_delivery_in_order_acked_once_wr
         client.writer.close()
 
 
+async def test_a_delivery_the_wire_cannot_carry_is_returned_and_the_rest_of_its_run_sent() -> None:
+    """A run is written in pieces; a frame that cannot be encoded (a key longer than a
+    string field holds) comes back to the group for dead-lettering, alone."""
+    sink = MemorySink()
+    async with _serving(sink) as (_, port):
+        client = await _client(port)
+        flow_id = await client.bind("q")
+        run = _deliveries(flow_id, 200, 1000)
+        bad = Delivery(flow_id, Message("bad", "q", 0, 1000, "k" * 70_000, b"x"), 1, False)
+        run.insert(100, bad)
+        assert sink.flows[flow_id].output.deliver(run) == [bad]
+        for n in range(200):
+            event = await client.receive()
+            assert isinstance(event, Deliver) and event.message_id == f"m{n}"
+        client.writer.close()
+
+
 async def test_closing_the_listener_confirms_publishes_already_received() -> None:
     sink = MemorySink()
     async with _serving(sink) as (listener, port):
