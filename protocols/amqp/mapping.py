@@ -13,6 +13,7 @@ from typing import Any, Final
 
 from pamqp import commands
 
+from core.frozen import bare
 from core.model import PropertyValue, Publication
 from core.schedule import DELAY_HEADER, delay_seconds
 from protocols._limits import parse_decimal
@@ -98,7 +99,9 @@ def to_publication(
         if millis is None:
             raise _precondition(f"invalid expiration {expiration[:40]!r}: milliseconds expected")
         ttl = millis / 1000
-    return Publication(
+    made = bare(Publication)  # core.frozen: keywords without a dict of them
+    Publication.__init__(
+        made,
         payload=payload,
         queue=queue,
         topic=topic,
@@ -112,6 +115,7 @@ def to_publication(
         reply_to=_text(properties.reply_to),
         app_id=_text(properties.app_id),
     )
+    return made
 
 
 __all__ = [

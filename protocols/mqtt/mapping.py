@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Final
 
+from core.frozen import bare
 from core.model import PropertyValue, Publication
 from core.schedule import DELAY_HEADER, delay_seconds
 from protocols.mqtt.events import MqttProperties
@@ -63,7 +64,9 @@ def to_publication(
         props[RETAIN_PROPERTY] = True
     expiry = properties.message_expiry_interval
     dedup_id = props.get(DEDUP_ID_PROPERTY)
-    return Publication(
+    made = bare(Publication)  # core.frozen: keywords without a dict of them
+    Publication.__init__(
+        made,
         payload=payload,
         topic=topic,
         properties=props,
@@ -79,3 +82,4 @@ def to_publication(
         ),
         reply_to=properties.response_topic,
     )
+    return made

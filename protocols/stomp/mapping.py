@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Final
 
 from core.errors import InvalidArgument
+from core.frozen import bare
 from core.model import Publication, validate_name
 from core.schedule import STOMP_DELAY_HEADER, delay_seconds
 from core.topics import normalize_topic
@@ -90,7 +91,9 @@ def publication_from_send(frame: Frame, producer: str) -> Publication:
     headers = frame.header_map()
     receipt = headers.get("receipt")
     queue, topic = destination_of(headers.get("destination"), receipt)
-    return Publication(
+    made = bare(Publication)  # core.frozen: keywords without a dict of them
+    Publication.__init__(
+        made,
         payload=frame.body,
         queue=queue,
         topic=topic,
@@ -103,6 +106,7 @@ def publication_from_send(frame: Frame, producer: str) -> Publication:
         correlation_id=headers.get("correlation-id"),
         reply_to=headers.get("reply-to"),
     )
+    return made
 
 
 __all__ = ["MAPPED_HEADERS", "destination_of", "publication_from_send"]
