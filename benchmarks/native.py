@@ -51,12 +51,13 @@ def gateway(
     *,
     wrapper: Sequence[str] = (),
     patience: float = 30,
+    config: Path | None = None,
 ) -> Iterator[tuple[str, int]]:
     """A ``keygate serve`` process on ``db`` with the native port only: (its URL, its pid).
     Its log goes to ``stderr`` (discarded by default). ``module``: what runs ``serve``
     (benchmarks.stages runs it with timestamps added); ``wrapper``: a command that runs
     it (benchmarks.native_instructions: valgrind); ``patience``: seconds it may take to
-    start, and to stop once told to."""
+    start, and to stop once told to; ``config``: its TOML configuration file."""
     with tempfile.TemporaryDirectory() as tmp:
         ports = Path(tmp) / "ports.json"
         proc = subprocess.Popen(
@@ -82,6 +83,7 @@ def gateway(
                 "off",
                 "--ports-file",
                 str(ports),
+                *(["--config", str(config)] if config is not None else []),
             ],
             stderr=subprocess.DEVNULL if stderr is None else stderr,
         )

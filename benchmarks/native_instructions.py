@@ -15,7 +15,11 @@ consume N more. Printed: the second publish phase over N, the instructions of on
 published and confirmed (start-up and first-use costs left out), and both consume
 phases over 2N, of one message delivered and acked (the first consume phase delivers up
 to a window more than it acks, the second as much less). What runs on a timer
-(housekeeping, lease renewal) is counted with the phase it fell in. ``--keep DIR`` keeps
+(housekeeping: ack flushes, retention) is counted with the phase it fell in, and runs
+on intervals SLOWDOWN times the defaults: valgrind slows the gateway about that much, so
+per message they fire about as often as at full speed, and how busy the machine was
+moves the count less (at the default intervals, two runs of the same code differed by
+4 %). ``--keep DIR`` keeps
 the callgrind files (one per phase) for ``callgrind_annotate``. Python runs about 50 times
 slower under valgrind: a run takes a few minutes, most of them the gateway's start.
 """
@@ -35,10 +39,12 @@ from pathlib import Path
 
 from benchmarks.native import IN_FLIGHT, gateway, publish_rate
 from gateway.client import Client
+from gateway.config import GatewayConfig
 
 PARTITIONS = 16
 WINDOW = 2000
 PHASES = ("publish-1", "publish-2", "consume-1", "consume-2")
+SLOWDOWN = 50
 
 
 def _control(pid: int, command: str) -> None:
@@ -83,9 +89,16 @@ def instructions(messages: int, keep: Path | None = None) -> dict[str, int]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "callgrind.out"
         wrapper = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"]
+        config = Path(tmp) / "keygate.toml"
+        defaults = GatewayConfig()
+        config.write_text(
+            f"ack_flush_interval = {defaults.ack_flush_interval * SLOWDOWN}\n"
+            f"retention_interval = {defaults.retention_interval * SLOWDOWN}\n"
+        )
+        db = f"sqlite:///{tmp}/bench.db"
         with (
             open(Path(tmp) / "gateway.log", "w") as log,
-            gateway(f"sqlite:///{tmp}/bench.db", log, wrapper=wrapper, patience=600) as (url, pid),
+            gateway(db, log, wrapper=wrapper, patience=600, config=config) as (url, pid),
         ):
             asyncio.run(phases(url, messages, functools.partial(_control, pid)))
         counts = _dumped(out)
