@@ -69,6 +69,10 @@ class ByteBudget:
         while self.full_for(size):
             self._freed.clear()
             await self._freed.wait()
+        self.hold(size)
+
+    def hold(self, size: int) -> None:
+        """Hold ``size`` more bytes now (when ``full_for(size)`` is False)."""
         self.held += size
         self.peak = max(self.peak, self.held)
 

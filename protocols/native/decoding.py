@@ -127,10 +127,20 @@ class _Reader:
         pos = self._take(n)
         return self.data[pos : pos + n]
 
+    # An absent optional field is read without a call: most of a PUBLISH's or DELIVER's
+    # optional fields are absent, and each is read once per message.
     def opt_str(self) -> str | None:
+        pos = self.pos
+        if pos < self.end and self.data[pos] == 0:
+            self.pos = pos + 1
+            return None
         return self.text() if self.flag() else None
 
     def opt_f64(self) -> float | None:
+        pos = self.pos
+        if pos < self.end and self.data[pos] == 0:
+            self.pos = pos + 1
+            return None
         return self.f64() if self.flag() else None
 
     def str_list(self) -> tuple[str, ...]:

@@ -214,10 +214,13 @@ class Requests:
                         raise Unavailable("the gateway is shutting down")
                     # Refused at once when malformed (InvalidArgument answers this request).
                     message = publication(event, self.producer)
-                    if self.unconfirmed.full_for(len(event.payload)):
+                    size = len(event.payload)
+                    if self.unconfirmed.full_for(size):
                         self.flush()  # the confirms waited for must be on their way
-                    # Waiting here stops the read loop: back-pressure, not buffering.
-                    await self.unconfirmed.acquire(len(event.payload))
+                        # Waiting here stops the read loop: back-pressure, not buffering.
+                        await self.unconfirmed.acquire(size)
+                    else:
+                        self.unconfirmed.hold(size)
                     self._queued.append((event, message))
                 case Ack():
                     self.settle(event.flow_id, sink.Ack(event.message_ids))
