@@ -4,7 +4,8 @@ move with the machine's speed.
 
     .venv/bin/python -m benchmarks.native_instructions --messages 2000
 
-``keygate serve`` runs on SQLite in a process of its own under ``valgrind
+``keygate serve`` runs on SQLite (``--postgres URL``: on PostgreSQL, in a schema of its
+own) in a process of its own under ``valgrind
 --tool=callgrind``; this process drives it with the SDK as ``benchmarks.native`` does
 (1 KiB messages, 1,000 keys, 16 partitions; a publisher with IN_FLIGHT confirmed
 publishes in flight on one connection, then a client-ack consumer with a window of
@@ -37,7 +38,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from benchmarks.native import IN_FLIGHT, gateway, publish_rate
+from benchmarks.native import IN_FLIGHT, gateway, postgres_target, publish_rate
 from gateway.client import Client
 from gateway.config import GatewayConfig
 
@@ -83,9 +84,12 @@ def _dumped(out: Path) -> dict[str, int]:
     return counts
 
 
-def instructions(messages: int, keep: Path | None = None) -> dict[str, int]:
+def instructions(
+    messages: int, keep: Path | None = None, postgres: str | None = None
+) -> dict[str, int]:
     """Instructions the gateway spent in each phase of a run of ``messages`` per phase;
-    ``keep``: a directory to copy the callgrind files to."""
+    ``keep``: a directory to copy the callgrind files to; ``postgres``: a PostgreSQL URL
+    to store in instead of SQLite."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "callgrind.out"
         wrapper = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"]
@@ -95,7 +99,7 @@ def instructions(messages: int, keep: Path | None = None) -> dict[str, int]:
             f"ack_flush_interval = {defaults.ack_flush_interval * SLOWDOWN}\n"
             f"retention_interval = {defaults.retention_interval * SLOWDOWN}\n"
         )
-        db = f"sqlite:///{tmp}/bench.db"
+        db = postgres_target(postgres) if postgres else f"sqlite:///{tmp}/bench.db"
         with (
             open(Path(tmp) / "gateway.log", "w") as log,
             gateway(db, log, wrapper=wrapper, patience=600, config=config) as (url, pid),
@@ -118,14 +122,16 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=2000, help="messages per phase")
     parser.add_argument("--runs", type=int, default=1, help="runs (each printed)")
     parser.add_argument("--keep", type=Path, metavar="DIR", help="keep the callgrind files")
+    parser.add_argument("--postgres", metavar="URL", help="store in PostgreSQL, not SQLite")
     args = parser.parse_args()
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         raise SystemExit("valgrind is not installed (Debian package valgrind)")
     for _ in range(args.runs):
-        counts = instructions(args.messages, args.keep)
+        counts = instructions(args.messages, args.keep, args.postgres)
         consumed = (counts["consume-1"] + counts["consume-2"]) / (2 * args.messages)
         print(
-            f"native, SQLite, {IN_FLIGHT} publishes in flight, window {WINDOW}: "
+            f"native, {'PostgreSQL' if args.postgres else 'SQLite'}, {IN_FLIGHT} publishes "
+            f"in flight, window {WINDOW}: "
             f"{counts['publish-2'] / args.messages:,.0f} instructions per message published "
             f"(the first {args.messages:,}: {counts['publish-1'] / args.messages:,.0f}), "
             f"{consumed:,.0f} per message delivered and acked",
