@@ -98,10 +98,11 @@ def _serve(argv: list[str]) -> int:
         note((m.message_id for m in messages), "committed")
         original_committed(self, allocation, messages)
 
-    def deliver(self: Any, frame: Any, **kwargs: Any) -> None:
-        if "pushed" not in stamps.get(frame.message_id, {}):
-            note([frame.message_id], "pushed")
-        original_deliver(self, frame, **kwargs)
+    def deliver(self: Any, frames: Any, **kwargs: Any) -> Any:
+        note(
+            [f.message_id for f in frames if "pushed" not in stamps.get(f.message_id, {})], "pushed"
+        )
+        return original_deliver(self, frames, **kwargs)
 
     store.SqlStore.append_each = append_each  # type: ignore[method-assign]
     store.SqlStore._transact_appends = transact  # type: ignore[method-assign]
