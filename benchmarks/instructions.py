@@ -41,8 +41,8 @@ from gateway.broker import Broker
 from gateway.config import GatewayConfig
 from gateway.metrics import Metrics
 from gateway.server import tune_collector
-from protocols.native.encoding import encode
-from protocols.native.mapping import deliver_frame
+from protocols.native.encoding import append_deliver
+from protocols.native.events import DEFAULT_MAX_FRAME
 from protocols.sink import Ack, BindRequest, Principal, Receipt
 from storage import open_store
 
@@ -56,8 +56,8 @@ ACK_BATCH: Final = 256
 
 
 class _Output:
-    """A consumer's connection without the socket: encodes each delivery as the native
-    listener does and keeps its message id for the ack."""
+    """A consumer's connection without the socket: encodes each run of deliveries as the
+    native listener does and keeps their message ids for the ack."""
 
     def __init__(self) -> None:
         self.unacked: list[str] = []
@@ -65,9 +65,12 @@ class _Output:
         self.arrived = asyncio.Event()
 
     def deliver(self, deliveries: Sequence[Delivery]) -> Sequence[Delivery]:
-        for delivery in deliveries:
-            encode(deliver_frame(delivery))
-            self.unacked.append(delivery.message.message_id)
+        out = bytearray()
+        for d in deliveries:
+            append_deliver(
+                out, d.flow_id, d.message, d.delivery_count, d.redelivered, DEFAULT_MAX_FRAME
+            )
+            self.unacked.append(d.message.message_id)
         self.delivered += len(deliveries)
         self.arrived.set()
         return ()

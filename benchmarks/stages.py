@@ -98,11 +98,10 @@ def _serve(argv: list[str]) -> int:
         note((m.message_id for m in messages), "committed")
         original_committed(self, allocation, messages)
 
-    def deliver(self: Any, frames: Any, **kwargs: Any) -> Any:
-        note(
-            [f.message_id for f in frames if "pushed" not in stamps.get(f.message_id, {})], "pushed"
-        )
-        return original_deliver(self, frames, **kwargs)
+    def deliver(self: Any, deliveries: Any, **kwargs: Any) -> Any:
+        ids = (d.message.message_id for d in deliveries)
+        note([i for i in ids if "pushed" not in stamps.get(i, {})], "pushed")
+        return original_deliver(self, deliveries, **kwargs)
 
     store.SqlStore.append_each = append_each  # type: ignore[method-assign]
     store.SqlStore._transact_appends = transact  # type: ignore[method-assign]

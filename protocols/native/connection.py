@@ -15,10 +15,11 @@ Violations by the peer raise ``NativeProtocolError``; violations by the local ca
 ``RuntimeError`` (a bug, not bad input).
 
 Why ``send`` returns bytes rather than buffering them for a ``data_to_send()`` as the MQTT
-and AMQP connections do: the gateway needs each frame's bytes on their own. A DELIVER's
-bytes go into the outbox with its auto-ack ids and the way to encode it again (it is held
-as a message, not as bytes, while the peer reads slowly), and a DELIVER the wire cannot
-carry raises here and is dead-lettered alone, without touching frames around it. Both
+and AMQP connections do: the gateway needs a run of frames' bytes on their own. The
+server writes DELIVERs with ``append_deliver`` straight from the messages, into pieces that
+go into the outbox with their auto-ack ids and the way to encode them again (held as
+messages, not as bytes, while the peer reads slowly), and a DELIVER the wire cannot carry
+raises there and is dead-lettered alone, without touching frames around it. Both
 sides share this class: the SDK (gateway/client/connection.py, consumer.py) writes each
 request's bytes as it sends it, and about thirty test call sites feed one side's ``send``
 straight into the other's ``receive_data``. A buffer would turn each of those into
@@ -32,6 +33,7 @@ from enum import Enum
 from typing import Final
 
 from protocols.native.codec import Codec
+from protocols.native.encoding import DeliveredMessage, append_deliver
 from protocols.native.errors import NativeProtocolError, UnsupportedVersion
 from protocols.native.events import (
     DEFAULT_MAX_FRAME,
@@ -239,6 +241,22 @@ class ServerConnection(_Connection):
             session_id=session_id,
             max_frame=negotiate_max_frame(self.hello.max_frame, self._server_max_frame),
         )
+
+    def append_deliver(
+        self,
+        out: bytearray,
+        flow_id: str,
+        message: DeliveredMessage,
+        delivery_count: int,
+        redelivered: bool,
+    ) -> None:
+        """Append the DELIVER of ``message`` to ``out``: what ``send`` makes of a
+        ``Deliver`` event with these fields, without the event, for a run of deliveries
+        written as one. RuntimeError unless OPEN; a frame the wire cannot carry raises
+        as ``send`` does and leaves ``out`` unchanged."""
+        if self.state is not ConnectionState.OPEN:
+            raise RuntimeError(f"cannot send a DELIVER while {self.state.name}")
+        append_deliver(out, flow_id, message, delivery_count, redelivered, self._codec.max_frame)
 
     def _received(self, event: Event) -> None:
         if isinstance(event, Hello):

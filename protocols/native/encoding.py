@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from core.errors import InvalidArgument
 from core.model import PropertyValue
@@ -56,6 +56,7 @@ F64: Final = struct.Struct(">d")
 # DELIVER's publish time, delivery count and redelivered flag, packed together.
 _TIME_COUNT_FLAG: Final = struct.Struct(">dIB")
 _NO_PROPERTIES: Final = U16.pack(0)
+_HEADER_SPACE: Final = bytes(HEADER.size)
 _THREE_ABSENT: Final = b"\x00\x00\x00"
 HEADER_SIZE: Final = HEADER.size  # 9: length + type + request id
 
@@ -217,26 +218,60 @@ def _w_bind_ok(out: bytearray, e: BindOk) -> None:
     out += U32.pack(e.window)
 
 
-def _w_deliver(out: bytearray, e: Deliver) -> None:
-    # Every delivery is encoded here (twice when its socket was slow): the fields most
+class DeliveredMessage(Protocol):
+    """What a DELIVER carries of a message: a ``Deliver`` event has these fields, and so
+    has ``core.model.Message``, which the gateway writes from without making an event."""
+
+    @property
+    def message_id(self) -> str: ...
+    @property
+    def partition(self) -> int: ...
+    @property
+    def seq(self) -> int: ...
+    @property
+    def key(self) -> str | None: ...
+    @property
+    def payload(self) -> bytes: ...
+    @property
+    def properties(self) -> Mapping[str, PropertyValue]: ...
+    @property
+    def topic(self) -> str | None: ...
+    @property
+    def publish_time(self) -> float: ...
+    @property
+    def content_type(self) -> str | None: ...
+    @property
+    def correlation_id(self) -> str | None: ...
+    @property
+    def reply_to(self) -> str | None: ...
+
+
+def _deliver_fields(
+    out: bytearray, flow_id: str, m: DeliveredMessage, delivery_count: int, redelivered: bool
+) -> None:
+    # Every delivery is written here (twice when its socket was slow): the fields most
     # messages leave empty are written as their absent forms at once.
-    _str(out, e.flow_id)
-    _str(out, e.message_id)
-    out += PARTITION_SEQ.pack(e.partition, e.seq)
-    _opt_str(out, e.key)
-    _bytes(out, e.payload)
-    if e.properties:
-        _properties(out, e.properties)
+    _str(out, flow_id)
+    _str(out, m.message_id)
+    out += PARTITION_SEQ.pack(m.partition, m.seq)
+    _opt_str(out, m.key)
+    _bytes(out, m.payload)
+    if m.properties:
+        _properties(out, m.properties)
     else:
         out += _NO_PROPERTIES
-    _opt_str(out, e.topic)
-    out += _TIME_COUNT_FLAG.pack(e.publish_time, e.delivery_count, 1 if e.redelivered else 0)
-    if e.content_type is None and e.correlation_id is None and e.reply_to is None:
+    _opt_str(out, m.topic)
+    out += _TIME_COUNT_FLAG.pack(m.publish_time, delivery_count, 1 if redelivered else 0)
+    if m.content_type is None and m.correlation_id is None and m.reply_to is None:
         out += _THREE_ABSENT
     else:
-        _opt_str(out, e.content_type)
-        _opt_str(out, e.correlation_id)
-        _opt_str(out, e.reply_to)
+        _opt_str(out, m.content_type)
+        _opt_str(out, m.correlation_id)
+        _opt_str(out, m.reply_to)
+
+
+def _w_deliver(out: bytearray, e: Deliver) -> None:
+    _deliver_fields(out, e.flow_id, e, e.delivery_count, e.redelivered)
 
 
 def _w_ack(out: bytearray, e: Ack) -> None:
@@ -338,18 +373,63 @@ _WRITERS: Final[dict[type[Any], tuple[int, Callable[[bytearray, Any], None]]]] =
 }
 
 
+def _append_frame(
+    out: bytearray,
+    frame_type: int,
+    request_id: int,
+    name: str,
+    max_frame: int,
+    write: Callable[..., None],
+    *fields: Any,
+) -> None:
+    """Append one frame, its body written by ``write(out, *fields)``, to ``out``; ``out``
+    is left as it was when the frame cannot be encoded or exceeds ``max_frame``."""
+    start = len(out)
+    out += _HEADER_SPACE
+    try:
+        try:
+            write(out, *fields)
+            length = len(out) - start - 4
+            HEADER.pack_into(out, start, length, frame_type, request_id)
+        except (struct.error, ValueError, OverflowError) as e:
+            # ValueError also covers tuple.index of an enum value the wire has no code for.
+            raise InvalidArgument(f"cannot encode {name}: {e}") from e
+        if length > max_frame:
+            raise FrameTooLarge(f"{name} frame of {length} bytes > {max_frame}")
+    except (InvalidArgument, FrameTooLarge):
+        del out[start:]
+        raise
+
+
 def encode(event: Event, max_frame: int = DEFAULT_MAX_FRAME) -> bytes:
     """Serialize one event into a frame. Raises InvalidArgument for unencodable fields
     and FrameTooLarge when the frame exceeds ``max_frame``."""
     frame_type, writer = _WRITERS[type(event)]
-    out = bytearray(HEADER_SIZE)
-    try:
-        writer(out, event)
-        length = len(out) - 4
-        HEADER.pack_into(out, 0, length, frame_type, event.request_id)
-    except (struct.error, ValueError, OverflowError) as e:
-        # ValueError also covers tuple.index of an enum value the wire has no code for.
-        raise InvalidArgument(f"cannot encode {type(event).__name__}: {e}") from e
-    if length > max_frame:
-        raise FrameTooLarge(f"{type(event).__name__} frame of {length} bytes > {max_frame}")
+    out = bytearray()
+    _append_frame(out, frame_type, event.request_id, type(event).__name__, max_frame, writer, event)
     return bytes(out)
+
+
+def append_deliver(
+    out: bytearray,
+    flow_id: str,
+    message: DeliveredMessage,
+    delivery_count: int,
+    redelivered: bool,
+    max_frame: int,
+) -> None:
+    """Append the DELIVER frame of ``message`` to ``out``: the bytes ``encode`` makes of a
+    ``Deliver`` event with these fields, written without making one (the gateway writes a
+    frame per delivery, in runs). Raises as ``encode`` does, leaving ``out`` unchanged."""
+    _append_frame(
+        out,
+        FrameType.DELIVER,
+        0,
+        "Deliver",
+        max_frame,
+        _deliver_fields,
+        flow_id,
+        message,
+        delivery_count,
+        redelivered,
+    )

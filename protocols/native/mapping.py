@@ -1,7 +1,7 @@
 """Between the native protocol's frames and keygate's model (docs/native-protocol.md §4).
 
-PUBLISH becomes a ``Publication`` field for field; a delivery becomes DELIVER with the
-message's fields and its delivery count. A queue's settings travel as the DECLARE_QUEUE /
+PUBLISH becomes a ``Publication`` field for field (a delivery's DELIVER is written from
+its message directly: ``ServerConnection.append_deliver``). A queue's settings travel as the DECLARE_QUEUE /
 QUEUE_OK map, named as ``QueueConfig``'s fields (core/settings.py): the gateway refuses a
 name it does not know, the SDK ignores one it does not know (a newer gateway's).
 """
@@ -11,12 +11,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from core import actions
 from core.errors import InvalidArgument
 from core.frozen import bare
 from core.model import Publication, QueueConfig
 from core.settings import SETTING_NAMES
-from protocols.native.events import Deliver, Publish, QueueOk, SettingValue
+from protocols.native.events import Publish, QueueOk, SettingValue
 
 
 def publication(event: Publish, producer: str) -> Publication:
@@ -37,29 +36,6 @@ def publication(event: Publish, producer: str) -> Publication:
         reply_to=event.reply_to,
     )
     return made
-
-
-def deliver_frame(delivery: actions.Deliver) -> Deliver:
-    m = delivery.message
-    frame = bare(Deliver)  # core.frozen: keywords without a dict of them
-    Deliver.__init__(
-        frame,
-        flow_id=delivery.flow_id,
-        message_id=m.message_id,
-        partition=m.partition,
-        seq=m.seq,
-        key=m.key,
-        payload=m.payload,
-        properties=m.properties,
-        topic=m.topic,
-        publish_time=m.publish_time,
-        delivery_count=delivery.delivery_count,
-        redelivered=delivery.redelivered,
-        content_type=m.content_type,
-        correlation_id=m.correlation_id,
-        reply_to=m.reply_to,
-    )
-    return frame
 
 
 def check_setting_names(names: Iterable[str]) -> None:
@@ -99,7 +75,6 @@ def queue_from_ok(reply: QueueOk) -> QueueConfig:
 
 __all__ = [
     "check_setting_names",
-    "deliver_frame",
     "publication",
     "queue_from_ok",
     "queue_from_settings",

@@ -39,7 +39,7 @@ from protocols._limits import Admission, ByteBudget, ConnectionLimits
 from protocols._log import ConnectionLog
 from protocols._tasks import Tasks
 from protocols.native.connection import ServerConnection
-from protocols.native.encoding import encode
+from protocols.native.encoding import append_deliver
 from protocols.native.errors import error_frame
 from protocols.native.events import (
     Ack,
@@ -50,7 +50,6 @@ from protocols.native.events import (
     Credit,
     DeclareQueue,
     DeleteQueue,
-    Deliver,
     Error,
     Event,
     FlowClosed,
@@ -67,7 +66,6 @@ from protocols.native.events import (
     Unbind,
 )
 from protocols.native.mapping import (
-    deliver_frame,
     publication,
     queue_from_settings,
     queue_settings,
@@ -79,8 +77,11 @@ from protocols.sink import BindRequest, Principal, Sink, peer_identity
 DELIVER_CHUNK: Final = 64 * 1024
 
 
-def _encode_all(frames: Sequence[Deliver], max_frame: int) -> bytes:
-    return b"".join(encode(frame, max_frame) for frame in frames)
+def _encode_all(deliveries: Sequence[actions.Deliver], max_frame: int) -> bytes:
+    out = bytearray()
+    for d in deliveries:
+        append_deliver(out, d.flow_id, d.message, d.delivery_count, d.redelivered, max_frame)
+    return bytes(out)
 
 
 class Server(Protocol):
@@ -104,13 +105,9 @@ class FlowOutput:
         self.auto_ack = auto_ack
 
     def deliver(self, deliveries: Sequence[actions.Deliver]) -> Sequence[actions.Deliver]:
-        frames = [deliver_frame(delivery) for delivery in deliveries]
-        failed = self.requests.deliver(frames, auto_ack=self.auto_ack)
-        if not failed:
-            return []
-        # Not encodable (a field longer than the wire carries, a frame over the peer's
-        # max_frame): the group dead-letters them as undeliverable.
-        return [d for d, frame in zip(deliveries, frames, strict=True) if frame in failed]
+        # Those not encodable (a field longer than the wire carries, a frame over the
+        # peer's max_frame) come back: the group dead-letters them as undeliverable.
+        return self.requests.deliver(deliveries, auto_ack=self.auto_ack)
 
     def partitions_changed(self, partitions: frozenset[int]) -> None:
         self.requests.send(PartitionsChanged(flow_id=self.flow_id, partitions=partitions))
@@ -159,36 +156,36 @@ class Requests:
         if data:
             self.outbox.push(b"".join(data))
 
-    def deliver(self, frames: Sequence[Deliver], *, auto_ack: bool) -> list[Deliver]:
-        """Queue DELIVER frames, in writes of up to DELIVER_CHUNK bytes each pushed with
-        the way to encode it again; returns the frames the wire cannot carry."""
-        failed: list[Deliver] = []
-        chunk: list[bytes] = []
-        sent: list[Deliver] = []
-        size = 0
-        for frame in frames:
+    def deliver(
+        self, deliveries: Sequence[actions.Deliver], *, auto_ack: bool
+    ) -> list[actions.Deliver]:
+        """Queue the DELIVERs of one flow's run, in writes of up to DELIVER_CHUNK bytes
+        each pushed with the way to encode it again; returns the deliveries the wire
+        cannot carry."""
+        failed: list[actions.Deliver] = []
+        append = self.conn.append_deliver
+        out = bytearray()
+        sent: list[actions.Deliver] = []
+        for d in deliveries:
             try:
-                data = self.conn.send(frame)
+                append(out, d.flow_id, d.message, d.delivery_count, d.redelivered)
             except RuntimeError:
                 return failed  # closed: not auto-acked, so the unbind returns them
             except KeygateError:
-                failed.append(frame)
+                failed.append(d)
                 continue
-            chunk.append(data)
-            sent.append(frame)
-            size += len(data)
-            if size >= DELIVER_CHUNK:
-                self._push_deliveries(chunk, sent, auto_ack)
-                chunk, sent, size = [], [], 0
-        if chunk:
-            self._push_deliveries(chunk, sent, auto_ack)
+            sent.append(d)
+            if len(out) >= DELIVER_CHUNK:
+                self._push_deliveries(out, sent, auto_ack)
+                out, sent = bytearray(), []
+        if sent:
+            self._push_deliveries(out, sent, auto_ack)
         return failed
 
-    def _push_deliveries(self, chunk: list[bytes], sent: list[Deliver], auto_ack: bool) -> None:
-        # One flow's frames: a FlowOutput's run.
-        acked = (sent[0].flow_id, [frame.message_id for frame in sent]) if auto_ack else None
+    def _push_deliveries(self, out: bytearray, sent: list[actions.Deliver], auto_ack: bool) -> None:
+        acked = (sent[0].flow_id, [d.message.message_id for d in sent]) if auto_ack else None
         remake = functools.partial(_encode_all, sent, self.conn.max_frame)
-        self.outbox.push(b"".join(chunk), acked, remake=remake)
+        self.outbox.push(bytes(out), acked, remake=remake)
 
     def settle_written(self, flow_id: str, message_ids: tuple[str, ...]) -> None:
         if self.principal is not None:

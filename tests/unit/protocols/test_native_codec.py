@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from core.errors import InvalidArgument, ProtocolError
-from core.model import AckMode, GroupMode, KeyOrder, PropertyValue, StartPosition
+from core.model import AckMode, GroupMode, KeyOrder, Message, PropertyValue, StartPosition
 from protocols.native import (
     DEFAULT_MAX_FRAME,
     MIN_MAX_FRAME,
@@ -43,6 +43,7 @@ from protocols.native import (
     Unbind,
     encode,
 )
+from protocols.native.encoding import append_deliver
 
 PROPS: dict[str, PropertyValue] = {
     "s": "é",
@@ -270,6 +271,51 @@ def test_malformed_frames_raise_native_protocol_errors(frame: str, message: str)
 def test_unencodable_fields_raise_invalid_argument(event: Event) -> None:
     with pytest.raises(InvalidArgument):
         encode(event)
+
+
+DELIVERS = [e for e in EVENTS if isinstance(e, Deliver)]
+
+
+@pytest.mark.parametrize("event", DELIVERS)
+def test_a_deliver_written_from_its_message_is_the_deliver_event_encoded(event: Deliver) -> None:
+    """The gateway writes DELIVERs from messages, appended to a run: the same bytes."""
+    message = Message(
+        event.message_id,
+        "q",
+        event.partition,
+        event.seq,
+        event.key,
+        event.payload,
+        event.properties,
+        event.topic,
+        event.publish_time,
+        content_type=event.content_type,
+        correlation_id=event.correlation_id,
+        reply_to=event.reply_to,
+    )
+    out = bytearray(b"before")
+    for source in (message, event):
+        append_deliver(
+            out, event.flow_id, source, event.delivery_count, event.redelivered, DEFAULT_MAX_FRAME
+        )
+    assert out == b"before" + encode(event) * 2
+
+
+@pytest.mark.parametrize(
+    ("message", "max_frame", "error"),
+    [
+        (Message("m", "q", 0, 1, "k" * 70_000, b""), DEFAULT_MAX_FRAME, InvalidArgument),
+        (Message("m", "q", 0, 1, None, b"", {"x": 2**63}), DEFAULT_MAX_FRAME, InvalidArgument),
+        (Message("m", "q", 0, 1, None, b"x" * MIN_MAX_FRAME), MIN_MAX_FRAME, FrameTooLarge),
+    ],
+)
+def test_a_deliver_that_cannot_be_written_leaves_the_run_as_it_was(
+    message: Message, max_frame: int, error: type[Exception]
+) -> None:
+    out = bytearray(b"earlier frames")
+    with pytest.raises(error):
+        append_deliver(out, "f", message, 1, False, max_frame)
+    assert out == b"earlier frames"
 
 
 def test_a_large_burst_of_small_frames_is_decoded_in_order() -> None:
