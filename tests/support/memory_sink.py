@@ -10,6 +10,7 @@ broker does.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field, replace
@@ -84,6 +85,7 @@ class MemorySink:
     settled: list[tuple[str, Settle]] = field(default_factory=list)
     _index: SubscriptionIndex = field(default_factory=SubscriptionIndex)
     _ids: itertools.count[int] = field(default_factory=itertools.count)
+    _lots: asyncio.Future[list[Receipt | KeygateError]] | None = None  # the last publish_each
 
     def __post_init__(self) -> None:
         self.gate.set()
@@ -124,11 +126,17 @@ class MemorySink:
     def publish_each(
         self, principal: Principal, publications: Sequence[Publication]
     ) -> Awaitable[list[Receipt | KeygateError]]:
-        return self._store_each(list(publications))
+        # Queued now, behind the calls before it, as the gateway's group commit does: a
+        # lot is stored once the one before it is, however late its caller awaits it.
+        self._lots = asyncio.ensure_future(self._store_each(self._lots, list(publications)))
+        return self._lots
 
-    async def _store_each(self, publications: list[Publication]) -> list[Receipt | KeygateError]:
-        # Calls waiting on a cleared gate wake in call order, and each then runs to its end
-        # (a set gate does not suspend): calls are stored in the order made.
+    async def _store_each(
+        self, before: Awaitable[object] | None, publications: list[Publication]
+    ) -> list[Receipt | KeygateError]:
+        if before is not None:
+            with contextlib.suppress(Exception):
+                await before
         outcomes: list[Receipt | KeygateError] = []
         for publication in publications:
             try:
