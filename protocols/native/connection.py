@@ -29,11 +29,12 @@ straight into the other's ``receive_data``. A buffer would turn each of those in
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from enum import Enum
 from typing import Final
 
 from protocols.native.codec import Codec
-from protocols.native.encoding import DeliveredMessage, append_deliver
+from protocols.native.encoding import DeliveredMessage, append_deliver, append_publish_ok
 from protocols.native.errors import NativeProtocolError, UnsupportedVersion
 from protocols.native.events import (
     DEFAULT_MAX_FRAME,
@@ -254,9 +255,23 @@ class ServerConnection(_Connection):
         ``Deliver`` event with these fields, without the event, for a run of deliveries
         written as one. RuntimeError unless OPEN; a frame the wire cannot carry raises
         as ``send`` does and leaves ``out`` unchanged."""
-        if self.state is not ConnectionState.OPEN:
-            raise RuntimeError(f"cannot send a DELIVER while {self.state.name}")
+        self._check_open("DELIVER")
         append_deliver(out, flow_id, message, delivery_count, redelivered, self._codec.max_frame)
+
+    def append_publish_ok(
+        self, out: bytearray, request_id: int, message_ids: Sequence[str], duplicate: bool
+    ) -> None:
+        """Append a PUBLISH_OK to ``out``: what ``send`` makes of a ``PublishOk`` with
+        these fields, without the event, for a lot's confirms written as one. Raises as
+        ``append_deliver`` does."""
+        self._check_open("PUBLISH_OK")
+        if request_id == 0:
+            raise RuntimeError("PublishOk needs a non-zero request id")
+        append_publish_ok(out, request_id, message_ids, duplicate, self._codec.max_frame)
+
+    def _check_open(self, frame: str) -> None:
+        if self.state is not ConnectionState.OPEN:
+            raise RuntimeError(f"cannot send {frame} while {self.state.name}")
 
     def _received(self, event: Event) -> None:
         if isinstance(event, Hello):

@@ -60,6 +60,9 @@ from protocols.native.events import (
     Unbind,
 )
 
+# A PUBLISH's end when it has no properties and none of the optional fields after them.
+_NO_PROPERTIES_NOTHING_ELSE: Final = bytes(8)
+
 
 class _Reader:
     """Cursor over one frame body. Every read checks bounds and raises on truncation."""
@@ -214,21 +217,42 @@ def _r_hello_ok(r: _Reader, rid: int) -> HelloOk:
 
 
 def _r_publish(r: _Reader, rid: int) -> Publish:
+    # The frame that comes by the thousand. Its usual shape is read without a call per
+    # field: no properties (a zero count), and none of the six optional fields after them
+    # (six zero flag bytes ending the frame, which can be read no other way).
+    queue = r.opt_str()
+    topic = r.opt_str()
+    key = r.opt_str()
+    payload = r.blob()
+    data, pos, end = r.data, r.pos, r.end
+    if pos + 8 == end and data.endswith(_NO_PROPERTIES_NOTHING_ELSE):
+        r.pos = end
+        properties: dict[str, PropertyValue] = {}
+        ttl = deliver_at = None
+        dedup_id = content_type = correlation_id = reply_to = None
+    else:
+        properties = r.properties()
+        ttl = r.opt_f64()
+        deliver_at = r.opt_f64()
+        dedup_id = r.opt_str()
+        content_type = r.opt_str()
+        correlation_id = r.opt_str()
+        reply_to = r.opt_str()
     event = bare(Publish)  # core.frozen: keywords without a dict of them
     Publish.__init__(
         event,
         request_id=rid,
-        queue=r.opt_str(),
-        topic=r.opt_str(),
-        key=r.opt_str(),
-        payload=r.blob(),
-        properties=r.properties(),
-        ttl=r.opt_f64(),
-        deliver_at=r.opt_f64(),
-        dedup_id=r.opt_str(),
-        content_type=r.opt_str(),
-        correlation_id=r.opt_str(),
-        reply_to=r.opt_str(),
+        queue=queue,
+        topic=topic,
+        key=key,
+        payload=payload,
+        properties=properties,
+        ttl=ttl,
+        deliver_at=deliver_at,
+        dedup_id=dedup_id,
+        content_type=content_type,
+        correlation_id=correlation_id,
+        reply_to=reply_to,
     )
     return event
 

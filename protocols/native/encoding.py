@@ -9,7 +9,7 @@ header is packed into the reserved first nine bytes at the end, once the length 
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final, Protocol
 
 from core.errors import InvalidArgument
@@ -189,9 +189,13 @@ def _w_publish(out: bytearray, e: Publish) -> None:
     _opt_str(out, e.reply_to)
 
 
+def _publish_ok_fields(out: bytearray, message_ids: Sequence[str], duplicate: bool) -> None:
+    _str_list(out, message_ids)
+    out.append(1 if duplicate else 0)
+
+
 def _w_publish_ok(out: bytearray, e: PublishOk) -> None:
-    _str_list(out, e.message_ids)
-    out.append(1 if e.duplicate else 0)
+    _publish_ok_fields(out, e.message_ids, e.duplicate)
 
 
 def _w_bind(out: bytearray, e: Bind) -> None:
@@ -432,4 +436,22 @@ def append_deliver(
         message,
         delivery_count,
         redelivered,
+    )
+
+
+def append_publish_ok(
+    out: bytearray, request_id: int, message_ids: Sequence[str], duplicate: bool, max_frame: int
+) -> None:
+    """Append a PUBLISH_OK to ``out``: the bytes ``encode`` makes of a ``PublishOk`` with
+    these fields, without making one (a lot's confirms go out as one write). Raises as
+    ``encode`` does, leaving ``out`` unchanged."""
+    _append_frame(
+        out,
+        FrameType.PUBLISH_OK,
+        request_id,
+        "PublishOk",
+        max_frame,
+        _publish_ok_fields,
+        message_ids,
+        duplicate,
     )

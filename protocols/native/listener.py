@@ -31,7 +31,7 @@ from protocols._log import ConnectionLog
 from protocols._tasks import Tasks
 from protocols.native.connection import ConnectionState
 from protocols.native.errors import IdleTimeout, LoginTimeout, NativeProtocolError, error_frame
-from protocols.native.events import DEFAULT_MAX_FRAME
+from protocols.native.events import DEFAULT_MAX_FRAME, Publish
 from protocols.native.requests import Requests
 from protocols.sink import Sink
 
@@ -84,7 +84,8 @@ class _Session:
         self.reader.feed_eof()
 
     async def read(self) -> None:
-        conn = self.requests.conn
+        requests = self.requests
+        conn = requests.conn
         listener = self.listener
         login_deadline = asyncio.get_running_loop().time() + listener.limits.login_timeout
         try:
@@ -100,7 +101,9 @@ class _Session:
                 conn.receive_data(data)
                 try:
                     while (event := conn.next_event()) is not None:
-                        if not await self.requests.handle(event):
+                        if type(event) is Publish and requests.publish(event):
+                            continue
+                        if not await requests.handle(event):
                             return
                 finally:
                     self.requests.flush()  # what this read brought, one lot

@@ -1,9 +1,10 @@
 """Between the native protocol's frames and keygate's model (docs/native-protocol.md §4).
 
 PUBLISH becomes a ``Publication`` field for field (a delivery's DELIVER is written from
-its message directly: ``ServerConnection.append_deliver``). A queue's settings travel as the DECLARE_QUEUE /
-QUEUE_OK map, named as ``QueueConfig``'s fields (core/settings.py): the gateway refuses a
-name it does not know, the SDK ignores one it does not know (a newer gateway's).
+its message directly: ``ServerConnection.append_deliver``). A queue's settings travel as
+the DECLARE_QUEUE / QUEUE_OK map, named as ``QueueConfig``'s fields (core/settings.py):
+the gateway refuses a name it does not know, the SDK ignores one it does not know (a
+newer gateway's).
 """
 
 from __future__ import annotations

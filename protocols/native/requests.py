@@ -61,7 +61,6 @@ from protocols.native.events import (
     Ping,
     Pong,
     Publish,
-    PublishOk,
     QueueOk,
     Unbind,
 )
@@ -142,19 +141,16 @@ class Requests:
         self.principal: Principal | None = None
         self.flows: set[str] = set()
         self.session_id = uuid.uuid4().hex
+        self.producer = ""  # every message's producer, once HELLO named the client
         self.unconfirmed = ByteBudget(server.limits.max_unconfirmed_bytes)
         self._queued: list[tuple[Publish, Publication]] = []
 
-    def send(self, *events: Event) -> None:
-        """Queue ``events`` as one write."""
-        data = []
-        for event in events:
-            try:
-                data.append(self.conn.send(event))
-            except RuntimeError:
-                break  # the state machine closed (ERROR/CLOSE sent): nothing more goes out
-        if data:
-            self.outbox.push(b"".join(data))
+    def send(self, event: Event) -> None:
+        try:
+            data = self.conn.send(event)
+        except RuntimeError:
+            return  # the state machine closed (ERROR/CLOSE sent): nothing more goes out
+        self.outbox.push(data)
 
     def deliver(
         self, deliveries: Sequence[actions.Deliver], *, auto_ack: bool
@@ -197,6 +193,28 @@ class Requests:
                 self.sink.settle(self.principal, flow_id, sink.Unbind())
         self.flows.clear()
 
+    def publish(self, event: Publish) -> bool:
+        """Queue a PUBLISH for the next ``flush``, or answer it with ERROR when it is
+        refused at once; without a coroutine, as most requests are PUBLISHes. False, with
+        nothing done, when its payload does not fit the unconfirmed budget: ``handle``
+        then waits for room."""
+        size = len(event.payload)
+        if self.unconfirmed.full_for(size):
+            return False
+        try:
+            message = self._publication(event)
+        except KeygateError as e:
+            self.send(error_frame(e, event.request_id))
+            return True
+        self.unconfirmed.hold(size)
+        self._queued.append((event, message))
+        return True
+
+    def _publication(self, event: Publish) -> Publication:
+        if self.server.closing:
+            raise Unavailable("the gateway is shutting down")
+        return publication(event, self.producer)
+
     async def handle(self, event: Event) -> bool:
         """Handle one request; False ends the connection. A PUBLISH is queued until
         ``flush``; any other request flushes first, so it comes after them."""
@@ -207,17 +225,13 @@ class Requests:
                 case Hello():
                     await self.hello(event)
                 case Publish():
-                    if self.server.closing:
-                        raise Unavailable("the gateway is shutting down")
-                    # Refused at once when malformed (InvalidArgument answers this request).
-                    message = publication(event, self.producer)
-                    size = len(event.payload)
-                    if self.unconfirmed.full_for(size):
-                        self.flush()  # the confirms waited for must be on their way
-                        # Waiting here stops the read loop: back-pressure, not buffering.
-                        await self.unconfirmed.acquire(size)
-                    else:
-                        self.unconfirmed.hold(size)
+                    # What ``publish`` leaves: a PUBLISH its unconfirmed budget has no
+                    # room for. Refused at once when malformed (InvalidArgument answers
+                    # this request), else it waits: the read loop stops, back-pressure
+                    # rather than buffering, with the confirms waited for on their way.
+                    message = self._publication(event)
+                    self.flush()
+                    await self.unconfirmed.acquire(len(event.payload))
                     self._queued.append((event, message))
                 case Ack():
                     self.settle(event.flow_id, sink.Ack(event.message_ids))
@@ -280,13 +294,10 @@ class Requests:
             certificate_user=certificate_user,
         )
         self.principal = replace(principal, connection=f"native:{self.session_id}")
+        self.producer = f"native:{event.client_name or self.session_id}"
         self.log.authenticated(self.principal)
         self.admission.login(self.principal.username)
         self.send(self.conn.accept(self.server.server_name, self.session_id))
-
-    @property
-    def producer(self) -> str:
-        return f"native:{self.conn.client_name or self.session_id}"
 
     def flush(self) -> None:
         """Hand the PUBLISHes queued since the last flush to the sink as one lot, queued
@@ -311,18 +322,20 @@ class Requests:
         finally:
             self.unconfirmed.release(sum(len(event.payload) for event, _ in lot))
             self.server.unconfirmed_peak = max(self.server.unconfirmed_peak, self.unconfirmed.peak)
-        self.send(
-            *(
-                error_frame(outcome, event.request_id)
-                if isinstance(outcome, KeygateError)
-                else PublishOk(
-                    request_id=event.request_id,
-                    message_ids=outcome.message_ids,
-                    duplicate=outcome.duplicate,
-                )
-                for (event, _), outcome in zip(lot, outcomes, strict=True)
-            )
-        )
+        out = bytearray()
+        conn = self.conn
+        try:
+            for (event, _), outcome in zip(lot, outcomes, strict=True):
+                if isinstance(outcome, KeygateError):
+                    out += conn.send(error_frame(outcome, event.request_id))
+                else:
+                    conn.append_publish_ok(
+                        out, event.request_id, outcome.message_ids, outcome.duplicate
+                    )
+        except RuntimeError:
+            pass  # the state machine closed (ERROR/CLOSE sent): nothing more goes out
+        if out:
+            self.outbox.push(bytes(out))
 
     def settle(self, flow_id: str, event: sink.Settle) -> None:
         assert self.principal is not None

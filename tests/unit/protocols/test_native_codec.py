@@ -43,7 +43,7 @@ from protocols.native import (
     Unbind,
     encode,
 )
-from protocols.native.encoding import append_deliver
+from protocols.native.encoding import append_deliver, append_publish_ok
 
 PROPS: dict[str, PropertyValue] = {
     "s": "é",
@@ -299,6 +299,16 @@ def test_a_deliver_written_from_its_message_is_the_deliver_event_encoded(event: 
             out, event.flow_id, source, event.delivery_count, event.redelivered, DEFAULT_MAX_FRAME
         )
     assert out == b"before" + encode(event) * 2
+
+
+@pytest.mark.parametrize("event", [e for e in EVENTS if isinstance(e, PublishOk)])
+def test_a_publish_ok_appended_to_a_run_is_the_publish_ok_event_encoded(event: PublishOk) -> None:
+    out = bytearray(b"before")
+    append_publish_ok(out, event.request_id, event.message_ids, event.duplicate, MIN_MAX_FRAME)
+    assert out == b"before" + encode(event)
+    with pytest.raises(FrameTooLarge):
+        append_publish_ok(out, 1, ("m" * 100,) * 1000, False, MIN_MAX_FRAME)
+    assert out == b"before" + encode(event)
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from core.errors import ProtocolError
-from core.model import GroupMode
+from core.model import GroupMode, Message
 from protocols.native import (
     DEFAULT_MAX_FRAME,
     MIN_MAX_FRAME,
@@ -102,6 +102,28 @@ def test_requests_needing_a_response_must_carry_an_id() -> None:
         server.next_event()
     with pytest.raises(RuntimeError):
         client.send(Ping(request_id=0))
+
+
+def test_the_server_appends_delivers_and_publish_oks_only_while_open() -> None:
+    """The frames the gateway writes in runs, without events, go through the same state
+    machine: not before the handshake, not after CLOSE, a PUBLISH_OK never with id 0."""
+    message = Message("m", "q", 0, 1, None, b"p")
+    server = ServerConnection()
+    out = bytearray()
+    with pytest.raises(RuntimeError):
+        server.append_deliver(out, "f", message, 1, False)
+    client, server = handshake()
+    server.append_deliver(out, "f", message, 1, False)
+    server.append_publish_ok(out, 2, ("m",), False)
+    with pytest.raises(RuntimeError):
+        server.append_publish_ok(out, 0, ("m",), False)
+    client.receive_data(bytes(out))
+    assert isinstance(client.next_event(), Deliver)
+    with pytest.raises(NativeProtocolError):  # the client never sent request 2
+        client.next_event()
+    server.send(Close())
+    with pytest.raises(RuntimeError):
+        server.append_deliver(out, "f", message, 1, False)
 
 
 def test_server_refuses_a_version_it_does_not_speak() -> None:
