@@ -53,11 +53,14 @@ U32: Final = struct.Struct(">I")
 PARTITION_SEQ: Final = struct.Struct(">IQ")
 I64: Final = struct.Struct(">q")
 F64: Final = struct.Struct(">d")
-# DELIVER's publish time, delivery count and redelivered flag, packed together.
+# DELIVER's fixed-size runs of fields, each packed at once: partition, seq and the key's
+# presence flag; publish time, delivery count and redelivered flag, alone or followed by
+# three absent optional strings (content type, correlation id, reply-to).
+_PARTITION_SEQ_FLAG: Final = struct.Struct(">IQB")
 _TIME_COUNT_FLAG: Final = struct.Struct(">dIB")
-_NO_PROPERTIES: Final = U16.pack(0)
+_TIME_COUNT_FLAG_THREE_ABSENT: Final = struct.Struct(">dIBxxx")
+_NO_PROPERTIES_NO_TOPIC: Final = b"\x00\x00\x00"
 _HEADER_SPACE: Final = bytes(HEADER.size)
-_THREE_ABSENT: Final = b"\x00\x00\x00"
 HEADER_SIZE: Final = HEADER.size  # 9: length + type + request id
 
 # Property value type tags.
@@ -253,22 +256,31 @@ class DeliveredMessage(Protocol):
 def _deliver_fields(
     out: bytearray, flow_id: str, m: DeliveredMessage, delivery_count: int, redelivered: bool
 ) -> None:
-    # Every delivery is written here (twice when its socket was slow): the fields most
-    # messages leave empty are written as their absent forms at once.
+    # Every delivery is written here (twice when its socket was slow), so the fixed-size
+    # runs of fields are packed together, and the fields most messages leave empty are
+    # written as their absent forms at once.
     _str(out, flow_id)
     _str(out, m.message_id)
-    out += PARTITION_SEQ.pack(m.partition, m.seq)
-    _opt_str(out, m.key)
-    _bytes(out, m.payload)
-    if m.properties:
-        _properties(out, m.properties)
+    key = m.key
+    if key is None:
+        out += _PARTITION_SEQ_FLAG.pack(m.partition, m.seq, 0)
     else:
-        out += _NO_PROPERTIES
-    _opt_str(out, m.topic)
-    out += _TIME_COUNT_FLAG.pack(m.publish_time, delivery_count, 1 if redelivered else 0)
+        out += _PARTITION_SEQ_FLAG.pack(m.partition, m.seq, 1)
+        _str(out, key)
+    payload = m.payload
+    out += U32.pack(len(payload))
+    out += payload
+    properties, topic = m.properties, m.topic
+    if not properties and topic is None:
+        out += _NO_PROPERTIES_NO_TOPIC
+    else:
+        _properties(out, properties)
+        _opt_str(out, topic)
+    flag = 1 if redelivered else 0
     if m.content_type is None and m.correlation_id is None and m.reply_to is None:
-        out += _THREE_ABSENT
+        out += _TIME_COUNT_FLAG_THREE_ABSENT.pack(m.publish_time, delivery_count, flag)
     else:
+        out += _TIME_COUNT_FLAG.pack(m.publish_time, delivery_count, flag)
         _opt_str(out, m.content_type)
         _opt_str(out, m.correlation_id)
         _opt_str(out, m.reply_to)
