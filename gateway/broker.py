@@ -53,6 +53,7 @@ from protocols.sink import (
     Reject,
     Settle,
     Unbind,
+    Undeliverable,
 )
 from storage.store import SqlStore
 
@@ -354,6 +355,8 @@ class Broker(Publishing, ProtocolState):
             case Reject():
                 self.metrics.nacked.labels(queue, group, "reject").inc(len(event.message_ids))
                 runtime.reject(flow_id, event.message_ids)
+            case Undeliverable():
+                runtime.undeliverable(flow_id, event.message_ids)
             case Credit():
                 runtime.credit(flow_id, min(event.window, self.config.max_window))
             case Unbind():

@@ -229,6 +229,19 @@ class GroupRuntime:
     def reject(self, flow_id: str, message_ids: Sequence[str]) -> None:
         self.submit(self.machine.reject(self._clock(), flow_id, message_ids))
 
+    def undeliverable(self, flow_id: str, message_ids: Sequence[str]) -> None:
+        """Dead-letter messages the flow's protocol could not encode."""
+        for message_id in message_ids:
+            self._log.error(
+                "group %s/%s: message %s cannot be encoded for flow %s; "
+                "dead-lettering it as undeliverable",
+                self.queue.name,
+                self.group.name,
+                message_id,
+                flow_id,
+            )
+        self.submit(self.machine.undeliverable(self._clock(), flow_id, message_ids))
+
     def credit(self, flow_id: str, window: int) -> None:
         self.submit(self.machine.credit(self._clock(), flow_id, window))
 
@@ -416,18 +429,7 @@ class GroupRuntime:
             sent = [d for d in run if d not in failed] if failed else run
             self._hooks.delivered(self.queue.name, self.group.name, sent)
             if failed:
-                for d in failed:
-                    self._log.error(
-                        "group %s/%s: message at partition %d seq %d cannot be encoded for "
-                        "flow %s; dead-lettering it as undeliverable",
-                        self.queue.name,
-                        self.group.name,
-                        d.message.partition,
-                        d.message.seq,
-                        d.flow_id,
-                    )
-                ids = [d.message.message_id for d in failed]
-                self.submit(self.machine.undeliverable(self._clock(), run[0].flow_id, ids))
+                self.undeliverable(run[0].flow_id, [d.message.message_id for d in failed])
 
     async def _persist(self, write: Callable[[], Awaitable[object]]) -> None:
         delay = 0.05

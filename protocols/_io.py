@@ -9,10 +9,12 @@ client that does not read cannot make the gateway buffer without bound. Deliveri
 bounded by their flows' windows.
 
 A frame pushed with ``remake`` (how to encode it again) is not kept as bytes while more
-than ``high`` bytes wait for the kernel: the outbox holds ``remake`` instead, in order
-with everything pushed after it, and calls it when the socket has taken enough. A reader
-that stalls thus costs ``high`` bytes plus its window of messages, which the group holds
-anyway, rather than a second, encoded copy of the window.
+than ``high`` bytes wait for the kernel (``holding``): the outbox holds ``remake``
+instead, in order with everything pushed after it, and calls it when the socket has taken
+enough. A reader that stalls thus costs ``high`` bytes plus its window of messages, which
+the group holds anyway, rather than a second, encoded copy of the window. A caller that
+sees ``holding`` may push the remake alone, without making the bytes it would only drop
+(native client-ack deliveries: each is then encoded once, when it leaves).
 
 Auto-ack deliveries (AMQP ``no_ack``, STOMP ``ack:auto``, native AUTO) ride with the bytes
 that carry them and are settled once the kernel has taken their last byte (the transport's
@@ -106,9 +108,14 @@ class Outbox:
         """Bytes queued here or in the transport that the kernel has not taken yet."""
         return self._size + self._transport.get_write_buffer_size()
 
+    @property
+    def holding(self) -> bool:
+        """What is pushed with a ``remake`` now is held, not queued as bytes."""
+        return bool(self._held) or self.pending > self._high
+
     def push(
         self,
-        data: bytes,
+        data: bytes | None,
         auto_acked: AutoAcked | None = None,
         *,
         remake: Remake | None = None,
@@ -116,13 +123,20 @@ class Outbox:
         """Queue bytes for writing; never waits. ``auto_acked``: (flow id, message ids)
         the bytes deliver, settled as acked once the kernel took them. ``remake``: makes
         ``data`` again; given, the bytes are dropped and ``remake`` held while the outbox
-        is above ``high``."""
+        is above ``high``. ``data`` None: ``remake`` makes the bytes, once, when they are
+        queued (what a caller that saw ``holding`` pushes without making them first)."""
         if self._closed or self.broken:
             return
-        if self._held or (remake is not None and self.pending > self._high):
-            self._held.append((data if remake is None else remake, auto_acked))
+        if remake is None:
+            assert data is not None, "push(None) needs a remake"
+            if self._held:
+                self._held.append((data, auto_acked))
+            else:
+                self._queue(data, auto_acked)
+        elif self.holding:
+            self._held.append((remake, auto_acked))
         else:
-            self._queue(data, auto_acked)
+            self._queue(remake() if data is None else data, auto_acked)
         self._wake.set()
 
     async def room(self) -> None:

@@ -62,7 +62,8 @@ class FlowOutput(Protocol):
 
     def deliver(self, deliveries: Sequence[Deliver]) -> Sequence[Deliver]:
         """Queue messages for sending; must not block. Returns the deliveries the output
-        could not encode for its protocol (the group dead-letters them as undeliverable)."""
+        could not encode for its protocol (the group dead-letters them as undeliverable);
+        an output that encodes later settles those it then cannot as ``Undeliverable``."""
 
     def partitions_changed(self, partitions: frozenset[int]) -> None:
         """Tell the consumer its partition set changed."""
@@ -134,6 +135,15 @@ class Reject:
 
 
 @dataclass(frozen=True, slots=True)
+class Undeliverable:
+    """The protocol could not write these for the flow (a field longer than its wire
+    carries, a frame over the peer's limit), found when it wrote them rather than when
+    ``FlowOutput.deliver`` was called: dead-letter them as undeliverable."""
+
+    message_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Credit:
     """Set the flow's window (messages outstanding at once)."""
 
@@ -148,7 +158,7 @@ class Unbind:
     shutdown: bool = False
 
 
-Settle = Ack | AckCumulative | Nack | Reject | Credit | Unbind
+Settle = Ack | AckCumulative | Nack | Reject | Undeliverable | Credit | Unbind
 
 
 class Sink(Protocol):

@@ -13,7 +13,10 @@ spent the reader waits for confirms instead of reading more. BIND gives the sink
 ``FlowOutput`` per flow; a run of DELIVERs is pushed in pieces of DELIVER_CHUNK bytes,
 each with the way to encode it again, so a consumer that reads slowly holds its window of
 messages, not an encoded copy, and auto-ack deliveries are acked once the kernel took
-them; the flow's window bounds how much can be outstanding. ACK, NACK, CREDIT and UNBIND
+them; the flow's window bounds how much can be outstanding. Client-ack deliveries that
+arrive while the outbox holds (the consumer is behind) are pushed unencoded and encoded
+once, when they leave; one the wire cannot carry is found then and settled as
+``Undeliverable`` instead of being returned by ``FlowOutput.deliver``. ACK, NACK, CREDIT and UNBIND
 become the sink's settle events; the sink refuses them for a flow bound by another
 connection (ERROR, the connection stays). ``unbind_all`` is what a dropped socket does:
 its flows' partitions enter the rebalance delay, exactly as after UNBIND without
@@ -74,13 +77,6 @@ from protocols.sink import BindRequest, Principal, Sink, peer_identity
 # A run of deliveries is written in pieces of about this many bytes: each a push of its
 # own that a slow consumer's outbox can hold as the frames, not their bytes.
 DELIVER_CHUNK: Final = 64 * 1024
-
-
-def _encode_all(deliveries: Sequence[actions.Deliver], max_frame: int) -> bytes:
-    out = bytearray()
-    for d in deliveries:
-        append_deliver(out, d.flow_id, d.message, d.delivery_count, d.redelivered, max_frame)
-    return bytes(out)
 
 
 class Server(Protocol):
@@ -157,12 +153,16 @@ class Requests:
     ) -> list[actions.Deliver]:
         """Queue the DELIVERs of one flow's run, in writes of up to DELIVER_CHUNK bytes
         each pushed with the way to encode it again; returns the deliveries the wire
-        cannot carry."""
+        cannot carry. Client-ack deliveries that would only be held (the socket is behind)
+        are not encoded now but once, when they are written: see ``_write_late``."""
         failed: list[actions.Deliver] = []
         append = self.conn.append_deliver
         out = bytearray()
         sent: list[actions.Deliver] = []
-        for d in deliveries:
+        for i, d in enumerate(deliveries):
+            if not sent and not auto_ack and self.outbox.holding:
+                self._hold_deliveries(deliveries[i:])
+                break
             try:
                 append(out, d.flow_id, d.message, d.delivery_count, d.redelivered)
             except RuntimeError:
@@ -180,8 +180,42 @@ class Requests:
 
     def _push_deliveries(self, out: bytearray, sent: list[actions.Deliver], auto_ack: bool) -> None:
         acked = (sent[0].flow_id, [d.message.message_id for d in sent]) if auto_ack else None
-        remake = functools.partial(_encode_all, sent, self.conn.max_frame)
-        self.outbox.push(bytes(out), acked, remake=remake)
+        self.outbox.push(bytes(out), acked, remake=functools.partial(self._write_late, sent))
+
+    def _hold_deliveries(self, deliveries: Sequence[actions.Deliver]) -> None:
+        # Pieces of about DELIVER_CHUNK bytes, as the outbox releases them.
+        piece: list[actions.Deliver] = []
+        size = 0
+        last = deliveries[-1]
+        for d in deliveries:
+            piece.append(d)
+            size += d.message.size
+            if size >= DELIVER_CHUNK or d is last:
+                self.outbox.push(None, remake=functools.partial(self._write_late, piece))
+                piece, size = [], 0
+
+    def _write_late(self, deliveries: list[actions.Deliver]) -> bytes:
+        """The DELIVERs of one piece of a flow's run, made when the outbox writes them.
+        A piece first encoded when it was pushed encodes the same again; one held without
+        being encoded may hold a delivery the wire cannot carry: it is left out and settled
+        as undeliverable, which dead-letters it as ``deliver`` returning it would have."""
+        out = bytearray()
+        undeliverable: list[str] = []
+        max_frame = self.conn.max_frame
+        for d in deliveries:
+            try:
+                append_deliver(
+                    out, d.flow_id, d.message, d.delivery_count, d.redelivered, max_frame
+                )
+            except KeygateError:
+                undeliverable.append(d.message.message_id)
+        if undeliverable and self.principal is not None:
+            event = sink.Undeliverable(tuple(undeliverable))
+            try:
+                self.sink.settle(self.principal, deliveries[0].flow_id, event)
+            except KeygateError as e:  # runs in the writer task, which must go on
+                self.log.info("native %s: undeliverable messages not settled: %s", self.peer, e)
+        return bytes(out)
 
     def settle_written(self, flow_id: str, message_ids: tuple[str, ...]) -> None:
         if self.principal is not None:

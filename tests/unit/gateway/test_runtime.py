@@ -135,6 +135,25 @@ async def test_a_message_the_output_cannot_encode_is_dead_lettered_and_the_next_
     await rt.close()
 
 
+async def test_a_message_its_protocol_could_not_write_later_is_dead_lettered_as_undeliverable() -> (
+    None
+):
+    """A protocol may find a frame it cannot write only when it writes it (a native
+    consumer whose socket is behind): ``undeliverable`` then does what returning it from
+    ``deliver`` does."""
+    store = RecordingStore()
+    rt = await _runtime(store)
+    out = Output(store)
+    rt.bind("f", "c", 1, AckMode.CLIENT, None, out)
+    await _append(store, 1, 2)
+    await eventually(lambda: [d.message.seq for d in out.got] == [1])
+    rt.undeliverable("f", [out.got[0].message.message_id])
+    await eventually(lambda: [d.message.seq for d in out.got] == [1, 2])  # the window freed
+    await eventually(lambda: [letter.message.seq for letter in store.letters] == [1])
+    assert store.letters[0].reason is DeadLetterReason.UNDELIVERABLE
+    await rt.close()
+
+
 async def test_an_unreadable_stored_message_is_dead_lettered_and_its_partition_moves_on() -> None:
     store = RecordingStore()
     await store.create_queue(QueueConfig("q"))

@@ -151,3 +151,24 @@ async def test_frames_pushed_above_high_are_held_as_remakes_in_order_with_later_
         await eventually(
             lambda: [i for _, ids in settled for i in ids] == [str(n) for n in range(1000)]
         )
+
+
+async def test_a_frame_pushed_as_only_its_remake_is_made_once_when_it_is_queued() -> None:
+    made: list[int] = []
+
+    def make(n: int) -> bytes:
+        made.append(n)
+        return b"%05d" % n
+
+    async with _Pipe([], high=4096) as (outbox, peer):
+        outbox.push(None, remake=lambda: make(0))  # room: made at once
+        assert made == [0] and not outbox.holding
+        outbox.push(b"x" * 200_000)  # fills the socket and the transport: nothing is read
+        await asyncio.sleep(0.05)
+        assert outbox.holding
+        for n in range(1, 100):
+            outbox.push(None, remake=lambda n=n: make(n))
+        assert made == [0]  # held, not made
+        expected = b"00000" + b"x" * 200_000 + b"".join(b"%05d" % n for n in range(1, 100))
+        assert await _read(peer, len(expected)) == expected
+        assert made == list(range(100))  # each made once, in order

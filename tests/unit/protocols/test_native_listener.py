@@ -14,6 +14,8 @@ import pytest
 
 from core.actions import Deliver as Delivery
 from core.model import AckMode, Message, QueueConfig
+from protocols.native import connection as native_connection
+from protocols.native import requests as native_requests
 from protocols.native.connection import ClientConnection
 from protocols.native.events import Ack as NativeAck
 from protocols.native.events import (
@@ -29,7 +31,7 @@ from protocols.native.events import (
     PublishOk,
 )
 from protocols.native.listener import NativeListener
-from protocols.sink import Ack, Principal, Settle, Unbind
+from protocols.sink import Ack, Principal, Settle, Unbind, Undeliverable
 from tests.support.memory_sink import BatchSink, MemorySink
 from tests.support.wait import eventually
 
@@ -163,6 +165,46 @@ async def test_a_delivery_the_wire_cannot_carry_is_returned_and_the_rest_of_its_
         for n in range(200):
             event = await client.receive()
             assert isinstance(event, Deliver) and event.message_id == f"m{n}"
+        client.writer.close()
+
+
+async def test_a_reader_that_is_behind_has_each_delivery_encoded_once_and_bad_ones_settled(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Client-ack deliveries pushed while the socket is behind are held unencoded and
+    written once, when there is room (not encoded to check them, then again); one the
+    wire cannot carry is then found, left out, and settled as undeliverable."""
+    encoded: list[str] = []
+
+    def counting(module: object) -> None:
+        original = module.append_deliver  # type: ignore[attr-defined]
+
+        def append_deliver(out: bytearray, flow_id: str, message: Message, *rest: object) -> None:
+            encoded.append(message.message_id)
+            original(out, flow_id, message, *rest)
+
+        monkeypatch.setattr(module, "append_deliver", append_deliver)
+
+    counting(native_connection)  # what the listener encodes at once
+    counting(native_requests)  # what it encodes when the outbox writes a held piece
+    sink = MemorySink()
+    async with _serving(sink, write_buffer=64 * 1024) as (_, port):
+        client = await _client(port, receive_buffer=16 * 1024)
+        flow_id = await client.bind("q")
+        first = _deliveries(flow_id, COUNT // 2, 1000)  # 5 MB: far more than the socket holds
+        assert sink.flows[flow_id].output.deliver(first) == []
+        bad = Delivery(flow_id, Message("bad", "q", 0, 10**6, "k" * 70_000, b"x"), 1, False)
+        second = [bad, *_deliveries(flow_id, 10, 10)]
+        assert sink.flows[flow_id].output.deliver(second) == []  # found when written
+        for n in range(COUNT // 2):
+            event = await client.receive()
+            assert isinstance(event, Deliver) and event.message_id == f"m{n}"
+        for n in range(10):
+            event = await client.receive()
+            assert isinstance(event, Deliver) and event.message_id == f"m{n}"
+        await eventually(lambda: (flow_id, Undeliverable(("bad",))) in sink.settled)
+        good = [d.message.message_id for d in first] + [f"m{n}" for n in range(10)]
+        assert sorted(i for i in encoded if i != "bad") == sorted(good)  # each once
         client.writer.close()
 
 
