@@ -20,8 +20,9 @@ to a window more than it acks, the second as much less). What runs on a timer
 on intervals SLOWDOWN times the defaults: valgrind slows the gateway about that much, so
 per message they fire about as often as at full speed, and how busy the machine was
 moves the count less (at the default intervals, two runs of the same code differed by
-4 %); the native idle timeout is as long again, so that no connection is closed as
-silent while a step of the gateway lasts a minute under valgrind on a busy machine.
+4 %); the native idle timeout and the gateway lease's time to live are as long again, so
+that no connection is closed as silent and the gateway does not give up its lease while
+a step lasts a minute under valgrind on a busy machine.
 ``--keep DIR`` keeps the callgrind files (one per phase) for ``callgrind_annotate``:
 each names its functions only once across the family (read them together). Python runs
 about 50 times slower under valgrind: a run takes a few minutes, most of them the
@@ -102,6 +103,7 @@ def instructions(
             f"ack_flush_interval = {defaults.ack_flush_interval * SLOWDOWN}\n"
             f"retention_interval = {defaults.retention_interval * SLOWDOWN}\n"
             f"native_idle_timeout = {defaults.native_idle_timeout * SLOWDOWN}\n"
+            f"lease_ttl = {defaults.lease_ttl * SLOWDOWN}\n"
         )
         db = postgres_target(postgres) if postgres else f"sqlite:///{tmp}/bench.db"
         with (
