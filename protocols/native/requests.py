@@ -16,10 +16,10 @@ messages, not an encoded copy, and auto-ack deliveries are acked once the kernel
 them; the flow's window bounds how much can be outstanding. Client-ack deliveries that
 arrive while the outbox holds (the consumer is behind) are pushed unencoded and encoded
 once, when they leave; one the wire cannot carry is found then and settled as
-``Undeliverable`` instead of being returned by ``FlowOutput.deliver``. ACK, NACK, CREDIT and UNBIND
-become the sink's settle events; the sink refuses them for a flow bound by another
-connection (ERROR, the connection stays). ``unbind_all`` is what a dropped socket does:
-its flows' partitions enter the rebalance delay, exactly as after UNBIND without
+``Undeliverable`` instead of being returned by ``FlowOutput.deliver``. ACK, NACK, CREDIT
+and UNBIND become the sink's settle events; the sink refuses them for a flow bound by
+another connection (ERROR, the connection stays). ``unbind_all`` is what a dropped socket
+does: its flows' partitions enter the rebalance delay, exactly as after UNBIND without
 shutdown.
 """
 
