@@ -6,7 +6,7 @@ pipeline is full), so the publishes of one read are queued together. One worker 
 takes from the head:
 
 - a run of consecutive QoS 0/1 publishes (up to ``MAX_BATCH`` messages and
-  ``MAX_BATCH_BYTES``): handed over with one ``store_each`` call, i.e. one
+  ``MAX_BATCH_BYTES``): stored with one ``publish_in_order`` call, i.e. one
   ``Sink.publish_each`` group-commit submission in which each publication is stored or
   refused alone (no route, too large, queue full, not permitted): only the refused ones
   fail, and the batch is never tried again publication by publication;
@@ -14,17 +14,10 @@ takes from the head:
   same transaction (``Sink.publish(..., qos2_packet_id=)``), so a PUBLISH re-sent after a
   failover is answered, not stored again.
 
-Batches overlap: the worker hands a QoS 0/1 batch to the sink (queued for the group
-commit at once, behind the connection's earlier batches) and goes on to the next without
-waiting for its commit, so publishes that arrive while one batch commits join the next
-commit instead of waiting for this one's acks first. A second task, the acker, awaits the
-batches in the order handed over and sends each one's PUBACKs after its commit. A QoS 2
-publish waits until everything before it is acknowledged and is then stored alone, and
-nothing after it is handed over before it is stored: a connection's messages are stored
-in the order sent, QoS 2 ones included, and acknowledged in arrival order (MQTT 3.1.1
-§4.6), each publish counted once as stored or rejected. (A batch refused whole because
-the store failed while the next one was already queued may leave that next one stored
-before the client's retry of it: the same as after a reconnect.) A QoS 1/2 publish
+There is one worker and it stores one batch at a time, so a connection's messages are
+stored in the order sent, QoS 2 ones included. After a batch is committed its PUBACK /
+PUBREC go out in arrival order (MQTT 3.1.1 §4.6), each publish counted once as stored or
+rejected. A QoS 1/2 publish
 that was not stored gets a reason code on MQTT 5; on 3.1.1, which has no negative ack,
 the connection is closed instead (``ServerConnection.complete``), counted in
 ``unconfirmed_closes``, and the client sends it again after reconnecting.
@@ -39,12 +32,12 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Final
 
 from core.errors import KeygateError, StorageError, Unavailable
-from protocols._io import store_each
+from protocols._io import publish_in_order
 from protocols._limits import ByteBudget, publication_bytes
 from protocols._log import ConnectionLog
 from protocols._tasks import Tasks
@@ -52,7 +45,7 @@ from protocols.mqtt.connection import PublishRequest, ServerConnection, State
 from protocols.mqtt.errors import publish_reason
 from protocols.mqtt.events import ReasonCode
 from protocols.mqtt.stored_session import StoredSession
-from protocols.sink import Principal, Receipt, Sink
+from protocols.sink import Principal, Sink
 
 MAX_BATCH: Final = 1024
 MAX_BATCH_BYTES: Final = 4 * 1024 * 1024
@@ -75,16 +68,6 @@ class MqttStats:
 
 def _exactly_once(request: PublishRequest) -> bool:
     return request.qos == 2 and request.packet_id is not None
-
-
-# A batch handed to the sink: its publishes with their sizes, and its outcomes to come.
-_Handed = tuple[
-    list[tuple[PublishRequest, int]], Awaitable[Sequence[Receipt | KeygateError | None]]
-]
-
-
-async def _ready(outcomes: list[KeygateError | None]) -> list[KeygateError | None]:
-    return outcomes
 
 
 class Pipeline:
@@ -119,9 +102,6 @@ class Pipeline:
         self._ready = asyncio.Event()
         self._slots = asyncio.Semaphore(max_count)
         self.budget = ByteBudget(max_bytes)
-        # Batches handed to the sink, in order, each with its outcomes to come; None ends.
-        self._handed: asyncio.Queue[_Handed | None] = asyncio.Queue()
-        self._acker = tasks.spawn(self._acknowledge(), name="mqtt acks")
         self._worker = tasks.spawn(self._run(), name="mqtt publishes")
 
     async def put(self, request: PublishRequest) -> None:
@@ -141,26 +121,10 @@ class Pipeline:
         return bool(done)
 
     async def _run(self) -> None:
-        """The worker: hand batch after batch to the sink, in order (see above)."""
+        """The worker: store batch after batch, acknowledge each after its commit."""
         while (batch := await self._take()) is not None:
             requests = [request for request, _ in batch]
-            if _exactly_once(requests[0]):
-                await self._handed.join()  # everything before it acknowledged
-                outcomes = await self._store_exactly_once(requests[0])
-                self._handed.put_nowait((batch, _ready(outcomes)))
-            else:
-                pending = store_each(
-                    self._sink, self._principal, [r.publication for r in requests], log=self._log
-                )
-                self._handed.put_nowait((batch, pending))
-        self._handed.put_nowait(None)
-        await self._acker
-
-    async def _acknowledge(self) -> None:
-        """The acker: each batch's acks after its commit, in the order handed over."""
-        while (handed := await self._handed.get()) is not None:
-            batch, pending = handed
-            outcomes = await pending
+            outcomes = await self._store(requests)
             failed = next((o for o in outcomes if isinstance(o, StorageError | Unavailable)), None)
             if failed is not None:
                 self._log.warning(
@@ -170,9 +134,8 @@ class Pipeline:
                     failed.message,
                 )
             for (request, size), outcome in zip(batch, outcomes, strict=True):
-                self._complete(request, size, None if isinstance(outcome, Receipt) else outcome)
+                self._complete(request, size, outcome)
             await self._flush()
-            self._handed.task_done()
 
     async def _take(self) -> list[tuple[PublishRequest, int]] | None:
         """A QoS 2 publish alone, or the longest run of QoS 0/1 ones within the bounds;
@@ -194,9 +157,14 @@ class Pipeline:
             size += batch[-1][1]
         return batch
 
-    async def _store_exactly_once(self, request: PublishRequest) -> list[KeygateError | None]:
-        """A QoS 2 publish, stored with its packet id in the stored session (one outcome,
-        None: stored and committed)."""
+    async def _store(self, batch: list[PublishRequest]) -> list[KeygateError | None]:
+        """One outcome per publish of ``batch`` (None: stored and committed)."""
+        request = batch[0]
+        if not _exactly_once(request):
+            publications = [r.publication for r in batch]
+            return await publish_in_order(
+                self._sink, self._principal, publications, stop_at_refusal=False, log=self._log
+            )
         try:
             await self._sink.publish(
                 self._principal, request.publication, qos2_packet_id=request.packet_id

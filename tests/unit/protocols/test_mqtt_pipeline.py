@@ -1,7 +1,6 @@
 """The MQTT publish pipeline (protocols/mqtt/pipeline.py) through the listener: the
-publishes of one read stored with one commit, acks in arrival order after it, the next
-read handed over while one commits, refusals inside a batch, QoS 2 between QoS 0/1
-batches, the byte budget, and a task that fails."""
+publishes of one read stored with one commit, acks in arrival order after it, refusals
+inside a batch, QoS 2 between QoS 0/1 batches, the byte budget, and a task that fails."""
 
 from __future__ import annotations
 
@@ -79,24 +78,6 @@ async def test_the_publishes_of_one_read_share_one_commit_and_are_acked_in_order
     assert await client.receive() == PubAck(1)
     assert len(sink.stored) == 5  # the first ack left after the whole batch was committed
     assert [await client.receive() for _ in range(4)] == [PubAck(i) for i in range(2, 6)]
-    assert _payloads(sink) == [b"1", b"2", b"3", b"4", b"5"]
-
-
-async def test_the_next_read_is_handed_to_the_sink_while_the_previous_batch_commits(
-    serve: Serve, sink: BatchSink
-) -> None:
-    """Batches overlap: with commits stalled, a second read's publishes reach the sink
-    before the first read's are acknowledged; all are acked in order once committed."""
-    _, port = await serve()
-    client = await Raw.connected(port, Connect("overlap"))
-    sink.gate.clear()
-    await client.send_together(*(Publish("orders/a", b"%d" % i, 1, packet_id=i) for i in (1, 2, 3)))
-    await eventually(lambda: sink.batches == [3])
-    await client.send_together(*(Publish("orders/a", b"%d" % i, 1, packet_id=i) for i in (4, 5)))
-    await eventually(lambda: sink.batches == [3, 2])
-    assert sink.stored == []  # neither batch committed yet
-    sink.gate.set()
-    assert [await client.receive() for _ in range(5)] == [PubAck(i) for i in range(1, 6)]
     assert _payloads(sink) == [b"1", b"2", b"3", b"4", b"5"]
 
 
