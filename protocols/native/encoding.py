@@ -256,9 +256,9 @@ class DeliveredMessage(Protocol):
 def _deliver_fields(
     out: bytearray, flow_id: str, m: DeliveredMessage, delivery_count: int, redelivered: bool
 ) -> None:
-    # Every delivery is written here (twice when its socket was slow), so the fixed-size
-    # runs of fields are packed together, and the fields most messages leave empty are
-    # written as their absent forms at once.
+    # Every delivery is written here (an auto-ack one twice when its socket was slow), so
+    # the fixed-size runs of fields are packed together, and the fields most messages
+    # leave empty are written as their absent forms at once.
     _str(out, flow_id)
     _str(out, m.message_id)
     key = m.key

@@ -67,6 +67,40 @@ def test_the_instruction_count_workload_publishes_delivers_and_acks_every_messag
     assert run.stdout.strip() == "300 published, 300 delivered and acked", run.stdout
 
 
+def test_a_benchmark_runs_on_this_checkout_and_a_revision_side_by_side() -> None:
+    """benchmarks.against: how the instruction counts of two versions are compared."""
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.against",
+            "HEAD",
+            "benchmarks.instructions",
+            "--worker",
+            "50",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    lines = run.stdout.splitlines()
+    assert lines[0].startswith("== this checkout") and lines[2] == "== HEAD", run.stdout
+    assert lines[1] == lines[3] == "50 published, 50 delivered and acked", run.stdout
+    worktrees = subprocess.run(["git", "worktree", "list"], capture_output=True, text=True)
+    assert "baseline" not in worktrees.stdout  # removed again
+
+
+def test_a_revision_that_does_not_exist_is_named_in_a_clear_error() -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "benchmarks.against", "no-such-rev", "benchmarks.instructions"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode != 0 and "cannot check out no-such-rev" in run.stderr, run.stderr
+
+
 def test_the_native_instruction_count_phases_get_every_message_through(tmp_path: Path) -> None:
     """benchmarks.native_instructions drives a gateway through its phases, telling its
     callgrind when to zero and dump; run here without valgrind, each phase must finish
