@@ -5,24 +5,24 @@ move with the machine's speed.
     .venv/bin/python -m benchmarks.native_instructions --messages 2000
 
 ``keygate serve`` runs on SQLite (``--postgres URL``: on PostgreSQL, in a schema of its
-own) in a process of its own under ``valgrind
---tool=callgrind``; this process drives it with the SDK as ``benchmarks.native`` does
-(1 KiB messages, 1,000 keys, 16 partitions; a publisher with IN_FLIGHT confirmed
-publishes in flight on one connection, then a client-ack consumer with a window of
-2,000). Only the gateway is counted: its listener, broker, store and writer thread, not
-the client nor the kernel. Once it has started and the queue is declared its counters are
-zeroed, then dumped after each of four phases: publish N, publish N more, consume N,
-consume N more. Printed: the second publish phase over N, the instructions of one message
-published and confirmed (start-up and first-use costs left out), and both consume
-phases over 2N, of one message delivered and acked (the first consume phase delivers up
-to a window more than it acks, the second as much less). What runs on a timer
-(housekeeping: ack flushes, retention) is counted with the phase it fell in, and runs
-on intervals SLOWDOWN times the defaults: valgrind slows the gateway about that much, so
-per message they fire about as often as at full speed, and how busy the machine was
-moves the count less (at the default intervals, two runs of the same code differed by
-4 %); the native idle timeout and the gateway lease's time to live are as long again, so
-that no connection is closed as silent and the gateway does not give up its lease while
-a step lasts a minute under valgrind on a busy machine.
+own) in a process of its own under ``valgrind --tool=callgrind``; this process drives it
+with the SDK as ``benchmarks.native`` does (1 KiB messages, 1,000 keys, 16 partitions or
+``--partitions N``; a publisher with IN_FLIGHT confirmed publishes in flight on one
+connection, then a client-ack consumer with a window of 2,000). Only the gateway is
+counted: its listener, broker, store and writer thread, not the client nor the kernel.
+Once it has started and the queue is declared its counters are zeroed, then dumped after
+each of four phases: publish N, publish N more, consume N, consume N more. Printed: the
+second publish phase over N, the instructions of one message published and confirmed
+(start-up and first-use costs left out), and both consume phases over 2N, of one message
+delivered and acked (the first consume phase delivers up to a window more than it acks,
+the second as much less). What runs on a timer (housekeeping: ack flushes, retention) is
+counted with the phase it fell in, and runs on intervals SLOWDOWN times the defaults:
+valgrind slows the gateway about that much, so per message they fire about as often as
+at full speed, and how busy the machine was moves the count less (at the default
+intervals, two runs of the same code differed by 4 %); the native idle timeout and the
+gateway lease's time to live are as long again, so that no connection is closed as
+silent and the gateway does not give up its lease while a step lasts a minute under
+valgrind on a busy machine.
 ``--keep DIR`` keeps the callgrind files (one per phase) for ``callgrind_annotate``:
 each names its functions only once across the family (read them together). Python runs
 about 50 times slower under valgrind: a run takes a few minutes, most of them the
@@ -57,12 +57,15 @@ def _control(pid: int, command: str) -> None:
     subprocess.run(["callgrind_control", command, str(pid)], check=True, capture_output=True)
 
 
-async def phases(url: str, messages: int, control: Callable[[str], None]) -> None:
-    """Drive the gateway at ``url`` through PHASES of ``messages`` each: ``control`` is
-    called with ``--zero`` before them and ``--dump=PHASE`` after each."""
+async def phases(
+    url: str, messages: int, control: Callable[[str], None], partitions: int = PARTITIONS
+) -> None:
+    """Drive the gateway at ``url`` through PHASES of ``messages`` each, on a queue of
+    ``partitions``: ``control`` is called with ``--zero`` before them and ``--dump=PHASE``
+    after each."""
     queue = "bench-" + uuid.uuid4().hex[:8]
     async with Client(url) as admin:
-        await admin.declare_queue(queue, partitions=PARTITIONS)
+        await admin.declare_queue(queue, partitions=partitions)
     await asyncio.to_thread(control, "--zero")
     for phase in PHASES[:2]:
         await publish_rate(url, queue, messages)
@@ -89,11 +92,14 @@ def _dumped(out: Path) -> dict[str, int]:
 
 
 def instructions(
-    messages: int, keep: Path | None = None, postgres: str | None = None
+    messages: int,
+    keep: Path | None = None,
+    postgres: str | None = None,
+    partitions: int = PARTITIONS,
 ) -> dict[str, int]:
     """Instructions the gateway spent in each phase of a run of ``messages`` per phase;
     ``keep``: a directory to copy the callgrind files to; ``postgres``: a PostgreSQL URL
-    to store in instead of SQLite."""
+    to store in instead of SQLite; ``partitions``: the queue's."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "callgrind.out"
         wrapper = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"]
@@ -110,7 +116,7 @@ def instructions(
             open(Path(tmp) / "gateway.log", "w") as log,
             gateway(db, log, wrapper=wrapper, patience=600, config=config) as (url, pid),
         ):
-            asyncio.run(phases(url, messages, functools.partial(_control, pid)))
+            asyncio.run(phases(url, messages, functools.partial(_control, pid), partitions))
         counts = _dumped(out)
         if keep is not None:
             keep.mkdir(parents=True, exist_ok=True)
@@ -129,15 +135,16 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=1, help="runs (each printed)")
     parser.add_argument("--keep", type=Path, metavar="DIR", help="keep the callgrind files")
     parser.add_argument("--postgres", metavar="URL", help="store in PostgreSQL, not SQLite")
+    parser.add_argument("--partitions", type=int, default=PARTITIONS, help="the queue's")
     args = parser.parse_args()
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         raise SystemExit("valgrind is not installed (Debian package valgrind)")
     for _ in range(args.runs):
-        counts = instructions(args.messages, args.keep, args.postgres)
+        counts = instructions(args.messages, args.keep, args.postgres, args.partitions)
         consumed = (counts["consume-1"] + counts["consume-2"]) / (2 * args.messages)
         print(
-            f"native, {'PostgreSQL' if args.postgres else 'SQLite'}, {IN_FLIGHT} publishes "
-            f"in flight, window {WINDOW}: "
+            f"native, {'PostgreSQL' if args.postgres else 'SQLite'}, {args.partitions} "
+            f"partitions, {IN_FLIGHT} publishes in flight, window {WINDOW}: "
             f"{counts['publish-2'] / args.messages:,.0f} instructions per message published "
             f"(the first {args.messages:,}: {counts['publish-1'] / args.messages:,.0f}), "
             f"{consumed:,.0f} per message delivered and acked",

@@ -16,6 +16,7 @@ three rules:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from core.frozen import frozen
@@ -44,11 +45,21 @@ class PartitionsChanged:
 @dataclass(frozen=True, slots=True)
 class Fetch:
     """Load up to ``limit`` messages of ``partition`` with seq > ``after_seq`` from storage
-    and feed them back with ``GroupMachine.loaded``."""
+    and feed them back, as a ``Page``, with ``GroupMachine.loaded``."""
 
     partition: int
     after_seq: int
     limit: int
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    """The answer to a Fetch: the partition's messages after its ``after_seq``, in seq
+    order. Seqs in ``undeliverable`` were stored but cannot be read back whole."""
+
+    partition: int
+    messages: Sequence[Message]
+    undeliverable: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)

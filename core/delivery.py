@@ -65,6 +65,7 @@ from core.actions import (
     GroupSnapshot,
     KeyParked,
     KeyReleased,
+    Page,
     ParkedKey,
     PartitionSnapshot,
     RetryScheduled,
@@ -172,6 +173,30 @@ class DeliveryBook(Pump):
         if not 0 <= partition < len(self._parts):
             raise InvalidArgument(f"partition {partition} out of range 0..{len(self._parts) - 1}")
         return self._parts[partition]
+
+    def _load(self, part: Partition, page: Page, share: int, now: float) -> None:
+        """Admit what fits of a Page (``GroupMachine.loaded``) and note whether the
+        partition has more to read."""
+        before = part.cursor
+        part.fetching = False
+        full = len(page.messages) >= part.fetch_limit
+        for message in page.messages:
+            if message.partition != part.index:
+                raise InvalidArgument(f"loaded message of partition {message.partition}")
+            if not self._fits(part, message, share):
+                full = True  # the rest is read again once the buffer has room for it
+                part.next_cost = buffered_cost(message)
+                break
+            self._admit(part, message, now, undeliverable=message.seq in page.undeliverable)
+        if part.cursor == before and part.known == part.known_at_fetch and not full:
+            # Nothing after the cursor, and nothing was appended while the query ran: what
+            # was announced before it is gone (purged), so there is nothing more to read.
+            # (If an append did arrive meanwhile, the query may predate its commit: read
+            # again rather than lose it.)
+            part.known = part.cursor
+        part.known = max(part.known, part.cursor)
+        part.more = full or part.known > part.cursor
+        self._fetch_check.add(part.index)
 
     def _admit(
         self, part: Partition, message: Message, now: float, *, undeliverable: bool = False

@@ -31,6 +31,7 @@ from core.actions import (
     FlowChanged,
     GroupSnapshot,
     OffsetUpdate,
+    Page,
 )
 from core.errors import Conflict, InvalidArgument, KeyNotParked
 from core.ingress import MAX_WINDOW, validate_client_name
@@ -53,7 +54,6 @@ from core.partition import (
     GroupStatus,
     PartitionStatus,
     Reservation,
-    buffered_cost,
 )
 
 
@@ -194,41 +194,18 @@ class GroupMachine(Membership):
                 self._fetch_check.add(part.index)
         return self._finish(now)
 
-    def loaded(
-        self,
-        now: float,
-        partition: int,
-        messages: Sequence[Message],
-        undeliverable: frozenset[int] = frozenset(),
-    ) -> list[Action]:
-        """The answer to a Fetch: the partition's messages after ``after_seq``, in seq order.
+    def loaded(self, now: float, pages: Sequence[Page]) -> list[Action]:
+        """The answers to Fetches, each a Page of its partition's messages in seq order,
+        taken in one step (one pump for all of them).
 
-        Seqs in ``undeliverable`` were stored but cannot be read back whole: they are
-        dead-lettered (reason ``undeliverable``) in their turn, and the partition moves on.
+        Seqs in a page's ``undeliverable`` were stored but cannot be read back whole: they
+        are dead-lettered (reason ``undeliverable``) in their turn, and the partition moves
+        on.
         """
         self._begin(now)
-        part = self._part(partition)
-        before = part.cursor
-        part.fetching = False
-        full = len(messages) >= part.fetch_limit
         share = self._share()
-        for message in messages:
-            if message.partition != partition:
-                raise InvalidArgument(f"loaded message of partition {message.partition}")
-            if not self._fits(part, message, share):
-                full = True  # the rest is read again once the buffer has room for it
-                part.next_cost = buffered_cost(message)
-                break
-            self._admit(part, message, now, undeliverable=message.seq in undeliverable)
-        if part.cursor == before and part.known == part.known_at_fetch and not full:
-            # Nothing after the cursor, and nothing was appended while the query ran: what
-            # was announced before it is gone (purged), so there is nothing more to read.
-            # (If an append did arrive meanwhile, the query may predate its commit: read
-            # again rather than lose it.)
-            part.known = part.cursor
-        part.known = max(part.known, part.cursor)
-        part.more = full or part.known > part.cursor
-        self._fetch_check.add(partition)
+        for page in pages:
+            self._load(self._part(page.partition), page, share, now)
         return self._finish(now)
 
     def ack(self, now: float, flow_id: str, message_ids: Iterable[str]) -> list[Action]:

@@ -50,6 +50,7 @@ from core.actions import (
     KeyParked,
     KeyReleased,
     OffsetUpdate,
+    Page,
     ParkedKey,
     PartitionsChanged,
     RecordDispatch,
@@ -469,6 +470,7 @@ class GroupRuntime:
                 )
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, _RETRY_MAX)
+        answers = []
         for fetch in fetches:
             messages, unreadable = found[fetch.partition]
             for seq in sorted(unreadable):
@@ -480,8 +482,8 @@ class GroupRuntime:
                     fetch.partition,
                     seq,
                 )
-            actions = self.machine.loaded(self._clock(), fetch.partition, messages, unreadable)
-            self.submit(actions)
+            answers.append(Page(fetch.partition, messages, unreadable))
+        self.submit(self.machine.loaded(self._clock(), answers))
 
     async def _timer_forever(self) -> None:
         while True:

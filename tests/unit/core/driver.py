@@ -20,6 +20,7 @@ from core.actions import (
     KeyParked,
     KeyReleased,
     OffsetUpdate,
+    Page,
     ParkedKey,
     PartitionsChanged,
     RecordDispatch,
@@ -132,7 +133,7 @@ class Driver:
             if self.pending_moves:
                 self.answer_move()
             else:
-                self.answer_one()
+                self.answer(len(self.pending_fetches))
 
     def answer_move(self) -> None:
         """Carry out the oldest DeadLetterKey as storage does, in one transaction."""
@@ -149,15 +150,18 @@ class Driver:
         actions = self.machine.key_dead_lettered(self.now, move.partition, move.key, seqs)
         self.run(actions, nested=True)
 
-    def answer_one(self, *, stale: bool = False) -> None:
-        """Answer the oldest Fetch; ``stale`` answers from the rows committed before it was
+    def answer(self, count: int = 1, *, stale: bool = False) -> None:
+        """Answer the ``count`` oldest Fetches in one step, as the runtime answers the
+        Fetches of one read; ``stale`` answers from the rows committed before each was
         issued (its query ran before later appends committed)."""
-        partition, fetch = next(iter(self.pending_fetches.items()))
-        del self.pending_fetches[partition]
-        stored = self.store.get(partition, [])
-        issued = self.rows_at_issue.pop(partition)
-        rows = [m for m in (stored[:issued] if stale else stored) if m.seq > fetch.after_seq]
-        self.run(self.machine.loaded(self.now, partition, rows[: fetch.limit]), nested=True)
+        pages = []
+        for partition, fetch in list(self.pending_fetches.items())[:count]:
+            del self.pending_fetches[partition]
+            stored = self.store.get(partition, [])
+            issued = self.rows_at_issue.pop(partition)
+            rows = [m for m in (stored[:issued] if stale else stored) if m.seq > fetch.after_seq]
+            pages.append(Page(partition, rows[: fetch.limit]))
+        self.run(self.machine.loaded(self.now, pages), nested=True)
 
     def run(self, actions: list[Action], *, nested: bool = False) -> None:
         owed_offsets: set[tuple[int, int]] = set()

@@ -12,6 +12,7 @@ from core.actions import (
     Fetch,
     GroupSnapshot,
     OffsetUpdate,
+    Page,
     PartitionSnapshot,
     SeqRanges,
 )
@@ -456,7 +457,7 @@ def test_buffer_is_bounded_and_refilled_by_one_fetch_at_a_time() -> None:
     for _ in range(10):
         d.publish("k")
     assert set(d.pending_fetches) == {0}
-    d.answer_one()
+    d.answer()
     assert d.seqs("a") == list(range(1, 5))
     assert d.pending_fetches == {0: Fetch(0, 4, 4)}
     d.answer_fetches()
@@ -607,7 +608,7 @@ def test_a_late_ack_from_the_old_owner_settles_a_handed_off_message_once() -> No
 def test_messages_of_a_partition_out_of_range_are_refused() -> None:
     d = make(partitions=2)
     with pytest.raises(InvalidArgument):
-        d.machine.loaded(0.0, 2, [])
+        d.machine.loaded(0.0, [Page(2, [])])
     with pytest.raises(InvalidArgument):
         d.machine.append(0.0, [Message("m", "q", 5, 1, None, b"")])
 
@@ -637,16 +638,16 @@ def test_an_append_during_a_fetch_whose_query_missed_it_is_read_again_not_lost()
     machine.bind(0.0, "a", "a", 10, AckMode.CLIENT)
     eleven = Message("m11", "q", 0, 11, "k", b"")
     assert machine.append(0.0, [eleven]) == []  # a Fetch is outstanding: dropped for now
-    again = [a for a in machine.loaded(0.0, 0, []) if isinstance(a, Fetch)]
+    again = [a for a in machine.loaded(0.0, [Page(0, [])]) if isinstance(a, Fetch)]
     assert again == [Fetch(0, 10, again[0].limit)]  # the empty answer predates 11's commit
-    sent = [a for a in machine.loaded(0.0, 0, [eleven]) if isinstance(a, Deliver)]
+    sent = [a for a in machine.loaded(0.0, [Page(0, [eleven])]) if isinstance(a, Deliver)]
     assert [d.message.seq for d in sent] == [11]
 
 
 def test_an_appended_seq_past_a_gap_is_fetched_rather_than_settling_the_gap() -> None:
     machine = _machine_at(10)
     machine.bind(0.0, "a", "a", 10, AckMode.CLIENT)
-    machine.loaded(0.0, 0, [])
+    machine.loaded(0.0, [Page(0, [])])
     twelve = Message("m12", "q", 0, 12, "k", b"")
     actions = machine.append(0.0, [twelve])
     assert not any(isinstance(a, OffsetUpdate) for a in actions)  # 11 is not settled

@@ -186,9 +186,10 @@ class GroupMachineRules(RuleBasedStateMachine):
         self.d.advance(seconds)
 
     @precondition(lambda self: bool(self.d.pending_fetches))
-    @rule(stale=st.booleans())
-    def answer_fetch(self, stale: bool) -> None:
-        self.d.answer_one(stale=stale)
+    @rule(data=st.data(), stale=st.booleans())
+    def answer_fetches(self, data: st.DataObject, stale: bool) -> None:
+        count = data.draw(st.integers(1, len(self.d.pending_fetches)))
+        self.d.answer(count, stale=stale)
 
     @precondition(lambda self: bool(self.d.pending_moves))
     @rule()
