@@ -9,6 +9,7 @@ statement serves a whole executemany. Sync and async connections run them alike.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
@@ -18,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from core.actions import OffsetUpdate
 from storage.codec import encode_ranges, ranges_count
-from storage.schema import kg_deliveries, kg_group_offsets, kg_groups
+from storage.schema import kg_group_offsets, kg_groups
 
 # --- group lease (kg_groups.lease_*; DESIGN.md §7) ---------------------------------------
 
@@ -73,16 +74,10 @@ def release_lease(queue: str, group: str, owner: str) -> Any:
 # --- offsets and delivery records --------------------------------------------------------
 
 _o: Final = kg_group_offsets
-_d: Final = kg_deliveries
 OFFSET_WHERE: Final = sa.and_(
     _o.c.queue == sa.bindparam("b_queue"),
     _o.c.group_name == sa.bindparam("b_group"),
     _o.c.partition == sa.bindparam("b_partition"),
-)
-DELIVERY_GROUP: Final = sa.and_(
-    _d.c.queue == sa.bindparam("b_queue"),
-    _d.c.group_name == sa.bindparam("b_group"),
-    _d.c.partition == sa.bindparam("b_partition"),
 )
 
 
@@ -91,23 +86,6 @@ def _not_back(column: sa.Column[Any], name: str) -> sa.ColumnElement[Any]:
     return sa.case((value > column, value), else_=column)
 
 
-# Full ack state of one partition; dispatched_seq never moves back; reserved_seq is set
-# as given (a reservation may shrink), or kept when b_reserved is NULL (Spark reserves
-# nothing).
-WRITE_OFFSET: Final = (
-    sa.update(_o)
-    .where(OFFSET_WHERE)
-    .values(
-        committed_seq=sa.bindparam("b_committed"),
-        acked_above=sa.bindparam("b_ranges", type_=_o.c.acked_above.type),
-        acked_count=sa.bindparam("b_count"),
-        dispatched_seq=_not_back(_o.c.dispatched_seq, "b_dispatched"),
-        reserved_seq=sa.func.coalesce(
-            sa.bindparam("b_reserved", type_=_o.c.reserved_seq.type), _o.c.reserved_seq
-        ),
-        updated_at=sa.bindparam("b_now"),
-    )
-)
 ADVANCE_DISPATCHED: Final = (
     sa.update(_o)
     .where(OFFSET_WHERE)
@@ -116,10 +94,6 @@ ADVANCE_DISPATCHED: Final = (
         reserved_seq=_not_back(_o.c.reserved_seq, "b_reserved"),
         updated_at=sa.bindparam("b_now"),
     )
-)
-DROP_SETTLED: Final = sa.delete(_d).where(DELIVERY_GROUP, _d.c.seq <= sa.bindparam("b_hi"))
-DROP_ACKED: Final = sa.delete(_d).where(
-    DELIVERY_GROUP, _d.c.seq.between(sa.bindparam("b_lo"), sa.bindparam("b_hi"))
 )
 
 
@@ -143,6 +117,58 @@ def first_offsets(
     ]
 
 
+# One statement per flush, however many partitions it writes: the rows travel as one
+# JSON document (an executemany ran a statement per partition, and on SQLite the writer
+# thread gave up and took back the GIL at every row). dispatched_seq never moves back;
+# reserved_seq is kept when the row's is null (Spark reserves nothing).
+_SQLITE_OFFSETS: Final = sa.text(
+    # LIMIT -1 makes SQLite materialize the rows and look each partition up by its key;
+    # joined as a table-valued function, it scanned the document once per partition.
+    """UPDATE kg_group_offsets SET
+    committed_seq = j.committed, acked_above = j.ranges, acked_count = j.acked,
+    dispatched_seq = max(dispatched_seq, j.dispatched),
+    reserved_seq = coalesce(j.reserved, reserved_seq),
+    updated_at = :now
+FROM (
+    SELECT json_extract(value, '$.partition') AS "partition",
+        json_extract(value, '$.committed') AS committed,
+        json_extract(value, '$.ranges') AS ranges,
+        json_extract(value, '$.acked') AS acked,
+        json_extract(value, '$.dispatched') AS dispatched,
+        json_extract(value, '$.reserved') AS reserved
+    FROM json_each(:rows) LIMIT -1) AS j
+WHERE kg_group_offsets.queue = :queue AND kg_group_offsets.group_name = :group
+    AND kg_group_offsets."partition" = j."partition"
+"""
+)
+_POSTGRES_OFFSETS: Final = sa.text(
+    """UPDATE kg_group_offsets AS o SET
+    committed_seq = j.committed, acked_above = j.ranges, acked_count = j.acked,
+    dispatched_seq = greatest(o.dispatched_seq, j.dispatched),
+    reserved_seq = coalesce(j.reserved, o.reserved_seq),
+    updated_at = :now
+FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS j(
+    "partition" integer, committed bigint, ranges jsonb, acked bigint, dispatched bigint,
+    reserved bigint)
+WHERE o.queue = :queue AND o.group_name = :group AND o."partition" = j."partition"
+"""
+)
+# The delivery records of settled seqs: each row a (partition, lo, hi) span.
+_SQLITE_DROP: Final = sa.text(
+    """DELETE FROM kg_deliveries WHERE rowid IN (
+    SELECT d.rowid FROM json_each(:spans) AS j CROSS JOIN kg_deliveries AS d
+    WHERE d.queue = :queue AND d.group_name = :group
+        AND d."partition" = json_extract(j.value, '$.partition')
+        AND d.seq BETWEEN json_extract(j.value, '$.lo') AND json_extract(j.value, '$.hi'))"""
+)
+_POSTGRES_DROP: Final = sa.text(
+    """DELETE FROM kg_deliveries AS d
+USING jsonb_to_recordset(CAST(:spans AS jsonb)) AS j("partition" integer, lo bigint, hi bigint)
+WHERE d.queue = :queue AND d.group_name = :group AND d."partition" = j."partition"
+    AND d.seq BETWEEN j.lo AND j.hi"""
+)
+
+
 def write_offsets(
     conn: sa.Connection,
     queue: str,
@@ -153,29 +179,33 @@ def write_offsets(
     keep_reserved: bool = False,
 ) -> None:
     """Write each update's full ack state and drop the delivery records of the seqs it
-    settles. ``keep_reserved`` leaves reserved_seq alone (Spark reserves nothing)."""
+    settles, in two statements. ``keep_reserved`` leaves reserved_seq alone (Spark
+    reserves nothing)."""
     if not updates:
         return
-    rows: list[dict[str, Any]] = []
-    ranges: list[dict[str, Any]] = []
-    for update in updates:
-        key = {"b_queue": queue, "b_group": group, "b_partition": update.partition}
-        rows.append(
-            {
-                **key,
-                "b_committed": update.committed_seq,
-                "b_ranges": encode_ranges(update.acked_above),
-                "b_count": ranges_count(update.acked_above),
-                "b_dispatched": update.dispatched_seq,
-                "b_reserved": None if keep_reserved else update.reserved_seq,
-                "b_now": now,
-            }
-        )
-        ranges.extend({**key, "b_lo": lo, "b_hi": hi} for lo, hi in update.acked_above)
-    conn.execute(WRITE_OFFSET, rows)
-    conn.execute(DROP_SETTLED, [{**row, "b_hi": row["b_committed"]} for row in rows])
-    if ranges:
-        conn.execute(DROP_ACKED, ranges)
+    rows = [
+        {
+            "partition": update.partition,
+            "committed": update.committed_seq,
+            "ranges": encode_ranges(update.acked_above),
+            "acked": ranges_count(update.acked_above),
+            "dispatched": update.dispatched_seq,
+            "reserved": None if keep_reserved else update.reserved_seq,
+        }
+        for update in updates
+    ]
+    spans = [{"partition": u.partition, "lo": 0, "hi": u.committed_seq} for u in updates]
+    spans.extend(
+        {"partition": u.partition, "lo": lo, "hi": hi} for u in updates for lo, hi in u.acked_above
+    )
+    postgres = conn.dialect.name == "postgresql"
+    where = {"queue": queue, "group": group}
+    conn.execute(
+        _POSTGRES_OFFSETS if postgres else _SQLITE_OFFSETS,
+        {**where, "rows": json.dumps(rows), "now": now},
+    )
+    drop = _POSTGRES_DROP if postgres else _SQLITE_DROP
+    conn.execute(drop, {**where, "spans": json.dumps(spans)})
 
 
 # --- dialect-specific inserts --------------------------------------------------------------
@@ -212,11 +242,7 @@ def insert_missing(conn: sa.Connection | AsyncConnection, table: sa.Table) -> An
 
 __all__ = [
     "ADVANCE_DISPATCHED",
-    "DELIVERY_GROUP",
-    "DROP_ACKED",
-    "DROP_SETTLED",
     "OFFSET_WHERE",
-    "WRITE_OFFSET",
     "first_offsets",
     "group_is",
     "insert_missing",

@@ -128,6 +128,36 @@ async def test_settling_forgets_delivery_records(
         await store.load_group("orders", "nobody")
 
 
+async def test_one_flush_writes_every_partition_it_names_and_nothing_else(
+    store: SqlStore, make_message: MessageFactory
+) -> None:
+    """An offset flush is one statement however many partitions it carries: each row
+    lands on its own partition of its own group; dispatched_seq never moves back, a
+    reservation is written as given, and records of other partitions and groups stay."""
+    await _queue_with_messages(store, make_message, 10)
+    await store.create_group(GroupConfig("orders", "audit"))
+    kept = tuple((seq, 2, NOW) for seq in range(1, 9))
+    for group in ("billing", "audit"):
+        await store.record_dispatch("orders", group, [RecordDispatch(3, 8, kept, 9)])
+    await store.write_offsets(
+        "orders",
+        "billing",
+        [
+            OffsetUpdate(0, 0, (), 0, 4),
+            OffsetUpdate(2, 0, (), 0, 0),
+            OffsetUpdate(3, 2, ((4, 4), (6, 7)), 5, 6),  # dispatched 5 < 8: kept at 8
+        ],
+    )
+    billing = (await store.load_group("orders", "billing")).partitions
+    assert billing[0] == PartitionSnapshot(0, (), 0, 4)
+    assert billing[1] == billing[2] == PartitionSnapshot()
+    assert billing[3].committed_seq == 2 and billing[3].acked_above == ((4, 4), (6, 7))
+    assert (billing[3].dispatched_seq, billing[3].reserved_seq) == (8, 6)
+    assert [d.seq for d in billing[3].deliveries] == [3, 5, 8]
+    audit = (await store.load_group("orders", "audit")).partitions[3]
+    assert audit.committed_seq == 0 and [d.seq for d in audit.deliveries] == list(range(1, 9))
+
+
 async def test_dead_letter_appends_a_copy_and_settles_in_one_transaction(
     store: SqlStore, make_message: MessageFactory
 ) -> None:
