@@ -49,6 +49,8 @@ def _utf8_length(what: str, value: str) -> int:
     """Bytes of ``value`` in UTF-8; InvalidMessage for NUL or lone surrogates."""
     if "\x00" in value:
         raise InvalidMessage(f"message rejected: {what} contains a NUL character")
+    if value.isascii():  # a flag of the string: no encoding to count the usual text
+        return len(value)
     try:
         return len(value.encode("utf-8"))
     except UnicodeEncodeError:

@@ -67,7 +67,8 @@ _NAME_RE: Final = re.compile(r"^[A-Za-z0-9_\-][A-Za-z0-9_.\-]{0,199}$")
 
 
 def _text_size(text: str) -> int:
-    return len(text.encode("utf-8", "surrogatepass"))
+    # isascii() reads a flag of the string: the usual text is counted without encoding it.
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
 
 
 def _finite(what: str, value: float | None) -> None:

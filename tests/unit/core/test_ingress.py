@@ -85,6 +85,8 @@ def test_message_size_counts_properties_and_headers_as_well_as_the_payload() -> 
     full = Message("id", "q", 0, 0, "key", b"12345", {"name": "value", "n": 1}, correlation_id="c")
     assert bare.size == 5
     assert full.size == 5 + 3 + (4 + 4 + 5) + (4 + 1 + 8) + 1
+    accented = Message("id", "q", 0, 0, "ü", b"", {"é": "ßß"})
+    assert accented.size == 2 + (4 + 2 + 4)  # UTF-8 bytes, not characters
 
 
 @pytest.mark.parametrize("window", [0, -1, MAX_WINDOW + 1, 3_000_000_000])
