@@ -87,12 +87,12 @@ def _serve(argv: list[str]) -> int:
         note((m.message_id for call in calls for m in call.messages), "write")
         return await original_transact(self, calls)
 
-    def insert(self: Any, conn: Any, messages: Any) -> None:
+    def insert(self: Any, conn: Any, messages: Any, *, copy: bool = False) -> None:
         now = time.time()
         for message in messages:
             stamp = stamps.setdefault(message.message_id, {})
             stamp.update(current, publish=message.publish_time, insert=now)
-        original_insert(self, conn, messages)
+        original_insert(self, conn, messages, copy=copy)
 
     def committed(self: Any, allocation: Any, messages: Any) -> None:
         note((m.message_id for m in messages), "committed")

@@ -35,7 +35,7 @@ import sqlalchemy as sa
 
 from core.errors import Fenced, KeygateError, StorageError, StorageUnavailable
 from core.model import Message
-from storage.base import Allocation, HeadsMoved
+from storage.base import COPY_ROWS, Allocation, HeadsMoved
 from storage.batcher import GroupCommitter
 from storage.codec import message_from_row, with_seq
 from storage.limits import check_append
@@ -229,14 +229,16 @@ class AppendOps(ProtocolStateOps, RetentionOps):
         if not any(self._reads(call) for call in calls):
             allocation = Allocation({key: self.heads.get(key, 0) for key in touched})
             results, new, _ = self._assign(calls, allocation, {})
+            copy = self._pipelines and len(new) >= COPY_ROWS
 
             def append(conn: sa.Connection) -> None:
                 self.advance_heads(conn, allocation)
-                self.insert_messages(conn, new)
+                self.insert_messages(conn, new, copy=copy)
                 carry(conn, riders)
 
             try:
-                await self.write(append, pipelined=self._pipelines, proves_fence=True)
+                pipelined = self._pipelines and not copy
+                await self.write(append, pipelined=pipelined, proves_fence=True)
                 return allocation, results, new
             except HeadsMoved:
                 pass

@@ -83,6 +83,13 @@ _PING = sa.select(sa.literal(1))
 # Migration 0016: moves heads only from the values given, else raises HEADS_MOVED.
 _ADVANCE_HEADS = sa.text("CALL kg_advance_heads(:b_queues, :b_partitions, :b_olds, :b_news)")
 _HEADS_MOVED_SQLSTATE: Final = "KG002"
+# An append of at least this many messages on PostgreSQL is written with COPY, in a
+# transaction of a few round trips rather than one pipelined round trip: for large
+# batches the CPU COPY saves outweighs the round trips (docs/performance.md).
+COPY_ROWS: Final = 128
+_COPY_SQL: Final = "COPY kg_messages ({}) FROM STDIN".format(
+    ", ".join(f'"{column}"' for column in MESSAGE_COLUMNS)
+)
 _ADVANCE_HEADS_SQLITE: Final = (
     'UPDATE kg_partitions SET head_seq = ? WHERE queue = ? AND "partition" = ? AND head_seq = ?'
 )
@@ -183,10 +190,20 @@ class StoreBase:
         rows = conn.execute(_HEADS_LOCKED if locked else _HEADS, {"parts": sorted(set(partitions))})
         return Allocation({(queue, partition): head for queue, partition, head in rows})
 
-    def insert_messages(self, conn: sa.Connection, messages: Sequence[Message]) -> None:
+    def insert_messages(
+        self, conn: sa.Connection, messages: Sequence[Message], *, copy: bool = False
+    ) -> None:
         """INSERT into kg_messages through the driver's executemany: SQLAlchemy's per-row
         bind processing would cost more than the database does (benchmarks/store_append.py).
-        The statement is still compiled by SQLAlchemy, once per driver."""
+        The statement is still compiled by SQLAlchemy, once per driver. ``copy``: with
+        COPY instead, on the writer thread's psycopg connection outside a pipeline (half
+        the client's CPU per row of a pipelined executemany: docs/performance.md)."""
+        if copy:
+            driver: Any = conn.connection.driver_connection
+            with driver.cursor() as cursor, cursor.copy(_COPY_SQL) as rows:
+                for message in messages:
+                    rows.write_row(message_values(message))
+            return
         conn.exec_driver_sql(_insert_sql(conn.dialect), [message_values(m) for m in messages])
 
     def write_heads(self, conn: sa.Connection, allocation: Allocation) -> None:

@@ -21,6 +21,7 @@ from core.errors import (
 )
 from core.model import GroupConfig, Message, QueueConfig, StartPosition
 from storage import SqlStore, open_store
+from storage.base import COPY_ROWS, StoreBase
 from storage.retention import expired_messages
 from storage.schema import kg_partitions
 
@@ -377,6 +378,82 @@ async def test_a_call_the_database_refuses_fails_alone_and_its_batch_mates_are_s
 
 
 FLOATS = (1e300, -1e20, 1e16, 9999999999999998.0, 2.0, 1.5, 5e-324, math.inf, -math.inf)
+
+
+# -- appends as large as COPY takes on PostgreSQL (storage.base.COPY_ROWS) -------------------
+
+
+def _spy_on_inserts(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, bool]]:
+    """(rows, whether by COPY) of every kg_messages insert from now on."""
+    inserts: list[tuple[int, bool]] = []
+    original = StoreBase.insert_messages
+
+    def spy(self: StoreBase, conn: sa.Connection, messages: Sequence[Message], **kw: bool) -> None:
+        inserts.append((len(messages), kw.get("copy", False)))
+        original(self, conn, messages, **kw)
+
+    monkeypatch.setattr(StoreBase, "insert_messages", spy)
+    return inserts
+
+
+async def test_a_batch_as_large_as_copy_takes_round_trips_every_field(
+    store: SqlStore, make_message: MessageFactory, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tabs, newlines, backslashes, NUL bytes and non-ASCII text are what COPY's text
+    format must escape; every field comes back as it went in."""
+    inserts = _spy_on_inserts(monkeypatch)
+    await store.create_queue(QueueConfig("orders", partitions=2))
+    sent = [
+        make_message(
+            "orders",
+            i % 2,
+            payload=bytes([i % 256]) * 100 + b"\x00\\\n\t\r",
+            key=f"Schlüssel-{i}\t\\N",
+            properties={"s": "a\tb\nc\\d", "f": FLOATS[i % len(FLOATS)], "b": b"\x00\n"},
+            topic=None if i % 3 else "shop/\\N",
+            deliver_at=NOW + i if i % 2 else None,
+            dedup_id=f"d{i}",
+            reply_to="\\.",
+        )
+        for i in range(COPY_ROWS + 5)
+    ]
+    stored = await store.append(sent, now=NOW)
+    read = [m for p in (0, 1) for m in await store.read("orders", p, 0, 1000)]
+    assert sorted(read, key=lambda m: m.message_id) == sorted(stored, key=lambda m: m.message_id)
+    assert [dataclasses.replace(m, seq=0) for m in stored] == sent
+    assert inserts == [(len(sent), db_url.startswith("postgresql"))]
+
+
+async def test_a_large_batch_follows_a_head_another_writer_moved(
+    store: SqlStore, make_message: MessageFactory
+) -> None:
+    await store.create_queue(QueueConfig("orders"))
+    await store.append([make_message("orders")], now=NOW)
+    async with store.engine.begin() as conn:
+        await conn.execute(sa.update(kg_partitions).values(head_seq=5))
+    stored = await store.append([make_message("orders") for _ in range(COPY_ROWS)], now=NOW)
+    assert [m.seq for m in stored] == list(range(6, 6 + COPY_ROWS))
+    assert len(await store.read("orders", 0, 0, 1000)) == 1 + COPY_ROWS
+
+
+async def test_a_call_the_database_refuses_fails_alone_in_a_large_batch(
+    store: SqlStore, make_message: MessageFactory, db_url: str
+) -> None:
+    await store.create_queue(QueueConfig("orders", partitions=4))
+    bad = [make_message("orders", properties={"odd": {1, 2}})]
+    if db_url.startswith("postgresql"):
+        bad.append(make_message("orders", key="a\0b"))
+    good = [
+        [make_message("orders", i % 4, payload=b"good-%d-%d" % (n, i)) for i in range(COPY_ROWS)]
+        for n in range(2)
+    ]
+    calls = [good[0], *([m] for m in bad), good[1]]
+    results = await asyncio.gather(
+        *(store.append(call, now=NOW) for call in calls), return_exceptions=True
+    )
+    assert [isinstance(r, StorageError) for r in results] == [False, *(True for _ in bad), False]
+    stored = [m for p in range(4) for m in await store.read("orders", p, 0, 1000)]
+    assert sorted(m.payload for m in stored) == sorted(m.payload for c in good for m in c)
 
 
 async def test_float_properties_come_back_as_the_same_floats(
