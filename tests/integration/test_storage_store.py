@@ -292,16 +292,19 @@ async def test_a_failed_transaction_fails_every_call_and_stores_nothing(
     assert len(await store.read("orders", 0, 0, 10)) == 1
 
 
+@pytest.mark.parametrize("count", [1, COPY_ROWS], ids=["one", "copy-sized"])
 async def test_seqs_follow_rows_another_writer_appended(
-    store: SqlStore, make_message: MessageFactory
+    store: SqlStore, make_message: MessageFactory, count: int
 ) -> None:
     await store.create_queue(QueueConfig("orders"))
     await store.append([make_message("orders")], now=NOW)
     # A Spark job dead-lettering into a queue appends and advances head_seq itself.
     async with store.engine.begin() as conn:
         await conn.execute(sa.update(kg_partitions).values(head_seq=5))
-    [stored] = await store.append([make_message("orders")], now=NOW)
-    assert stored.seq == 6 and await store.head_seqs("orders") == {0: 6}
+    stored = await store.append([make_message("orders") for _ in range(count)], now=NOW)
+    assert [m.seq for m in stored] == list(range(6, 6 + count))
+    assert await store.head_seqs("orders") == {0: 5 + count}
+    assert len(await store.read("orders", 0, 0, 1000)) == 1 + count
 
 
 async def test_groups_are_created_listed_and_deleted(store: SqlStore) -> None:
@@ -355,8 +358,9 @@ async def test_pointing_a_queue_at_a_new_dead_letter_queue_creates_it(store: Sql
         await store.add_subscription("nowhere", "a/b")
 
 
+@pytest.mark.parametrize("size", [1, COPY_ROWS], ids=["single", "copy-sized"])
 async def test_a_call_the_database_refuses_fails_alone_and_its_batch_mates_are_stored(
-    store: SqlStore, make_message: MessageFactory, db_url: str
+    store: SqlStore, make_message: MessageFactory, db_url: str, size: int
 ) -> None:
     await store.create_queue(QueueConfig("orders", partitions=4))
     # Rows that ingress validation would have refused, handed to the store directly: a
@@ -364,17 +368,22 @@ async def test_a_call_the_database_refuses_fails_alone_and_its_batch_mates_are_s
     bad = [make_message("orders", properties={"odd": {1, 2}})]
     if db_url.startswith("postgresql"):
         bad.append(make_message("orders", key="a\0b"))
-    good = [make_message("orders", i % 4, payload=b"good-%d" % i) for i in range(40)]
-    calls = [[m] for m in good[:20]] + [[m] for m in bad] + [[m] for m in good[20:]]
+    good = [
+        [make_message("orders", i % 4, payload=b"good-%d-%d" % (n, i)) for i in range(size)]
+        for n in range(40 if size == 1 else 2)
+    ]
+    half = len(good) // 2
+    calls = [*good[:half], *([m] for m in bad), *good[half:]]
     results = await asyncio.gather(
         *(store.append(call, now=NOW) for call in calls), return_exceptions=True
     )
-    failed = [r for r in results if isinstance(r, BaseException)]
-    assert len(failed) == len(bad)
-    for error in failed:
-        assert isinstance(error, StorageError) and error.message == "storage error"
-    stored = [m for p in range(4) for m in await store.read("orders", p, 0, 100)]
-    assert sorted(m.payload for m in stored) == sorted(m.payload for m in good)
+    refused = [isinstance(r, BaseException) for r in results]
+    assert refused == [False] * half + [True] * len(bad) + [False] * (len(good) - half)
+    for error in results:
+        if isinstance(error, BaseException):
+            assert isinstance(error, StorageError) and error.message == "storage error"
+    stored = [m for p in range(4) for m in await store.read("orders", p, 0, 1000)]
+    assert sorted(m.payload for m in stored) == sorted(m.payload for c in good for m in c)
 
 
 FLOATS = (1e300, -1e20, 1e16, 9999999999999998.0, 2.0, 1.5, 5e-324, math.inf, -math.inf)
@@ -422,38 +431,6 @@ async def test_a_batch_as_large_as_copy_takes_round_trips_every_field(
     assert sorted(read, key=lambda m: m.message_id) == sorted(stored, key=lambda m: m.message_id)
     assert [dataclasses.replace(m, seq=0) for m in stored] == sent
     assert inserts == [(len(sent), db_url.startswith("postgresql"))]
-
-
-async def test_a_large_batch_follows_a_head_another_writer_moved(
-    store: SqlStore, make_message: MessageFactory
-) -> None:
-    await store.create_queue(QueueConfig("orders"))
-    await store.append([make_message("orders")], now=NOW)
-    async with store.engine.begin() as conn:
-        await conn.execute(sa.update(kg_partitions).values(head_seq=5))
-    stored = await store.append([make_message("orders") for _ in range(COPY_ROWS)], now=NOW)
-    assert [m.seq for m in stored] == list(range(6, 6 + COPY_ROWS))
-    assert len(await store.read("orders", 0, 0, 1000)) == 1 + COPY_ROWS
-
-
-async def test_a_call_the_database_refuses_fails_alone_in_a_large_batch(
-    store: SqlStore, make_message: MessageFactory, db_url: str
-) -> None:
-    await store.create_queue(QueueConfig("orders", partitions=4))
-    bad = [make_message("orders", properties={"odd": {1, 2}})]
-    if db_url.startswith("postgresql"):
-        bad.append(make_message("orders", key="a\0b"))
-    good = [
-        [make_message("orders", i % 4, payload=b"good-%d-%d" % (n, i)) for i in range(COPY_ROWS)]
-        for n in range(2)
-    ]
-    calls = [good[0], *([m] for m in bad), good[1]]
-    results = await asyncio.gather(
-        *(store.append(call, now=NOW) for call in calls), return_exceptions=True
-    )
-    assert [isinstance(r, StorageError) for r in results] == [False, *(True for _ in bad), False]
-    stored = [m for p in range(4) for m in await store.read("orders", p, 0, 1000)]
-    assert sorted(m.payload for m in stored) == sorted(m.payload for c in good for m in c)
 
 
 async def test_float_properties_come_back_as_the_same_floats(
