@@ -63,7 +63,7 @@ from storage.schema import (
     kg_queues,
     kg_subscriptions,
 )
-from storage.writer import Body, WriterThread
+from storage.writer import Body, WriterThread, wrapped_driver_error
 
 T = TypeVar("T")
 
@@ -200,9 +200,12 @@ class StoreBase:
         the client's CPU per row of a pipelined executemany: docs/performance.md)."""
         if copy:
             driver: Any = conn.connection.driver_connection
-            with driver.cursor() as cursor, cursor.copy(_COPY_SQL) as rows:
-                for message in messages:
-                    rows.write_row(message_values(message))
+            try:
+                with driver.cursor() as cursor, cursor.copy(_COPY_SQL) as rows:
+                    for message in messages:
+                        rows.write_row(message_values(message))
+            except driver.Error as e:  # raised by psycopg itself, outside SQLAlchemy
+                raise wrapped_driver_error(conn, e, _COPY_SQL) from e
             return
         conn.exec_driver_sql(_insert_sql(conn.dialect), [message_values(m) for m in messages])
 

@@ -53,14 +53,16 @@ def _quiet(conn: sa.Connection) -> bool:
     return not readable
 
 
-def _wrapped(conn: sa.Connection, error: Exception) -> sa.exc.StatementError:
-    """A psycopg error raised outside SQLAlchemy as SQLAlchemy would have raised it, the
-    connection invalidated if it is lost."""
+def wrapped_driver_error(
+    conn: sa.Connection, error: Exception, statement: str = "-- a pipelined transaction"
+) -> sa.exc.StatementError:
+    """A psycopg error raised outside SQLAlchemy (a pipeline's sync, a COPY) as SQLAlchemy
+    would have raised it, the connection invalidated if it is lost."""
     driver: Any = conn.connection.driver_connection
     if driver.broken:
         conn.invalidate()
     return sa.exc.DBAPIError.instance(
-        "-- a pipelined transaction",
+        statement,
         None,
         error,
         type(driver).Error,
@@ -224,7 +226,7 @@ class WriterThread:
                         failed = e
             except driver.Error as e:  # raised by the pipeline's sync, outside SQLAlchemy
                 if failed is None:
-                    raise _wrapped(conn, e) from e
+                    raise wrapped_driver_error(conn, e) from e
             if failed is not None:
                 raise failed
         except BaseException:
@@ -269,4 +271,4 @@ class WriterThread:
                 conn.close()
 
 
-__all__ = ["Body", "WriterThread"]
+__all__ = ["Body", "WriterThread", "wrapped_driver_error"]

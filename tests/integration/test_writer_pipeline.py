@@ -13,6 +13,7 @@ import sqlalchemy as sa
 from core.model import Message, QueueConfig
 from storage import open_store
 from storage import writer as writer_module
+from storage.base import COPY_ROWS
 from storage.engine import sync_engine
 from storage.writer import WriterThread
 from tests.support.wait import eventually
@@ -111,3 +112,27 @@ def _scalar(url: str, query: str) -> object:
             return conn.exec_driver_sql(query).scalar_one()
     finally:
         engine.dispose()
+
+
+async def test_a_copy_sized_append_after_its_connection_died_while_idle_is_stored_once(
+    postgres_url: str, make_message: Callable[..., Message]
+) -> None:
+    """An append large enough for COPY runs outside the pipeline: a session the server
+    ended while idle is found by the transaction's first statement and replaced, and the
+    COPY runs on the new one."""
+    store = await open_store(postgres_url)
+    try:
+        await store.create_queue(QueueConfig("orders"))
+        await store.append([make_message("orders", payload=b"first")], now=NOW)
+        assert store.writer._conn is not None
+        pid = store.writer._conn.connection.driver_connection.info.backend_pid
+        assert _scalar(postgres_url, f"SELECT pg_terminate_backend({pid})")
+        gone = f"SELECT count(*) = 0 FROM pg_stat_activity WHERE pid = {pid}"
+        await eventually(lambda: asyncio.to_thread(_scalar, postgres_url, gone))
+        batch = [make_message("orders", payload=b"%d" % i) for i in range(COPY_ROWS)]
+        stored = await store.append(batch, now=NOW)
+        assert [m.seq for m in stored] == list(range(2, 2 + COPY_ROWS))
+        payloads = [m.payload for m in await store.read("orders", 0, 0, 1000)]
+        assert payloads == [b"first", *(m.payload for m in batch)]
+    finally:
+        await store.close()
