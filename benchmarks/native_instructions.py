@@ -23,6 +23,10 @@ intervals, two runs of the same code differed by 4 %); the native idle timeout a
 gateway lease's time to live are as long again, so that no connection is closed as
 silent and the gateway does not give up its lease while a step lasts a minute under
 valgrind on a busy machine.
+Only user-space instructions are counted, not the kernel's: a change that trades system
+calls for instructions reads worse here than it runs (PostgreSQL appends with COPY: +11 %
+instructions, 25 % fewer CPU seconds), so check such a change in CPU seconds too
+(``benchmarks.native``).
 ``--keep DIR`` keeps the callgrind files (one per phase) for ``callgrind_annotate``:
 each names its functions only once across the family (read them together). Python runs
 about 50 times slower under valgrind: a run takes a few minutes, most of them the
