@@ -11,7 +11,7 @@ import pytest
 import sqlalchemy as sa
 
 from core.model import Message, QueueConfig
-from storage import open_store
+from storage import SqlStore, open_store
 from storage import writer as writer_module
 from storage.base import COPY_ROWS
 from storage.engine import sync_engine
@@ -92,17 +92,22 @@ async def test_an_append_whose_connection_dies_during_its_round_trip_is_stored_o
     try:
         await store.create_queue(QueueConfig("orders"))
         await store.append([make_message("orders", payload=b"1")], now=NOW)
-        assert store.writer._conn is not None
-        pid = store.writer._conn.connection.driver_connection.info.backend_pid
         monkeypatch.setattr(writer_module, "_quiet", lambda conn: True)
-        assert _scalar(postgres_url, f"SELECT pg_terminate_backend({pid})")
-        gone = f"SELECT count(*) = 0 FROM pg_stat_activity WHERE pid = {pid}"
-        await eventually(lambda: asyncio.to_thread(_scalar, postgres_url, gone))
+        await _end_writer_session(store, postgres_url)
         [stored] = await store.append([make_message("orders", payload=b"2")], now=NOW)
         assert stored.seq == 2
         assert [m.payload for m in await store.read("orders", 0, 0, 10)] == [b"1", b"2"]
     finally:
         await store.close()
+
+
+async def _end_writer_session(store: SqlStore, url: str) -> None:
+    """Have the server end the store's writer session, and wait until it is gone."""
+    assert store.writer._conn is not None
+    pid = store.writer._conn.connection.driver_connection.info.backend_pid
+    assert _scalar(url, f"SELECT pg_terminate_backend({pid})")
+    gone = f"SELECT count(*) = 0 FROM pg_stat_activity WHERE pid = {pid}"
+    await eventually(lambda: asyncio.to_thread(_scalar, url, gone))
 
 
 def _scalar(url: str, query: str) -> object:
@@ -124,11 +129,7 @@ async def test_a_copy_sized_append_after_its_connection_died_while_idle_is_store
     try:
         await store.create_queue(QueueConfig("orders"))
         await store.append([make_message("orders", payload=b"first")], now=NOW)
-        assert store.writer._conn is not None
-        pid = store.writer._conn.connection.driver_connection.info.backend_pid
-        assert _scalar(postgres_url, f"SELECT pg_terminate_backend({pid})")
-        gone = f"SELECT count(*) = 0 FROM pg_stat_activity WHERE pid = {pid}"
-        await eventually(lambda: asyncio.to_thread(_scalar, postgres_url, gone))
+        await _end_writer_session(store, postgres_url)
         batch = [make_message("orders", payload=b"%d" % i) for i in range(COPY_ROWS)]
         stored = await store.append(batch, now=NOW)
         assert [m.seq for m in stored] == list(range(2, 2 + COPY_ROWS))
