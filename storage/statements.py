@@ -3,8 +3,9 @@
 The gateway and a Spark job take the same group lease and write the same offsets, so
 each statement is defined once, here, and both sides run it: a change to what "free"
 means or to how offsets move cannot reach one writer and miss the other. Builders return
-SQLAlchemy Core statements; the offset statements take bind parameters (``b_*``) so one
-statement serves a whole executemany. Sync and async connections run them alike.
+SQLAlchemy Core statements; ADVANCE_DISPATCHED takes bind parameters (``b_*``) so one
+statement serves a whole executemany, and an offset flush is two text statements per
+dialect, its rows one JSON document. Sync and async connections run them alike.
 """
 
 from __future__ import annotations
