@@ -186,13 +186,14 @@ class Requests:
         # Pieces of about DELIVER_CHUNK bytes, as the outbox releases them.
         piece: list[actions.Deliver] = []
         size = 0
-        last = deliveries[-1]
         for d in deliveries:
             piece.append(d)
             size += d.message.size
-            if size >= DELIVER_CHUNK or d is last:
+            if size >= DELIVER_CHUNK:
                 self.outbox.push(None, remake=functools.partial(self._write_late, piece))
                 piece, size = [], 0
+        if piece:
+            self.outbox.push(None, remake=functools.partial(self._write_late, piece))
 
     def _write_late(self, deliveries: list[actions.Deliver]) -> bytes:
         """The DELIVERs of one piece of a flow's run, made when the outbox writes them.
