@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 import time
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -51,13 +52,47 @@ RIDE_STEPS: Final = 256
 RIDE_WAIT: Final = 0.05
 
 Deleted = dict[str, list[int]]  # queue -> [messages, bytes]
+# (queue, partition, seq after which, seq up to which): one partition's span to delete.
+Span = tuple[str, int, int, int]
+
+# A chunk of several spans travels as one JSON document (a row per span, as the offset
+# flush's), so that building and compiling the statement costs the same however many
+# partitions it takes: as an OR of one condition per partition, building it took 7 % of
+# the event loop while a 256-partition queue was consumed, and deleting 60,000 messages
+# of 256 partitions took 3.1 s of CPU against 1.5 s now. LIMIT -1 makes SQLite
+# materialize the rows and seek each partition's span in the key index. A single span
+# (one partition) is a plain range delete, 20 % cheaper than through the document.
+_ONE_SPAN: Final = sa.text(
+    """DELETE FROM kg_messages WHERE queue = :queue AND "partition" = :partition
+    AND seq > :after AND seq <= :upto RETURNING queue, size"""
+)
+_SQLITE_DELETE: Final = sa.text(
+    """DELETE FROM kg_messages WHERE rowid IN (
+    SELECT m.rowid FROM (
+        SELECT json_extract(value, '$.queue') AS queue,
+            json_extract(value, '$.partition') AS "partition",
+            json_extract(value, '$.after') AS after, json_extract(value, '$.upto') AS upto
+        FROM json_each(:spans) LIMIT -1) AS j
+    CROSS JOIN kg_messages AS m
+    WHERE m.queue = j.queue AND m."partition" = j."partition" AND m.seq > j.after
+        AND m.seq <= j.upto)
+RETURNING queue, size"""
+)
+_POSTGRES_DELETE: Final = sa.text(
+    """DELETE FROM kg_messages AS m
+USING jsonb_to_recordset(CAST(:spans AS jsonb)) AS j(queue text, "partition" integer,
+    after bigint, upto bigint)
+WHERE m.queue = j.queue AND m."partition" = j."partition" AND m.seq > j.after
+    AND m.seq <= j.upto
+RETURNING m.queue, m.size"""
+)
 
 
 @dataclass(eq=False)
 class Rider:
     """A chunk of deletes waiting for an append transaction to carry it."""
 
-    where: sa.ColumnElement[bool]
+    spans: list[Span]
     done: asyncio.Future[Deleted]
     deleted: Deleted = field(default_factory=dict)
 
@@ -108,13 +143,18 @@ def carry(conn: sa.Connection, riders: list[Rider]) -> None:
     """In the append transaction, after its inserts: delete the riders' messages."""
     for rider in riders:
         rider.deleted = {}
-        delete_into(conn, where=rider.where, deleted=rider.deleted)
+        delete_into(conn, spans=rider.spans, deleted=rider.deleted)
 
 
-def delete_into(conn: sa.Connection, *, where: sa.ColumnElement[bool], deleted: Deleted) -> None:
-    """Delete the messages ``where`` selects, adding them to ``deleted``."""
-    m = kg_messages
-    for queue, size in conn.execute(sa.delete(m).where(where).returning(m.c.queue, m.c.size)):
+def delete_into(conn: sa.Connection, *, spans: list[Span], deleted: Deleted) -> None:
+    """Delete the messages of ``spans``, adding them to ``deleted``."""
+    rows = [{"queue": q, "partition": p, "after": a, "upto": u} for q, p, a, u in spans]
+    if len(rows) == 1:
+        result = conn.execute(_ONE_SPAN, rows[0])
+    else:
+        delete = _POSTGRES_DELETE if conn.dialect.name == "postgresql" else _SQLITE_DELETE
+        result = conn.execute(delete, {"spans": json.dumps(rows)})
+    for queue, size in result:
         total = deleted.setdefault(queue, [0, 0])
         total[0] += 1
         total[1] += size
@@ -154,19 +194,13 @@ class RetentionOps(StoreBase):
             chunk = min(RETENTION_MAX_CHUNK, max(RIDE_CHUNK, -(-backlog // RIDE_STEPS)))
         else:
             chunk = min(RETENTION_MAX_CHUNK, max(RETENTION_CHUNK, -(-backlog // RETENTION_STEPS)))
-        m = kg_messages
         while work:
             batch, work = work[:RETENTION_RANGES], work[RETENTION_RANGES:]
             share = max(1, chunk // len(batch))
             for entry in batch:
                 entry.append(min(entry[3], entry[2] + share))
-            where = sa.or_(
-                *(
-                    sa.and_(m.c.queue == q, m.c.partition == p, m.c.seq > done, m.c.seq <= upto)
-                    for q, p, done, _, upto in batch
-                )
-            )
-            deleted = await (self._ride(where) if ride else self._delete_alone(where))
+            spans = [(q, p, done, upto) for q, p, done, _, upto in batch]
+            deleted = await (self._ride(spans) if ride else self._delete_alone(spans))
             total += self._forget_depth(deleted)
             for queue, partition, _, low, upto in batch:
                 self._retained[(queue, partition)] = upto
@@ -195,11 +229,11 @@ class RetentionOps(StoreBase):
             sweep = list((await conn.execute(ungrouped)).scalars())
         return lows, sweep
 
-    async def _ride(self, where: sa.ColumnElement[bool]) -> Deleted:
-        """Delete ``where`` in the next append transaction, or alone if none takes it
+    async def _ride(self, spans: list[Span]) -> Deleted:
+        """Delete ``spans`` in the next append transaction, or alone if none takes it
         within RIDE_WAIT."""
         assert self.riders is not None
-        rider = Rider(where, asyncio.get_running_loop().create_future())
+        rider = Rider(spans, asyncio.get_running_loop().create_future())
         self.riders.wait(rider)
         try:
             return await asyncio.wait_for(asyncio.shield(rider.done), RIDE_WAIT)
@@ -209,12 +243,12 @@ class RetentionOps(StoreBase):
                     return await rider.done  # boarded meanwhile: its transaction is under way
         except Exception:
             pass  # the transaction that carried it failed (and ran again without it)
-        return await self._delete_alone(where)
+        return await self._delete_alone(spans)
 
-    async def _delete_alone(self, where: sa.ColumnElement[bool]) -> Deleted:
-        """Delete ``where`` in a transaction of its own, which need not flush."""
+    async def _delete_alone(self, spans: list[Span]) -> Deleted:
+        """Delete ``spans`` in a transaction of its own, which need not flush."""
         deleted: Deleted = {}
-        delete = functools.partial(delete_into, where=where, deleted=deleted)
+        delete = functools.partial(delete_into, spans=spans, deleted=deleted)
         await self.write(delete, durable=False)
         return deleted
 

@@ -213,6 +213,33 @@ async def test_retention_deletes_what_every_group_settled(
     assert await store.retention(now=NOW) == 0
 
 
+async def test_one_retention_chunk_deletes_each_partition_of_each_queue_up_to_its_own_point(
+    store: SqlStore, make_message: MessageFactory
+) -> None:
+    for queue in ("orders", "invoices"):
+        await store.create_queue(QueueConfig(queue, partitions=3))
+        await store.create_group(GroupConfig(queue, "billing"))
+        await store.append([make_message(queue, i % 3) for i in range(18)], now=NOW)
+    await store.write_offsets("orders", "billing", [OffsetUpdate(0, 2), OffsetUpdate(1, 5)])
+    await store.write_offsets("invoices", "billing", [OffsetUpdate(2, 6)])
+    assert await store.retention(now=NOW) == 13
+    left = {
+        (queue, p): [m.seq for m in await store.read(queue, p, 0, 10)]
+        for queue in ("orders", "invoices")
+        for p in range(3)
+    }
+    assert left == {
+        ("orders", 0): [3, 4, 5, 6],
+        ("orders", 1): [6],
+        ("orders", 2): [1, 2, 3, 4, 5, 6],
+        ("invoices", 0): [1, 2, 3, 4, 5, 6],
+        ("invoices", 1): [1, 2, 3, 4, 5, 6],
+        ("invoices", 2): [],
+    }
+    assert await store.depth("orders") == (11, 11 * len(b"payload"))
+    assert await store.depth("invoices") == (12, 12 * len(b"payload"))
+
+
 async def test_retention_of_a_large_backlog_runs_in_chunks_and_deletes_it_all(
     store: SqlStore, make_message: MessageFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -295,8 +322,16 @@ async def test_a_chunk_whose_delete_fails_does_not_fail_the_publish_it_rides_wit
 ) -> None:
     if store.riders is None:
         pytest.skip("PostgreSQL appends are one pipelined round trip: chunks go alone")
-    await store.create_queue(QueueConfig("orders"))
-    broken = Rider(sa.text("no_such_column = 1"), asyncio.get_running_loop().create_future())
+    await store.create_queue(QueueConfig("orders", partitions=8))
+    await store.append([make_message("orders", 7)], now=NOW)
+    async with store.engine.begin() as conn:  # the database refuses to delete from 7
+        await conn.execute(
+            sa.text(
+                'CREATE TRIGGER keep_seven BEFORE DELETE ON kg_messages WHEN old."partition" = 7'
+                " BEGIN SELECT RAISE(ABORT, 'kept'); END"
+            )
+        )
+    broken = Rider([("orders", 7, 0, 1)], asyncio.get_running_loop().create_future())
     store.riders.wait(broken)
     (stored,) = await store.append([make_message("orders")], now=NOW)
     assert stored.seq == 1
@@ -304,6 +339,27 @@ async def test_a_chunk_whose_delete_fails_does_not_fail_the_publish_it_rides_wit
     with pytest.raises(StorageError):
         broken.done.result()  # its run writes it alone, and fails there on its own
     assert len(store.riders) == 0
+    assert [m.seq for m in await store.read("orders", 7, 0, 10)] == [1]
+
+
+async def test_retention_finds_each_partitions_span_through_the_key_index(
+    store: SqlStore,
+) -> None:
+    """A chunk's spans are one JSON document joined to kg_messages: each span must be a
+    seek in the key index, not a scan of the table (it runs on the writer's path)."""
+    spans = '[{"queue": "orders", "partition": 3, "after": 0, "upto": 9}]'
+    async with store.transaction() as conn:
+        if conn.dialect.name == "postgresql":
+            await conn.exec_driver_sql("SET LOCAL enable_seqscan = off")
+            delete, explain, index = storage_retention._POSTGRES_DELETE, "EXPLAIN", "pkey"
+        else:
+            delete, explain = storage_retention._SQLITE_DELETE, "EXPLAIN QUERY PLAN"
+            index = "partition=? AND seq>? AND seq<?"
+        statement = str(delete).replace(":spans", f"'{spans}'")
+        plan = await conn.exec_driver_sql(f"{explain} {statement}")
+        text = "\n".join(str(row[-1]) for row in plan)
+    assert index in text, text
+    assert "SCAN kg_messages" not in text and "Seq Scan on kg_messages" not in text, text
 
 
 async def test_a_paced_retention_run_ends_having_deleted_everything_settled(
