@@ -58,7 +58,7 @@ from storage.schema import (
     kg_partition_assignments,
     kg_partitions,
 )
-from storage.statements import ADVANCE_DISPATCHED, upsert, write_offsets
+from storage.statements import advance_dispatched, upsert, write_offsets
 
 DISPATCH_BATCH: Final = 1000
 DispatchCall = tuple[str, str, Sequence[RecordDispatch]]
@@ -120,24 +120,19 @@ class ConsumerOps(AdminOps):
 
     async def _write_dispatches(self, calls: list[DispatchCall]) -> list[None]:
         now = time.time()
-        advances: list[dict[str, object]] = []
+        advances: list[tuple[str, str, int, int, int]] = []
         deliveries: list[dict[str, object]] = []
         for queue, group, records in calls:
             for record in records:
-                key = {"b_queue": queue, "b_group": group, "b_partition": record.partition}
+                partition = record.partition
                 advances.append(
-                    {
-                        **key,
-                        "b_seq": record.dispatched_seq,
-                        "b_reserved": record.reserved_seq,
-                        "b_now": now,
-                    }
+                    (queue, group, partition, record.dispatched_seq, record.reserved_seq)
                 )
                 deliveries.extend(
                     {
                         "queue": queue,
                         "group_name": group,
-                        "partition": record.partition,
+                        "partition": partition,
                         "seq": seq,
                         "delivery_count": count,
                         "first_delivery_time": first,
@@ -146,7 +141,7 @@ class ConsumerOps(AdminOps):
                 )
 
         def advance(conn: sa.Connection) -> None:
-            conn.execute(ADVANCE_DISPATCHED, advances)
+            advance_dispatched(conn, advances, now=now)
             if deliveries:
                 keys = ("queue", "group_name", "partition", "seq")
                 stmt = upsert(conn, _d, keys, ("delivery_count", "first_delivery_time"))

@@ -3,9 +3,8 @@
 The gateway and a Spark job take the same group lease and write the same offsets, so
 each statement is defined once, here, and both sides run it: a change to what "free"
 means or to how offsets move cannot reach one writer and miss the other. Builders return
-SQLAlchemy Core statements; ADVANCE_DISPATCHED takes bind parameters (``b_*``) so one
-statement serves a whole executemany, and an offset flush is two text statements per
-dialect, its rows one JSON document. Sync and async connections run them alike.
+SQLAlchemy Core statements; a dispatch record and an offset flush are text statements
+per dialect whose rows travel as one JSON document. Sync and async connections run them alike.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from core.actions import OffsetUpdate
 from storage.codec import encode_ranges, ranges_count
-from storage.schema import kg_group_offsets, kg_groups
+from storage.schema import kg_groups
 
 # --- group lease (kg_groups.lease_*; DESIGN.md §7) ---------------------------------------
 
@@ -74,28 +73,60 @@ def release_lease(queue: str, group: str, owner: str) -> Any:
 
 # --- offsets and delivery records --------------------------------------------------------
 
-_o: Final = kg_group_offsets
-OFFSET_WHERE: Final = sa.and_(
-    _o.c.queue == sa.bindparam("b_queue"),
-    _o.c.group_name == sa.bindparam("b_group"),
-    _o.c.partition == sa.bindparam("b_partition"),
+# First deliveries recorded (RecordDispatch): dispatched_seq and reserved_seq never move
+# back. One statement per dispatch transaction, its rows one JSON document, as the offset
+# flush below (an executemany of one UPDATE per partition cost the writer a Python step
+# per row, and on PostgreSQL two polls and a send per row in the pipeline; at 256
+# partitions a transaction carries dozens).
+_SQLITE_ADVANCE: Final = sa.text(
+    """UPDATE kg_group_offsets SET
+    dispatched_seq = CASE WHEN j.dispatched > dispatched_seq THEN j.dispatched
+        ELSE dispatched_seq END,
+    reserved_seq = CASE WHEN j.reserved > reserved_seq THEN j.reserved ELSE reserved_seq END,
+    updated_at = :now
+FROM (
+    SELECT json_extract(value, '$.queue') AS queue, json_extract(value, '$.group') AS grp,
+        json_extract(value, '$.partition') AS "partition",
+        json_extract(value, '$.dispatched') AS dispatched,
+        json_extract(value, '$.reserved') AS reserved
+    FROM json_each(:rows) LIMIT -1) AS j
+WHERE kg_group_offsets.queue = j.queue AND kg_group_offsets.group_name = j.grp
+    AND kg_group_offsets."partition" = j."partition"
+"""
+)
+_POSTGRES_ADVANCE: Final = sa.text(
+    """UPDATE kg_group_offsets AS o SET
+    dispatched_seq = CASE WHEN j.dispatched > o.dispatched_seq THEN j.dispatched
+        ELSE o.dispatched_seq END,
+    reserved_seq = CASE WHEN j.reserved > o.reserved_seq THEN j.reserved
+        ELSE o.reserved_seq END,
+    updated_at = :now
+FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS j(
+    queue text, "group" text, "partition" integer, dispatched bigint, reserved bigint)
+WHERE o.queue = j.queue AND o.group_name = j."group" AND o."partition" = j."partition"
+"""
 )
 
 
-def _not_back(column: sa.Column[Any], name: str) -> sa.ColumnElement[Any]:
-    value: sa.BindParameter[Any] = sa.bindparam(name)
-    return sa.case((value > column, value), else_=column)
-
-
-ADVANCE_DISPATCHED: Final = (
-    sa.update(_o)
-    .where(OFFSET_WHERE)
-    .values(
-        dispatched_seq=_not_back(_o.c.dispatched_seq, "b_seq"),
-        reserved_seq=_not_back(_o.c.reserved_seq, "b_reserved"),
-        updated_at=sa.bindparam("b_now"),
-    )
-)
+def advance_dispatched(
+    conn: sa.Connection, advances: Iterable[tuple[str, str, int, int, int]], *, now: float
+) -> None:
+    """Move each (queue, group, partition)'s dispatched_seq and reserved_seq up to the
+    given ones (never back), in one statement. A partition named more than once (records
+    of several steps in one transaction) moves to the highest of each."""
+    rows: dict[tuple[str, str, int], dict[str, Any]] = {}
+    for queue, group, partition, dispatched, reserved in advances:
+        row = rows.get((queue, group, partition))
+        if row is None:
+            row = {"queue": queue, "group": group, "partition": partition}
+            row |= {"dispatched": dispatched, "reserved": reserved}
+            rows[(queue, group, partition)] = row
+        else:
+            row["dispatched"] = max(row["dispatched"], dispatched)
+            row["reserved"] = max(row["reserved"], reserved)
+    if rows:
+        statement = _POSTGRES_ADVANCE if conn.dialect.name == "postgresql" else _SQLITE_ADVANCE
+        conn.execute(statement, {"rows": json.dumps(list(rows.values())), "now": now})
 
 
 def first_offsets(
@@ -242,8 +273,7 @@ def insert_missing(conn: sa.Connection | AsyncConnection, table: sa.Table) -> An
 
 
 __all__ = [
-    "ADVANCE_DISPATCHED",
-    "OFFSET_WHERE",
+    "advance_dispatched",
     "first_offsets",
     "group_is",
     "insert_missing",

@@ -4,6 +4,7 @@ retention, flows, assignments, the inspection views and leases (SQLite and Postg
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -39,6 +40,7 @@ from storage import SqlStore, open_store
 from storage import retention as storage_retention
 from storage.retention import RETENTION_CHUNK, RIDE_CHUNK, Rider
 from storage.schema import kg_partitions
+from storage.statements import advance_dispatched
 from tests.support.wait import eventually
 
 NOW = 1_700_000_000.0
@@ -126,6 +128,35 @@ async def test_settling_forgets_delivery_records(
     assert [d.seq for d in snapshot.partitions[3].deliveries] == [4, 7, 8]
     with pytest.raises(GroupNotFound):
         await store.load_group("orders", "nobody")
+
+
+async def test_dispatch_records_of_one_transaction_each_move_their_own_partition_up(
+    store: SqlStore, make_message: MessageFactory
+) -> None:
+    """Records group-committed together are one statement (advance_dispatched): every
+    (queue, group, partition) named moves to the highest position recorded for it, never
+    back, and nothing else moves."""
+    await _queue_with_messages(store, make_message, 10)
+    await store.create_group(GroupConfig("orders", "audit"))
+    await store.record_dispatch("orders", "billing", [RecordDispatch(0, 6, reserved_seq=9)])
+    together = [
+        ("orders", "billing", 0, 4, 12),
+        ("orders", "billing", 0, 5, 7),
+        ("orders", "billing", 3, 2, 2),
+        ("orders", "audit", 3, 8, 20),
+    ]
+    await store.write(functools.partial(advance_dispatched, advances=together, now=NOW))
+    positions = {
+        (group, p): (s.dispatched_seq, s.reserved_seq)
+        for group in ("billing", "audit")
+        for p, s in (await store.load_group("orders", group)).partitions.items()
+        if s.dispatched_seq or s.reserved_seq
+    }
+    assert positions == {
+        ("billing", 0): (6, 12),
+        ("billing", 3): (2, 2),
+        ("audit", 3): (8, 20),
+    }
 
 
 async def test_one_flush_writes_every_partition_it_names_and_nothing_else(
