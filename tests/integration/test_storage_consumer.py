@@ -406,15 +406,21 @@ async def test_a_queue_with_retention_keeps_settled_messages_for_the_period(
     store: SqlStore, make_message: MessageFactory
 ) -> None:
     await store.create_queue(QueueConfig("orders", partitions=4, retention=60))
-    await store.create_group(GroupConfig("orders", "billing"))
+    await store.create_queue(QueueConfig("audit"))  # no retention period: deleted at once
+    for queue in ("orders", "audit"):
+        await store.create_group(GroupConfig(queue, "billing"))
     early = [make_message("orders", 3, publish_time=NOW) for _ in range(3)]
     late = [make_message("orders", 3, publish_time=NOW + 10) for _ in range(3)]
-    await store.append(early + late, now=NOW)
-    await store.write_offsets("orders", "billing", [OffsetUpdate(3, 5)])
-    assert await store.retention(now=NOW + 30) == 0  # settled, but younger than 60 s
-    assert await store.retention(now=NOW + 65) == 3  # seqs 1-3: settled and old enough
+    other = [make_message("orders", 1, publish_time=NOW + 20) for _ in range(2)]
+    await store.append([*early, *late, *other, make_message("audit")], now=NOW)
+    await store.write_offsets("orders", "billing", [OffsetUpdate(3, 5), OffsetUpdate(1, 2)])
+    await store.write_offsets("audit", "billing", [OffsetUpdate(0, 1)])
+    assert await store.retention(now=NOW + 30) == 1  # orders: settled, but younger than 60 s
+    assert await store.retention(now=NOW + 65) == 3  # seqs 1-3 of 3: settled and old enough
     assert await store.retention(now=NOW + 75) == 2  # seqs 4-5; 6 is not settled
     assert [m.seq for m in await store.read("orders", 3, 0, 10)] == [6]
+    assert [m.seq for m in await store.read("orders", 1, 0, 10)] == [1, 2]
+    assert await store.retention(now=NOW + 85) == 2  # partition 1's, 60 s after their publish
 
 
 async def test_a_queue_without_groups_keeps_messages_until_they_expire(
