@@ -91,6 +91,7 @@ from core.partition import (
     Sent,
     Timer,
     buffered_cost,
+    count_down,
     has_tags,
 )
 from core.pump import Pump
@@ -381,22 +382,16 @@ class DeliveryBook(Pump):
     def _remove_inflight(self, part: Partition, seq: int) -> Sent:
         sent = part.inflight.pop(seq)
         del self._by_id[sent.message.message_id]
-        part.held[sent.flow_id] -= 1
-        if not part.held[sent.flow_id]:
-            del part.held[sent.flow_id]
+        count_down(part.held, sent.flow_id)
         flow = self._flows.get(sent.flow_id)
         if flow is not None:
             flow.pending -= 1
         self._work.add(part.index)
         key = sent.message.key
         if key is not None:
-            part.inflight_keys[key] -= 1
-            if not part.inflight_keys[key]:
-                del part.inflight_keys[key]
-            if sent.flow_id == part.handoff_from and part.handoff_keys[key]:
-                part.handoff_keys[key] -= 1
-                if not part.handoff_keys[key]:
-                    del part.handoff_keys[key]
+            count_down(part.inflight_keys, key)
+            if sent.flow_id == part.handoff_from and part.handoff_keys.get(key):
+                count_down(part.handoff_keys, key)
         return sent
 
     def _remove_retry(self, part: Partition, seq: int) -> Retry:
@@ -405,9 +400,7 @@ class DeliveryBook(Pump):
         self._work.add(part.index)  # its key may flow again
         key = entry.message.key
         if key is not None:
-            part.retry_keys[key] -= 1
-            if not part.retry_keys[key]:
-                del part.retry_keys[key]
+            count_down(part.retry_keys, key)
         return entry
 
     def _return_inflight(self, part: Partition, flow_id: str, now: float) -> None:

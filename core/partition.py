@@ -239,6 +239,16 @@ class Partition:
         return min(times, default=None)
 
 
+def count_down(counts: Counter[str], key: str) -> None:
+    """One fewer of ``key`` (counted), forgotten at zero. ``pop``, not ``del``: a Counter's
+    ``del`` is a Python method, and this runs for every message acked."""
+    left = counts[key] - 1
+    if left:
+        counts[key] = left
+    else:
+        counts.pop(key)
+
+
 def has_tags(message: Message, tags: Iterable[tuple[str, str]]) -> bool:
     """Whether the message carries every (property, value) of a group's tag filter."""
     return all(
