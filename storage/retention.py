@@ -35,6 +35,7 @@ import sqlalchemy as sa
 
 from storage.base import StoreBase
 from storage.schema import kg_dedup, kg_group_offsets, kg_groups, kg_messages, kg_queues
+from storage.statements import per_dialect
 
 # Settled messages deleted per retention transaction: short transactions, so that appends
 # (SQLite has one writer) wait for at most one; more when a run has more to delete than
@@ -55,57 +56,35 @@ Deleted = dict[str, list[int]]  # queue -> [messages, bytes]
 # (queue, partition, seq after which, seq up to which): one partition's span to delete.
 Span = tuple[str, int, int, int]
 
-# A chunk of several spans travels as one JSON document (a row per span, as the offset
-# flush's), so that building and compiling the statement costs the same however many
-# partitions it takes: as an OR of one condition per partition, building it took 7 % of
-# the event loop while a 256-partition queue was consumed, and deleting 60,000 messages
-# of 256 partitions took 3.1 s of CPU against 1.5 s now. LIMIT -1 makes SQLite
-# materialize the rows and seek each partition's span in the key index. A single span
-# (one partition) is a plain range delete, 20 % cheaper than through the document.
+# A chunk of several spans travels as one JSON document (storage.statements.json_rows),
+# so that building and compiling the statement costs the same however many partitions
+# it takes: as an OR of one condition per partition, building it took 7 % of the event
+# loop while a 256-partition queue was consumed, and deleting 60,000 messages of 256
+# partitions took 3.1 s of CPU against 1.5 s now. A single span (one partition) is a
+# plain range delete, 20 % cheaper than through the document.
 _ONE_SPAN: Final = sa.text(
     """DELETE FROM kg_messages WHERE queue = :queue AND "partition" = :partition
     AND seq > :after AND seq <= :upto RETURNING queue, size"""
 )
-_SQLITE_DELETE: Final = sa.text(
-    """DELETE FROM kg_messages WHERE rowid IN (
-    SELECT m.rowid FROM (
-        SELECT json_extract(value, '$.queue') AS queue,
-            json_extract(value, '$.partition') AS "partition",
-            json_extract(value, '$.after') AS after, json_extract(value, '$.upto') AS upto
-        FROM json_each(:spans) LIMIT -1) AS j
-    CROSS JOIN kg_messages AS m
-    WHERE m.queue = j.queue AND m."partition" = j."partition" AND m.seq > j.after
-        AND m.seq <= j.upto)
-RETURNING queue, size"""
+_SPAN: Final = {"queue": "text", "partition": "integer", "after": "bigint", "upto": "bigint"}
+_IN_SPAN: Final = """m.queue = j.queue AND m."partition" = j."partition" AND m.seq > j.after
+    AND m.seq <= j.upto"""
+_DELETE: Final = per_dialect(
+    f"""DELETE FROM kg_messages WHERE rowid IN (
+    SELECT m.rowid FROM {{rows}} CROSS JOIN kg_messages AS m WHERE {_IN_SPAN})
+RETURNING queue, size""",
+    _SPAN,
+    "spans",
+    postgres=f"""DELETE FROM kg_messages AS m USING {{rows}} WHERE {_IN_SPAN}
+RETURNING m.queue, m.size""",
 )
 # The last seq of each span published by ``before`` (a queue's retention period).
-_SQLITE_OLD_ENOUGH: Final = sa.text(
-    """SELECT j.queue, j."partition", (
-        SELECT max(m.seq) FROM kg_messages AS m
-        WHERE m.queue = j.queue AND m."partition" = j."partition" AND m.seq > j.after
-            AND m.seq <= j.upto AND m.publish_time <= j.before)
-    FROM (
-        SELECT json_extract(value, '$.queue') AS queue,
-            json_extract(value, '$.partition') AS "partition",
-            json_extract(value, '$.after') AS after, json_extract(value, '$.upto') AS upto,
-            json_extract(value, '$.before') AS before
-        FROM json_each(:spans) LIMIT -1) AS j"""
-)
-_POSTGRES_OLD_ENOUGH: Final = sa.text(
-    """SELECT j.queue, j."partition", (
-        SELECT max(m.seq) FROM kg_messages AS m
-        WHERE m.queue = j.queue AND m."partition" = j."partition" AND m.seq > j.after
-            AND m.seq <= j.upto AND m.publish_time <= j.before)
-    FROM jsonb_to_recordset(CAST(:spans AS jsonb)) AS j(queue text, "partition" integer,
-        after bigint, upto bigint, before double precision)"""
-)
-_POSTGRES_DELETE: Final = sa.text(
-    """DELETE FROM kg_messages AS m
-USING jsonb_to_recordset(CAST(:spans AS jsonb)) AS j(queue text, "partition" integer,
-    after bigint, upto bigint)
-WHERE m.queue = j.queue AND m."partition" = j."partition" AND m.seq > j.after
-    AND m.seq <= j.upto
-RETURNING m.queue, m.size"""
+_OLD_ENOUGH: Final = per_dialect(
+    f"""SELECT j.queue, j."partition", (
+    SELECT max(m.seq) FROM kg_messages AS m WHERE {_IN_SPAN} AND m.publish_time <= j.before)
+FROM {{rows}}""",
+    {**_SPAN, "before": "double precision"},
+    "spans",
 )
 
 
@@ -173,8 +152,7 @@ def delete_into(conn: sa.Connection, *, spans: list[Span], deleted: Deleted) -> 
     if len(rows) == 1:
         result = conn.execute(_ONE_SPAN, rows[0])
     else:
-        delete = _POSTGRES_DELETE if conn.dialect.name == "postgresql" else _SQLITE_DELETE
-        result = conn.execute(delete, {"spans": json.dumps(rows)})
+        result = conn.execute(_DELETE[conn.dialect.name], {"spans": json.dumps(rows)})
     for queue, size in result:
         total = deleted.setdefault(queue, [0, 0])
         total[0] += 1
@@ -321,8 +299,7 @@ class RetentionOps(StoreBase):
             for q, p, a, u, b in kept
         ]
         async with self.transaction() as conn:
-            postgres = conn.dialect.name == "postgresql"
-            query = _POSTGRES_OLD_ENOUGH if postgres else _SQLITE_OLD_ENOUGH
+            query = _OLD_ENOUGH[conn.dialect.name]
             found = await conn.execute(query, {"spans": json.dumps(rows)})
             bounds = {(queue, partition): seq for queue, partition, seq in found}
         return [

@@ -73,38 +73,54 @@ def release_lease(queue: str, group: str, owner: str) -> Any:
 
 # --- offsets and delivery records --------------------------------------------------------
 
+
+def json_rows(columns: Mapping[str, str], *, postgres: bool, param: str) -> str:
+    """The JSON document bound to ``param`` (a list of objects) as a table ``j`` of these
+    columns (name -> PostgreSQL type), for a FROM clause: a statement writes rows of many
+    partitions at once, however many there are. On SQLite a subquery that LIMIT -1 makes
+    SQLite materialize, so each row is looked up by its key (joined as a table-valued
+    function, SQLite's plan scanned the document once per row of the other side)."""
+    if postgres:
+        typed = ", ".join(f'"{name}" {kind}' for name, kind in columns.items())
+        return f"jsonb_to_recordset(CAST(:{param} AS jsonb)) AS j({typed})"
+    picked = ", ".join(f"json_extract(value, '$.{name}') AS \"{name}\"" for name in columns)
+    return f"(SELECT {picked} FROM json_each(:{param}) LIMIT -1) AS j"
+
+
+def per_dialect(
+    template: str, columns: Mapping[str, str], param: str = "rows", *, postgres: str = ""
+) -> dict[str, sa.TextClause]:
+    """``template`` (``postgres``: another for PostgreSQL) with ``{rows}`` made
+    ``json_rows`` for each dialect, by dialect name."""
+    templates = {"sqlite": (template, False), "postgresql": (postgres or template, True)}
+    return {
+        name: sa.text(text.format(rows=json_rows(columns, postgres=pg, param=param)))
+        for name, (text, pg) in templates.items()
+    }
+
+
 # First deliveries recorded (RecordDispatch): dispatched_seq and reserved_seq never move
 # back. One statement per dispatch transaction, its rows one JSON document, as the offset
 # flush below (an executemany of one UPDATE per partition cost the writer a Python step
 # per row, and on PostgreSQL two polls and a send per row in the pipeline; at 256
 # partitions a transaction carries dozens).
-_SQLITE_ADVANCE: Final = sa.text(
-    """UPDATE kg_group_offsets SET
-    dispatched_seq = CASE WHEN j.dispatched > dispatched_seq THEN j.dispatched
-        ELSE dispatched_seq END,
-    reserved_seq = CASE WHEN j.reserved > reserved_seq THEN j.reserved ELSE reserved_seq END,
-    updated_at = :now
-FROM (
-    SELECT json_extract(value, '$.queue') AS queue, json_extract(value, '$.group') AS grp,
-        json_extract(value, '$.partition') AS "partition",
-        json_extract(value, '$.dispatched') AS dispatched,
-        json_extract(value, '$.reserved') AS reserved
-    FROM json_each(:rows) LIMIT -1) AS j
-WHERE kg_group_offsets.queue = j.queue AND kg_group_offsets.group_name = j.grp
-    AND kg_group_offsets."partition" = j."partition"
-"""
-)
-_POSTGRES_ADVANCE: Final = sa.text(
+_ADVANCE: Final = per_dialect(
     """UPDATE kg_group_offsets AS o SET
     dispatched_seq = CASE WHEN j.dispatched > o.dispatched_seq THEN j.dispatched
         ELSE o.dispatched_seq END,
     reserved_seq = CASE WHEN j.reserved > o.reserved_seq THEN j.reserved
         ELSE o.reserved_seq END,
     updated_at = :now
-FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS j(
-    queue text, "group" text, "partition" integer, dispatched bigint, reserved bigint)
+FROM {rows}
 WHERE o.queue = j.queue AND o.group_name = j."group" AND o."partition" = j."partition"
-"""
+""",
+    {
+        "queue": "text",
+        "group": "text",
+        "partition": "integer",
+        "dispatched": "bigint",
+        "reserved": "bigint",
+    },
 )
 
 
@@ -118,14 +134,18 @@ def advance_dispatched(
     for queue, group, partition, dispatched, reserved in advances:
         row = rows.get((queue, group, partition))
         if row is None:
-            row = {"queue": queue, "group": group, "partition": partition}
-            row |= {"dispatched": dispatched, "reserved": reserved}
-            rows[(queue, group, partition)] = row
+            rows[(queue, group, partition)] = {
+                "queue": queue,
+                "group": group,
+                "partition": partition,
+                "dispatched": dispatched,
+                "reserved": reserved,
+            }
         else:
             row["dispatched"] = max(row["dispatched"], dispatched)
             row["reserved"] = max(row["reserved"], reserved)
     if rows:
-        statement = _POSTGRES_ADVANCE if conn.dialect.name == "postgresql" else _SQLITE_ADVANCE
+        statement = _ADVANCE[conn.dialect.name]
         conn.execute(statement, {"rows": json.dumps(list(rows.values())), "now": now})
 
 
@@ -153,37 +173,24 @@ def first_offsets(
 # JSON document (an executemany ran a statement per partition, and on SQLite the writer
 # thread gave up and took back the GIL at every row). dispatched_seq never moves back;
 # reserved_seq is kept when the row's is null (Spark reserves nothing).
-_SQLITE_OFFSETS: Final = sa.text(
-    # LIMIT -1 makes SQLite materialize the rows and look each partition up by its key;
-    # joined as a table-valued function, it scanned the document once per partition.
-    """UPDATE kg_group_offsets SET
-    committed_seq = j.committed, acked_above = j.ranges, acked_count = j.acked,
-    dispatched_seq = max(dispatched_seq, j.dispatched),
-    reserved_seq = coalesce(j.reserved, reserved_seq),
-    updated_at = :now
-FROM (
-    SELECT json_extract(value, '$.partition') AS "partition",
-        json_extract(value, '$.committed') AS committed,
-        json_extract(value, '$.ranges') AS ranges,
-        json_extract(value, '$.acked') AS acked,
-        json_extract(value, '$.dispatched') AS dispatched,
-        json_extract(value, '$.reserved') AS reserved
-    FROM json_each(:rows) LIMIT -1) AS j
-WHERE kg_group_offsets.queue = :queue AND kg_group_offsets.group_name = :group
-    AND kg_group_offsets."partition" = j."partition"
-"""
-)
-_POSTGRES_OFFSETS: Final = sa.text(
+_OFFSETS: Final = per_dialect(
     """UPDATE kg_group_offsets AS o SET
     committed_seq = j.committed, acked_above = j.ranges, acked_count = j.acked,
-    dispatched_seq = greatest(o.dispatched_seq, j.dispatched),
+    dispatched_seq = CASE WHEN j.dispatched > o.dispatched_seq THEN j.dispatched
+        ELSE o.dispatched_seq END,
     reserved_seq = coalesce(j.reserved, o.reserved_seq),
     updated_at = :now
-FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS j(
-    "partition" integer, committed bigint, ranges jsonb, acked bigint, dispatched bigint,
-    reserved bigint)
+FROM {rows}
 WHERE o.queue = :queue AND o.group_name = :group AND o."partition" = j."partition"
-"""
+""",
+    {
+        "partition": "integer",
+        "committed": "bigint",
+        "ranges": "jsonb",
+        "acked": "bigint",
+        "dispatched": "bigint",
+        "reserved": "bigint",
+    },
 )
 # The delivery records of settled seqs: each row a (partition, lo, hi) span.
 _SQLITE_DROP: Final = sa.text(
@@ -232,10 +239,7 @@ def write_offsets(
     )
     postgres = conn.dialect.name == "postgresql"
     where = {"queue": queue, "group": group}
-    conn.execute(
-        _POSTGRES_OFFSETS if postgres else _SQLITE_OFFSETS,
-        {**where, "rows": json.dumps(rows), "now": now},
-    )
+    conn.execute(_OFFSETS[conn.dialect.name], {**where, "rows": json.dumps(rows), "now": now})
     drop = _POSTGRES_DROP if postgres else _SQLITE_DROP
     conn.execute(drop, {**where, "spans": json.dumps(spans)})
 
@@ -277,8 +281,10 @@ __all__ = [
     "first_offsets",
     "group_is",
     "insert_missing",
+    "json_rows",
     "lease_free",
     "lease_holder",
+    "per_dialect",
     "release_lease",
     "take_lease",
     "upsert",

@@ -382,10 +382,10 @@ async def test_retention_finds_each_partitions_span_through_the_key_index(
     async with store.transaction() as conn:
         if conn.dialect.name == "postgresql":
             await conn.exec_driver_sql("SET LOCAL enable_seqscan = off")
-            delete, explain, index = storage_retention._POSTGRES_DELETE, "EXPLAIN", "pkey"
+            explain, index = "EXPLAIN", "pkey"
         else:
-            delete, explain = storage_retention._SQLITE_DELETE, "EXPLAIN QUERY PLAN"
-            index = "partition=? AND seq>? AND seq<?"
+            explain, index = "EXPLAIN QUERY PLAN", "partition=? AND seq>? AND seq<?"
+        delete = storage_retention._DELETE[conn.dialect.name]
         statement = str(delete).replace(":spans", f"'{spans}'")
         plan = await conn.exec_driver_sql(f"{explain} {statement}")
         text = "\n".join(str(row[-1]) for row in plan)
