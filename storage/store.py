@@ -46,37 +46,73 @@ def _partition_query(queue: str, partition: int, after_seq: int, limit: int) -> 
     )
 
 
-# Partition pages read_for_delivery reads in one statement (SQLite allows 500 SELECTs in
-# a compound statement).
+# Partition pages read_for_delivery reads in one statement on SQLite (it allows 500
+# SELECTs in a compound statement).
 READ_PAGES: Final = 64
 _SEQ: Final = attrgetter("seq")
+_COLUMNS: Final = ", ".join(f'"{column.name}"' for column in kg_messages.c)
 
 
 @functools.cache
-def _pages_query(pages: int, by_rowid: bool) -> sa.TextClause:
-    """Pages of several partitions in one statement (text: a compound select built by
-    SQLAlchemy is compiled again on most executions), columns in MESSAGE_COLUMNS order.
+def _pages_query(pages: int) -> sa.TextClause:
+    """SQLite: pages of several partitions in one statement (text: a compound select built
+    by SQLAlchemy is compiled again on most executions), columns in MESSAGE_COLUMNS order.
 
-    ``by_rowid`` (SQLite): the pages' rowids are found in the key index alone, and the
-    rows then read in rowid order, which is the order they were appended in. Messages of
-    many partitions interleave on the table's pages, so a page of one partition touches
-    as many table pages as it has messages; read in rowid order, each table page is read
-    once for every partition's messages on it. For one page it costs more than it saves
-    (an index of the rowids is built first): callers ask for it for several pages only.
-    Instructions per message consumed: 3-4 % less at 16 and 256 partitions, 3 % more for
-    a single page (benchmarks.native_instructions --partitions N)."""
-    names = ", ".join(f'"{column.name}"' for column in kg_messages.c)
-    selected = "rowid" if by_rowid else names
+    Several pages: their rowids are found in the key index alone, and the rows then read
+    in rowid order, which is the order they were appended in. Messages of many partitions
+    interleave on the table's pages, so a page of one partition touches as many table
+    pages as it has messages; read in rowid order, each table page is read once for every
+    partition's messages on it. For one page it costs more than it saves (an index of
+    the rowids is built first), so one page reads its rows in key order. Instructions per
+    message consumed: 3-4 % less at 16 and 256 partitions, 3 % more for a single page
+    (benchmarks.native_instructions --partitions N)."""
+    selected = "rowid" if pages > 1 else _COLUMNS
     arms = " UNION ALL ".join(
         f"SELECT * FROM (SELECT {selected} FROM kg_messages WHERE queue = :queue"
         f' AND "partition" = :p{i} AND seq > :a{i} ORDER BY seq LIMIT :l{i}) AS page{i}'
         for i in range(pages)
     )
-    if by_rowid:
-        arms = f"SELECT {names} FROM kg_messages WHERE rowid IN ({arms})"
+    if pages > 1:
+        arms = f"SELECT {_COLUMNS} FROM kg_messages WHERE rowid IN ({arms})"
     # No column types: rows come as the driver made them, with no per-row processing
     # (codec.salvage_values decodes them).
     return sa.text(arms)
+
+
+# PostgreSQL: every page of a read in one statement whose text does not depend on how
+# many pages there are (arrays of partitions, positions and limits; each page an index
+# scan of its own): one prepared statement and plan per connection. As a UNION ALL of N
+# pages (a statement per N, each of up to 192 parameters planned again and again) the
+# reads cost PostgreSQL 1.2 s of CPU per 100,000 messages consumed at 256 partitions,
+# against 0.5-0.7 s this way (docs/performance.md, "Eleventh session").
+_PAGES_ARRAYS: Final = sa.text(
+    "SELECT m.* FROM unnest(CAST(:partitions AS integer[]), CAST(:after AS bigint[]),"
+    " CAST(:limits AS integer[])) AS page(p, after_seq, max_rows) CROSS JOIN LATERAL"
+    f" (SELECT {_COLUMNS} FROM kg_messages WHERE queue = :queue"
+    ' AND "partition" = page.p AND seq > page.after_seq ORDER BY seq LIMIT page.max_rows) AS m'
+)
+
+
+def _page_statements(
+    queue: str, pages: Sequence[tuple[int, int, int]], postgres: bool
+) -> list[tuple[sa.TextClause, dict[str, Any]]]:
+    """The statements that read ``pages`` (partition, after_seq, limit), with parameters."""
+    if postgres:
+        params: dict[str, Any] = {
+            "queue": queue,
+            "partitions": [page[0] for page in pages],
+            "after": [page[1] for page in pages],
+            "limits": [page[2] for page in pages],
+        }
+        return [(_PAGES_ARRAYS, params)]
+    statements = []
+    for start in range(0, len(pages), READ_PAGES):
+        chunk = pages[start:][:READ_PAGES]
+        params = {"queue": queue}
+        for i, (partition, after_seq, limit) in enumerate(chunk):
+            params.update({f"p{i}": partition, f"a{i}": after_seq, f"l{i}": limit})
+        statements.append((_pages_query(len(chunk)), params))
+    return statements
 
 
 class SqlStore(InspectionOps, LeaseOps, AppendOps, ConsumerOps):
@@ -93,8 +129,6 @@ class SqlStore(InspectionOps, LeaseOps, AppendOps, ConsumerOps):
         self._pipelines = engine.dialect.name == "postgresql"
         # Untyped reads get properties as JSON text from SQLite, decoded from JSONB.
         self._json_text = engine.dialect.name == "sqlite"
-        # SQLite reads delivery pages' rows in rowid order (_pages_query).
-        self._by_rowid = engine.dialect.name == "sqlite"
         self._retained = {}
         self.riders = None if self._pipelines else Riders()
 
@@ -118,18 +152,12 @@ class SqlStore(InspectionOps, LeaseOps, AppendOps, ConsumerOps):
         properties cannot be decoded (written by an older version, or by hand) does not
         fail the read: it comes back salvaged (the unreadable values as JSON text) and its
         seq is in the returned set, for the group to dead-letter as undeliverable. One
-        transaction; up to READ_PAGES pages per statement (UNION ALL)."""
+        transaction: one statement on PostgreSQL, one per READ_PAGES pages on SQLite."""
         found: dict[int, list[Message]] = {page[0]: [] for page in pages}
         unreadable: dict[int, set[int]] = {page[0]: set() for page in pages}
         async with self.transaction() as conn:
-            for start in range(0, len(pages), READ_PAGES):
-                chunk = pages[start:][:READ_PAGES]
-                params: dict[str, Any] = {"queue": queue}
-                for i, (partition, after_seq, limit) in enumerate(chunk):
-                    params.update({f"p{i}": partition, f"a{i}": after_seq, f"l{i}": limit})
-                # One page reads its partition's rows in order already (_pages_query).
-                by_rowid = self._by_rowid and len(chunk) > 1
-                result = await conn.execute(_pages_query(len(chunk), by_rowid), params)
+            for statement, params in _page_statements(queue, pages, self._pipelines):
+                result = await conn.execute(statement, params)
                 # The driver's own rows (the async adapters fetch them all at execute):
                 # no Row object per message.
                 rows = result.cursor.fetchall()

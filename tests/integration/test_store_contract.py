@@ -208,6 +208,27 @@ async def test_read_for_delivery_reads_each_page_from_its_seq_up_to_its_limit(
     assert pages[1][0] == [m for m in stored if m.partition == 1]
 
 
+async def test_a_read_of_many_pages_answers_each_as_a_read_of_its_partition_would(
+    twin: Store, make_message: MessageFactory
+) -> None:
+    """More pages than one SQLite statement takes (READ_PAGES), some past their partition's
+    end, some empty partitions: each page holds what reading its partition alone holds."""
+    partitions = 100
+    await twin.create_queue(QueueConfig("orders", partitions=partitions))
+    await twin.append(
+        [make_message("orders", p % 61, payload=bytes([p % 256])) for p in range(300)], now=NOW
+    )
+    pages = [(p, p % 3, 1 + p % 5) for p in range(partitions)]
+    found = await twin.read_for_delivery("orders", pages)
+    assert sorted(found) == list(range(partitions))
+    for partition, after_seq, limit in pages:
+        alone = await twin.read("orders", partition, after_seq, limit)
+        assert found[partition] == (alone, frozenset())
+    stored = [sum(1 for i in range(300) if i % 61 == p) for p in range(partitions)]
+    expected = {p: min(limit, max(0, stored[p] - after)) for p, after, limit in pages}
+    assert {p: len(messages) for p, (messages, _) in found.items()} == expected
+
+
 async def test_a_group_starts_at_the_oldest_message_or_at_the_head(
     twin: Store, make_message: MessageFactory
 ) -> None:
