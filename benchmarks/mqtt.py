@@ -41,6 +41,8 @@ from benchmarks.nullsink import NullSink
 from protocols.mqtt import ConnAck, Connect, MqttCodec, MqttListener, PubAck, Publish
 
 MOSQUITTO_DEFAULT = "127.0.0.1:1883"
+# Packet ids of one connection (paho queues every publish of a run at once, by its id).
+MAX_PAHO_MESSAGES = 65_535
 
 
 @dataclass(frozen=True)
@@ -212,6 +214,12 @@ async def main(argv: Sequence[str] | None = None) -> None:
         help="raw: keygate's codec as a lean asyncio client, to measure the server, not paho",
     )
     args = parser.parse_args(argv)
+    if args.client == "paho" and args.messages > MAX_PAHO_MESSAGES:
+        # paho numbers every publish when it is queued and keeps the queued ones by that
+        # number: past 65,535 queued at once a number comes round again, the message it
+        # named is lost from the queue and the run waits for a PUBACK that never comes
+        # (seen with Mosquitto as with keygate).
+        parser.error(f"--messages: at most {MAX_PAHO_MESSAGES:,} with paho")
     mosquitto = args.mosquitto
     standalone = args.self_contained
     if not (args.keygate or mosquitto or standalone):
