@@ -5,12 +5,16 @@ unmeasured. A tiny run must reach every stage."""
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from benchmarks.native import gateway
 from benchmarks.native_instructions import PHASES, phases
+from tests.conftest import POSTGRES_ENV
 
 
 def test_the_stage_benchmark_reaches_every_stage() -> None:
@@ -109,3 +113,44 @@ def test_the_native_instruction_count_phases_get_every_message_through(tmp_path:
     with gateway(f"sqlite:///{tmp_path}/bench.db") as (url, _pid):
         asyncio.run(phases(url, 100, marks.append))
     assert marks == ["--zero", *(f"--dump={phase}" for phase in PHASES)]
+
+
+@pytest.mark.parametrize(
+    "database", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+def test_the_breakdown_names_every_part_of_each_phase(
+    database: str, request: pytest.FixtureRequest
+) -> None:
+    """benchmarks.breakdown finds the gateway's PostgreSQL sessions by their ports: a
+    consume phase that read and acked messages must show PostgreSQL CPU spent."""
+    options = []
+    if database == "postgres":
+        request.getfixturevalue("postgres_url")  # skips when PostgreSQL is unreachable
+        options = ["--postgres", os.environ[POSTGRES_ENV]]
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.breakdown",
+            "--messages",
+            "3000",
+            "--settle",
+            "0",
+            *options,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert run.returncode == 0, run.stderr
+    header, publish, consume = run.stdout.splitlines()
+    assert header == f"{'postgresql' if options else 'sqlite'}, 16 partitions, 3000 messages"
+    for phase, line in (("publish", publish), ("consume", consume)):
+        rate, parts = line.removeprefix(phase).split("|")
+        assert float(rate.split()[0]) > 0, line
+        spent = dict(part.rsplit(" ", 1) for part in parts.split(": ")[1].split(", "))
+        expected = ["event loop", "other threads", *(["PostgreSQL"] if options else []), "client"]
+        assert list(spent) == expected, line
+        assert float(spent["event loop"]) > 0 and float(spent["client"]) > 0, line
+        if options:
+            assert float(spent["PostgreSQL"]) > 0, line
