@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import tempfile
 import time
@@ -61,8 +62,13 @@ def main() -> None:
     parser.add_argument("--postgres", help="run on PostgreSQL (a fresh schema) instead")
     parser.add_argument("--log", default="backlog-gateway.log", help="the gateway's log")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(dir=os.environ.get("KEYGATE_BENCH_DIR")) as tmp:
-        db = postgres_target(args.postgres) if args.postgres else f"sqlite:///{tmp}/backlog.db"
+    with (
+        tempfile.TemporaryDirectory(dir=os.environ.get("KEYGATE_BENCH_DIR")) as tmp,
+        contextlib.ExitStack() as stack,
+    ):
+        db = f"sqlite:///{tmp}/backlog.db"
+        if args.postgres:
+            db = stack.enter_context(postgres_target(args.postgres))
         with open(args.log, "w") as log, gateway(db, stderr=log) as (url, pid):
             asyncio.run(run(url, pid, args.messages, args.chunk, args.consume))
 

@@ -16,7 +16,7 @@ loop), the PostgreSQL backends whose clients are the gateway's own connections (
 ports, in ``pg_stat_activity``) for PostgreSQL, ``getrusage`` for the client (this
 process). It found that PostgreSQL's own CPU tripled at 256 partitions while the
 gateway's grew by half (docs/performance.md, *Eleventh session*). PostgreSQL must run on
-this machine for its processes to be read; the run's schema is dropped at the end.
+this machine for its processes to be read.
 """
 
 from __future__ import annotations
@@ -33,8 +33,6 @@ from pathlib import Path
 from typing import TypeVar
 
 import psycopg
-from psycopg import sql
-from sqlalchemy.engine import make_url
 
 from benchmarks.cpu import CLOCK_TICKS
 from benchmarks.native import consume_rate, gateway, postgres_target, publish_rate
@@ -160,23 +158,14 @@ def main() -> None:
     parser.add_argument("--postgres", metavar="URL", help="run on PostgreSQL (default SQLite)")
     parser.add_argument("--settle", type=float, default=1.0, help="seconds between phases")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        db = postgres_target(args.postgres) if args.postgres else f"sqlite:///{tmp}/bench.db"
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+        db = f"sqlite:///{tmp}/bench.db"
+        if args.postgres:
+            db = stack.enter_context(postgres_target(args.postgres))
         name = "postgresql" if args.postgres else "sqlite"
         print(f"{name}, {args.partitions} partitions, {args.messages} messages")
-        try:
-            with gateway(db) as (url, pid):
-                asyncio.run(run(url, pid, args, args.postgres))
-        finally:
-            if args.postgres:
-                _drop_schema(args.postgres, make_url(db).query["search_path"])
-
-
-def _drop_schema(url: str, schema: str | tuple[str, ...]) -> None:
-    """Drop the run's schema (postgres_target made it), its messages with it."""
-    assert isinstance(schema, str)
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+        with gateway(db) as (url, pid):
+            asyncio.run(run(url, pid, args, args.postgres))
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import statistics
 import tempfile
@@ -106,10 +107,10 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=500, help="offered publish rate (msg/s)")
     parser.add_argument("--postgres", default=os.environ.get("KEYGATE_TEST_POSTGRES_URL"))
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         targets = {"sqlite": f"sqlite:///{tmp}/bench.db"}
         if args.postgres:
-            targets["postgresql"] = postgres_target(args.postgres)
+            targets["postgresql"] = stack.enter_context(postgres_target(args.postgres))
         for name, db in targets.items():
             with gateway(db) as (url, _):
                 runs = [asyncio.run(one_run(url, args.rate, args.hold)) for _ in range(args.runs)]

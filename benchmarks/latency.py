@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import tempfile
 import time
 import uuid
@@ -134,10 +135,10 @@ def main() -> None:
     )
     args = parser.parse_args()
     rates = [int(r) for r in args.rates.split(",")]
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         targets = {"keygate sqlite": f"sqlite:///{tmp}/latency.db"}
         if args.postgres:
-            targets["keygate postgresql"] = postgres_target(args.postgres)
+            targets["keygate postgresql"] = stack.enter_context(postgres_target(args.postgres))
         for name, db in targets.items():
             with gateway(db) as (url, _):
                 for rate in rates:

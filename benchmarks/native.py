@@ -205,13 +205,22 @@ def percentiles(samples: list[float]) -> tuple[float, float]:
     return statistics.median(samples) * 1000, samples[int(len(samples) * 0.99) - 1] * 1000
 
 
-def postgres_target(url: str) -> str:
-    """``url`` with a fresh schema of its own as the search path."""
+@contextmanager
+def postgres_target(url: str) -> Iterator[str]:
+    """``url`` with a fresh schema of its own as the search path; the schema is dropped
+    afterwards, and the run's messages with it (a run leaves no gigabytes behind)."""
     schema = "kg_bench_" + uuid.uuid4().hex[:8]
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
-    target = make_url(url).update_query_dict({"search_path": schema})
-    return target.render_as_string(hide_password=False)
+    try:
+        yield (
+            make_url(url)
+            .update_query_dict({"search_path": schema})
+            .render_as_string(hide_password=False)
+        )
+    finally:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
 
 
 def peak_rss_mb(pid: int) -> float:
@@ -264,10 +273,10 @@ def main() -> None:
     parser.add_argument("--postgres", default=os.environ.get("KEYGATE_TEST_POSTGRES_URL"))
     args = parser.parse_args()
     targets = {}
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         targets["sqlite"] = f"sqlite:///{tmp}/bench.db"
         if args.postgres:
-            targets["postgresql"] = postgres_target(args.postgres)
+            targets["postgresql"] = stack.enter_context(postgres_target(args.postgres))
         for name, db in targets.items():
             with gateway(db) as (url, pid):
                 rate = None if args.no_latency else args.rate

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import functools
 import re
 import shutil
@@ -115,11 +116,14 @@ def instructions(
             f"native_idle_timeout = {defaults.native_idle_timeout * SLOWDOWN}\n"
             f"lease_ttl = {defaults.lease_ttl * SLOWDOWN}\n"
         )
-        db = postgres_target(postgres) if postgres else f"sqlite:///{tmp}/bench.db"
-        with (
-            open(Path(tmp) / "gateway.log", "w") as log,
-            gateway(db, log, wrapper=wrapper, patience=600, config=config) as (url, pid),
-        ):
+        with contextlib.ExitStack() as stack:
+            db = f"sqlite:///{tmp}/bench.db"
+            if postgres:
+                db = stack.enter_context(postgres_target(postgres))
+            log = stack.enter_context(open(Path(tmp) / "gateway.log", "w"))
+            url, pid = stack.enter_context(
+                gateway(db, log, wrapper=wrapper, patience=600, config=config)
+            )
             asyncio.run(phases(url, messages, functools.partial(_control, pid), partitions))
         counts = _dumped(out)
         if keep is not None:

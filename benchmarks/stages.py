@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import atexit
+import contextlib
 import json
 import os
 import statistics
@@ -161,8 +162,10 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--postgres", help="measure on this PostgreSQL instead of SQLite")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        db = postgres_target(args.postgres) if args.postgres else f"sqlite:///{tmp}/stages.db"
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+        db = f"sqlite:///{tmp}/stages.db"
+        if args.postgres:
+            db = stack.enter_context(postgres_target(args.postgres))
         out = Path(tmp) / "stamps.json"
         os.environ["KEYGATE_STAGES_FILE"] = str(out)
         with gateway(db, module="benchmarks.stages") as (url, _pid):
