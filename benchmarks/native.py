@@ -205,12 +205,19 @@ def percentiles(samples: list[float]) -> tuple[float, float]:
     return statistics.median(samples) * 1000, samples[int(len(samples) * 0.99) - 1] * 1000
 
 
+def libpq_url(url: str) -> str:
+    """A PostgreSQL URL as psycopg takes it: no SQLAlchemy driver name, no search_path."""
+    bare = make_url(url).set(drivername="postgresql").difference_update_query(["search_path"])
+    return bare.render_as_string(hide_password=False)
+
+
 @contextmanager
-def postgres_target(url: str) -> Iterator[str]:
-    """``url`` with a fresh schema of its own as the search path; the schema is dropped
-    afterwards, and the run's messages with it (a run leaves no gigabytes behind)."""
-    schema = "kg_bench_" + uuid.uuid4().hex[:8]
-    with psycopg.connect(url, autocommit=True) as conn:
+def postgres_target(url: str, prefix: str = "kg_bench_") -> Iterator[str]:
+    """``url`` with a fresh schema of its own (named ``prefix`` and a random suffix) as
+    the search path; the schema is dropped afterwards, and the run's messages with it (a
+    run leaves no gigabytes behind). The tests' ``postgres_url`` fixture is one too."""
+    schema = prefix + uuid.uuid4().hex[:12]
+    with psycopg.connect(libpq_url(url), autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
     try:
         yield (
@@ -219,7 +226,7 @@ def postgres_target(url: str) -> Iterator[str]:
             .render_as_string(hide_password=False)
         )
     finally:
-        with psycopg.connect(url, autocommit=True) as conn:
+        with psycopg.connect(libpq_url(url), autocommit=True) as conn:
             conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
 
 

@@ -20,9 +20,7 @@ import os
 import sqlite3
 import tempfile
 import time
-import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
@@ -32,6 +30,7 @@ from pyspark.sql import SparkSession
 from sqlalchemy.engine import make_url
 
 import spark
+from benchmarks.native import libpq_url, postgres_target
 from spark.examples.demo import seed, use_this_python
 
 QUEUE: Final = "bench"
@@ -39,11 +38,6 @@ PARTITIONS: Final = 8
 FETCH: Final = 10_000
 _COLUMNS: Final = "partition, seq, message_id, key, payload, properties, topic, publish_time"
 _SCAN: Final = f"SELECT {_COLUMNS} FROM kg_messages WHERE queue = %s ORDER BY partition, seq"
-
-
-def _libpq(url: str) -> str:
-    bare = make_url(url).set(drivername="postgresql").difference_update_query(["search_path"])
-    return bare.render_as_string(hide_password=False)
 
 
 def raw_sqlite(url: str) -> int:
@@ -62,7 +56,7 @@ def raw_sqlite(url: str) -> int:
 
 def raw_postgres(url: str) -> int:
     schema = make_url(url).query["search_path"]
-    with psycopg.connect(_libpq(url)) as conn:
+    with psycopg.connect(libpq_url(url)) as conn:
         conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(str(schema))))
         with conn.cursor(name="scan", binary=True) as cursor:
             cursor.execute(_SCAN, (QUEUE,))
@@ -84,22 +78,6 @@ def timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - started
 
 
-@contextmanager
-def postgres_schema(base: str) -> Iterator[str]:
-    schema = "kg_bench_" + uuid.uuid4().hex[:12]
-    with psycopg.connect(_libpq(base), autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
-    try:
-        yield (
-            make_url(base)
-            .update_query_dict({"search_path": schema})
-            .render_as_string(hide_password=False)
-        )
-    finally:
-        with psycopg.connect(_libpq(base), autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
-
-
 def measure(session: SparkSession, name: str, url: str, messages: int, runs: int) -> None:
     started = time.perf_counter()
     seed(url, QUEUE, messages, partitions=PARTITIONS, payload_size=1024)
@@ -116,7 +94,7 @@ def postgres_reachable(url: str | None) -> str | None:
     if not url:
         return None
     try:
-        with psycopg.connect(_libpq(url), connect_timeout=3):
+        with psycopg.connect(libpq_url(url), connect_timeout=3):
             return url
     except psycopg.Error as e:
         print(f"postgres: skipped ({e})")
@@ -146,7 +124,7 @@ def main() -> None:
             measure(session, "sqlite", url, args.messages, args.runs)
         base = postgres_reachable(args.postgres)
         if base is not None:
-            with postgres_schema(base) as url:
+            with postgres_target(base) as url:
                 measure(session, "postgres", url, args.messages, args.runs)
     finally:
         session.stop()

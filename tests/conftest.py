@@ -17,18 +17,12 @@ from typing import Any, Final
 
 import psycopg
 import pytest
-from psycopg import sql
-from sqlalchemy.engine import make_url
 
+from benchmarks.native import libpq_url, postgres_target
 from core.model import Message
 from storage import SqlStore, open_store
 
 POSTGRES_ENV: Final = "KEYGATE_TEST_POSTGRES_URL"
-
-
-def _libpq_url(url: str) -> str:
-    """The URL without a SQLAlchemy driver suffix, as psycopg wants it."""
-    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
 @functools.cache
@@ -38,7 +32,7 @@ def _postgres_unavailable() -> str | None:
     if not url:
         return f"{POSTGRES_ENV} is not set"
     try:
-        with psycopg.connect(_libpq_url(url), connect_timeout=3):
+        with psycopg.connect(libpq_url(url), connect_timeout=3):
             return None
     except psycopg.Error as e:
         return f"PostgreSQL at {POSTGRES_ENV} is unreachable: {e}"
@@ -50,19 +44,8 @@ def postgres_url() -> Iterator[str]:
     reason = _postgres_unavailable()
     if reason is not None:
         pytest.skip(reason)
-    base = os.environ[POSTGRES_ENV]
-    schema = "kg_test_" + uuid.uuid4().hex[:16]
-    with psycopg.connect(_libpq_url(base), autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
-    try:
-        yield (
-            make_url(base)
-            .update_query_dict({"search_path": schema})
-            .render_as_string(hide_password=False)
-        )
-    finally:
-        with psycopg.connect(_libpq_url(base), autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+    with postgres_target(os.environ[POSTGRES_ENV], prefix="kg_test_") as url:
+        yield url
 
 
 @pytest.fixture

@@ -17,13 +17,18 @@ from benchmarks.native_instructions import PHASES, phases
 from tests.conftest import POSTGRES_ENV
 
 
-def test_the_stage_benchmark_reaches_every_stage() -> None:
-    run = subprocess.run(
-        [sys.executable, "-m", "benchmarks.stages", "--rate", "200", "--seconds", "0.5"],
+def _benchmark(module: str, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    """``python -m benchmarks.MODULE ARGS``, its output captured as text."""
+    return subprocess.run(
+        [sys.executable, "-m", f"benchmarks.{module}", *args],
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=timeout,
     )
+
+
+def test_the_stage_benchmark_reaches_every_stage() -> None:
+    run = _benchmark("stages", "--rate", "200", "--seconds", "0.5")
     assert run.returncode == 0, run.stderr
     lines = run.stdout.splitlines()
     assert lines[0].startswith("sqlite at 200 msg/s: 100 messages"), run.stdout
@@ -34,22 +39,8 @@ def test_the_stage_benchmark_reaches_every_stage() -> None:
 def test_the_latency_benchmark_prints_percentiles_and_its_timeline() -> None:
     """The timeline (the worst latency per 0.25 s of send time) is how a periodic stall
     is told from a steady cost: it found the retention bursts."""
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "benchmarks.latency",
-            "--rates",
-            "200",
-            "--seconds",
-            "1",
-            "--timeline",
-            "--rabbitmq",
-            "off",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=180,
+    run = _benchmark(
+        "latency", "--rates", "200", "--seconds", "1", "--timeline", "--rabbitmq", "off"
     )
     assert run.returncode == 0, run.stderr
     report, timeline = run.stdout.splitlines()
@@ -61,32 +52,14 @@ def test_the_latency_benchmark_prints_percentiles_and_its_timeline() -> None:
 def test_the_instruction_count_workload_publishes_delivers_and_acks_every_message() -> None:
     """benchmarks.instructions drives the broker directly (publish_each, bind, settle);
     its worker, run here without valgrind, must still get every message through."""
-    run = subprocess.run(
-        [sys.executable, "-m", "benchmarks.instructions", "--worker", "300"],
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    run = _benchmark("instructions", "--worker", "300")
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "300 published, 300 delivered and acked", run.stdout
 
 
 def test_a_benchmark_runs_on_this_checkout_and_a_revision_side_by_side() -> None:
     """benchmarks.against: how the instruction counts of two versions are compared."""
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "benchmarks.against",
-            "HEAD",
-            "benchmarks.instructions",
-            "--worker",
-            "50",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    run = _benchmark("against", "HEAD", "benchmarks.instructions", "--worker", "50", timeout=300)
     assert run.returncode == 0, run.stdout + run.stderr
     lines = run.stdout.splitlines()
     assert lines[0].startswith("== this checkout") and lines[2] == "== HEAD", run.stdout
@@ -96,12 +69,7 @@ def test_a_benchmark_runs_on_this_checkout_and_a_revision_side_by_side() -> None
 
 
 def test_a_revision_that_does_not_exist_is_named_in_a_clear_error() -> None:
-    run = subprocess.run(
-        [sys.executable, "-m", "benchmarks.against", "no-such-rev", "benchmarks.instructions"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    run = _benchmark("against", "no-such-rev", "benchmarks.instructions", timeout=60)
     assert run.returncode != 0 and "cannot check out no-such-rev" in run.stderr, run.stderr
 
 
@@ -127,21 +95,7 @@ def test_the_breakdown_names_every_part_of_each_phase(
     if database == "postgres":
         request.getfixturevalue("postgres_url")  # skips when PostgreSQL is unreachable
         options = ["--postgres", os.environ[POSTGRES_ENV]]
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "benchmarks.breakdown",
-            "--messages",
-            "3000",
-            "--settle",
-            "0",
-            *options,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    run = _benchmark("breakdown", "--messages", "3000", "--settle", "0", *options)
     assert run.returncode == 0, run.stderr
     header, publish, consume = run.stdout.splitlines()
     assert header == f"{'postgresql' if options else 'sqlite'}, 16 partitions, 3000 messages"
