@@ -34,8 +34,8 @@ from typing import TypeVar
 
 import psycopg
 
-from benchmarks.cpu import CLOCK_TICKS
-from benchmarks.native import consume_rate, gateway, postgres_target, publish_rate
+from benchmarks.cpu import cpu_seconds, stat_seconds
+from benchmarks.native import consume_rate, gateway, libpq_url, postgres_target, publish_rate
 from gateway.client import Client
 from storage.engine import GATEWAY_APPLICATION
 
@@ -43,18 +43,12 @@ T = TypeVar("T")
 PARTS = ("event loop", "other threads", "PostgreSQL", "client")
 
 
-def _ticks(stat: Path) -> float:
-    """User + system CPU seconds of a /proc stat file (process or thread)."""
-    fields = stat.read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-
-
 def _gateway_threads(pid: int) -> tuple[float, float]:
     """CPU seconds of the gateway's main thread and of all its other threads."""
     main = others = 0.0
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
-            seconds = _ticks(task / "stat")
+            seconds = stat_seconds(task / "stat")
         except OSError:
             continue  # a thread that ended meanwhile
         if task.name == str(pid):
@@ -87,7 +81,7 @@ def _postgres_sessions(url: str | None, gateway_pid: int) -> dict[int, float]:
     if url is None:
         return {}
     ports = sorted(_local_ports(gateway_pid))
-    with psycopg.connect(url, autocommit=True) as conn:
+    with psycopg.connect(libpq_url(url), autocommit=True) as conn:
         pids = [
             pid
             for (pid,) in conn.execute(
@@ -99,7 +93,7 @@ def _postgres_sessions(url: str | None, gateway_pid: int) -> dict[int, float]:
     seconds = {}
     for pid in pids:
         try:
-            seconds[pid] = _ticks(Path(f"/proc/{pid}/stat"))
+            seconds[pid] = cpu_seconds(pid)
         except OSError:
             continue  # not on this machine, or gone
     return seconds

@@ -15,8 +15,14 @@ T = TypeVar("T")
 
 def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds the process has used so far."""
-    # /proc/<pid>/stat: the command may contain spaces, so split after its closing ')'.
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return stat_seconds(Path(f"/proc/{pid}/stat"))
+
+
+def stat_seconds(stat: Path) -> float:
+    """User + system CPU seconds in a /proc stat file: a process's, or one of its threads'
+    (/proc/<pid>/task/<tid>/stat)."""
+    # The command may contain spaces, so split after its closing ')'.
+    fields = stat.read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
