@@ -8,6 +8,7 @@ storage.inspection (the views as dicts).
 from __future__ import annotations
 
 import functools
+import json
 import logging
 from collections.abc import Sequence
 from operator import attrgetter
@@ -28,6 +29,7 @@ from storage.leases import LeaseOps
 from storage.migrate import migrate
 from storage.retention import Riders
 from storage.schema import kg_messages
+from storage.statements import json_rows
 from storage.writer import WriterThread
 
 _log = logging.getLogger("keygate.storage")
@@ -80,16 +82,21 @@ def _pages_query(pages: int) -> sa.TextClause:
 
 
 # PostgreSQL: every page of a read in one statement whose text does not depend on how
-# many pages there are (arrays of partitions, positions and limits; each page an index
-# scan of its own): one prepared statement and plan per connection. As a UNION ALL of N
-# pages (a statement per N, each of up to 192 parameters planned again and again) the
-# reads cost PostgreSQL 1.2 s of CPU per 100,000 messages consumed at 256 partitions,
-# against 0.5-0.7 s this way (docs/performance.md, "Eleventh session").
-_PAGES_ARRAYS: Final = sa.text(
-    "SELECT m.* FROM unnest(CAST(:partitions AS integer[]), CAST(:after AS bigint[]),"
-    " CAST(:limits AS integer[])) AS page(p, after_seq, max_rows) CROSS JOIN LATERAL"
-    f" (SELECT {_COLUMNS} FROM kg_messages WHERE queue = :queue"
-    ' AND "partition" = page.p AND seq > page.after_seq ORDER BY seq LIMIT page.max_rows) AS m'
+# many pages there are (the pages are one JSON document, storage.statements.json_rows, as
+# in the offset flush; each page an index scan of its own): one prepared statement and
+# plan per connection. As a UNION ALL of N pages (a statement per N, each of up to 192
+# parameters planned again and again) the reads cost PostgreSQL 1.2 s of CPU per 100,000
+# messages consumed at 256 partitions, against 0.5-0.7 s in one statement
+# (docs/performance.md, "Eleventh session").
+_PAGES: Final = sa.text(
+    "SELECT m.* FROM "
+    + json_rows(
+        {"partition": "integer", "after": "bigint", "max_rows": "integer"},
+        postgres=True,
+        param="pages",
+    )
+    + f" CROSS JOIN LATERAL (SELECT {_COLUMNS} FROM kg_messages WHERE queue = :queue"
+    ' AND "partition" = j."partition" AND seq > j.after ORDER BY seq LIMIT j.max_rows) AS m'
 )
 
 
@@ -98,17 +105,12 @@ def _page_statements(
 ) -> list[tuple[sa.TextClause, dict[str, Any]]]:
     """The statements that read ``pages`` (partition, after_seq, limit), with parameters."""
     if postgres:
-        params: dict[str, Any] = {
-            "queue": queue,
-            "partitions": [page[0] for page in pages],
-            "after": [page[1] for page in pages],
-            "limits": [page[2] for page in pages],
-        }
-        return [(_PAGES_ARRAYS, params)]
+        document = [{"partition": p, "after": a, "max_rows": n} for p, a, n in pages]
+        return [(_PAGES, {"queue": queue, "pages": json.dumps(document)})]
     statements = []
     for start in range(0, len(pages), READ_PAGES):
         chunk = pages[start:][:READ_PAGES]
-        params = {"queue": queue}
+        params: dict[str, Any] = {"queue": queue}
         for i, (partition, after_seq, limit) in enumerate(chunk):
             params.update({f"p{i}": partition, f"a{i}": after_seq, f"l{i}": limit})
         statements.append((_pages_query(len(chunk)), params))
