@@ -35,11 +35,9 @@ meanwhile wait: storage moved them, or they were stored after and flow). Those i
 follow if they come back unsettled.
 
 Buffers (docs/operations.md "Limits"). A group's buffered messages are bounded in bytes
-(``buffered_cost``): its budget is split evenly across the partitions that deliver, and a
-partition reads its next page (Fetch, sized in messages from the average cost) once it
-holds less than half its share; a partition with nothing buffered always takes one
-message. The pump serves, per flow, a queue of the partitions that have something to
-send, round-robin while the flow has room (a partition keeps its turn for up to TURN
+(``buffered_cost``); when a partition reads its next page and how large it is are
+core/reads.py's. The pump serves, per flow, a queue of the partitions that have something
+to send, round-robin while the flow has room (a partition keeps its turn for up to TURN
 sends), so an event costs O(partitions that send), not O(partitions with a backlog); a
 partition whose buffered messages all wait leaves that queue until an event of its own
 wakes it (``_work``), and reads on past them while the group holds less than half its
@@ -61,11 +59,9 @@ from core.actions import (
     DeadLetter,
     DeadLetterKey,
     Dropped,
-    Fetch,
     GroupSnapshot,
     KeyParked,
     KeyReleased,
-    Page,
     ParkedKey,
     PartitionSnapshot,
     RetryScheduled,
@@ -76,7 +72,6 @@ from core.model import (
     DeadLetterPolicy,
     DeadLetterReason,
     GroupConfig,
-    GroupMode,
     Message,
     QueueConfig,
 )
@@ -90,17 +85,17 @@ from core.partition import (
     Retry,
     Sent,
     Timer,
-    buffered_cost,
     count_down,
     has_tags,
 )
 from core.pump import Pump
+from core.reads import Reads
 
 # Dead letters that apply the queue's on_dead_letter policy to the rest of their key.
 _FAILURES: Final = frozenset({DeadLetterReason.MAX_DELIVERIES, DeadLetterReason.REJECTED})
 
 
-class DeliveryBook(Pump):
+class DeliveryBook(Reads, Pump):
     """Per-partition message state shared by every GroupMachine event."""
 
     def __init__(
@@ -151,19 +146,10 @@ class DeliveryBook(Pump):
         # Partitions whose buffered messages all wait (held-back keys, not due yet) while
         # their flow has room: they may read on beyond their share (_request_fetches).
         self._stuck: set[int] = set()
-
-    def set_buffer_bytes(self, buffer_bytes: int) -> None:
-        """The group's buffer budget: the bytes (``buffered_cost``) its partitions may hold
-        buffered, split evenly across the partitions that are delivering. A partition with
-        nothing buffered may always load one message, whatever its size."""
-        if buffer_bytes < 1:
-            raise InvalidArgument("buffer_bytes must be >= 1")
-        self._buffer_bytes = buffer_bytes
-
-    def _share(self) -> int:
-        """The bytes one delivering partition may hold buffered."""
-        shared = self._group.mode is GroupMode.SHARED and bool(self._flows)
-        return self._buffer_bytes // max(1, len(self._parts) if shared else self._owned)
+        # Bytes reserved by the reads on their way (Partition.fetch_bytes), and the
+        # partitions waiting for room to read, in the order they asked.
+        self._reading = 0
+        self._read_queue: dict[int, None] = {}
 
     def _running(self) -> list[Flow]:
         return sorted(self._flows.values(), key=lambda f: f.order)
@@ -174,30 +160,6 @@ class DeliveryBook(Pump):
         if not 0 <= partition < len(self._parts):
             raise InvalidArgument(f"partition {partition} out of range 0..{len(self._parts) - 1}")
         return self._parts[partition]
-
-    def _load(self, part: Partition, page: Page, share: int, now: float) -> None:
-        """Admit what fits of a Page (``GroupMachine.loaded``) and note whether the
-        partition has more to read."""
-        before = part.cursor
-        part.fetching = False
-        full = len(page.messages) >= part.fetch_limit
-        for message in page.messages:
-            if message.partition != part.index:
-                raise InvalidArgument(f"loaded message of partition {message.partition}")
-            if not self._fits(part, message, share):
-                full = True  # the rest is read again once the buffer has room for it
-                part.next_cost = buffered_cost(message)
-                break
-            self._admit(part, message, now, undeliverable=message.seq in page.undeliverable)
-        if part.cursor == before and part.known == part.known_at_fetch and not full:
-            # Nothing after the cursor, and nothing was appended while the query ran: what
-            # was announced before it is gone (purged), so there is nothing more to read.
-            # (If an append did arrive meanwhile, the query may predate its commit: read
-            # again rather than lose it.)
-            part.known = part.cursor
-        part.known = max(part.known, part.cursor)
-        part.more = full or part.known > part.cursor
-        self._fetch_check.add(part.index)
 
     def _admit(
         self, part: Partition, message: Message, now: float, *, undeliverable: bool = False
@@ -437,52 +399,3 @@ class DeliveryBook(Pump):
             heapq.heappush(self._timers, (due, WAKE, part.index, message.seq, 0))
         if message.expire_at is not None:
             heapq.heappush(self._timers, (message.expire_at, EXPIRE, part.index, message.seq, 0))
-
-    def _request_fetches(self) -> None:
-        """A partition loads more once its buffer is down to half its share of the group's
-        budget (and half of buffer_size messages); a page fills the share back up. A stuck
-        partition reads on past its waiting messages while the group holds less than half
-        its budget (so that other keys flow; up to buffer_size messages)."""
-        shared_ready = self._group.mode is GroupMode.SHARED and bool(self._flows)
-        share = self._share()
-        for p in sorted(self._fetch_check | self._room_wait):
-            part = self._parts[p]
-            self._room_wait.discard(p)
-            wanted = shared_ready or part.owner is not None
-            if not wanted or not part.more or part.fetching:
-                continue
-            if part.next_cost and not self._room(part, part.next_cost, share):
-                self._room_wait.add(p)  # the next message did not fit: read it once it can
-                continue
-            size, used = len(part.buffer), part.buffered_bytes
-            if not size or (size <= self._buffer_size // 2 and used <= share // 2):
-                limit = min(self._buffer_size - size, max(1, (share - used) // self._msg_cost))
-            elif p in self._stuck and size < self._buffer_size:
-                limit = min(self._buffer_size - size, self._commons() // self._msg_cost)
-                if limit < 1:
-                    continue
-            else:
-                continue
-            part.fetching = True
-            part.fetch_limit = limit
-            part.known_at_fetch = part.known
-            self._out.append(Fetch(p, part.cursor, limit))
-        self._fetch_check.clear()
-
-    def _fits(self, part: Partition, message: Message, share: int) -> bool:
-        """Whether the message may join the partition's buffer (``_room``)."""
-        return self._room(part, buffered_cost(message), share)
-
-    def _room(self, part: Partition, cost: int, share: int) -> bool:
-        """Whether a message of ``cost`` may join the partition's buffer: an empty one
-        takes any; otherwise within buffer_size and the group's budget, and either the
-        partition's share or the half of the budget any partition may use."""
-        if not part.buffer:
-            return True
-        if len(part.buffer) >= self._buffer_size or self._use.bytes + cost > self._buffer_bytes:
-            return False
-        return part.buffered_bytes + cost <= share or cost <= self._commons()
-
-    def _commons(self) -> int:
-        """Bytes any partition may still buffer beyond its share."""
-        return self._buffer_bytes // 2 - self._use.bytes

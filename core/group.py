@@ -164,7 +164,6 @@ class GroupMachine(Membership):
         something was missed (storage, not an append, decides that seqs do not exist).
         """
         self._begin(now)
-        share = self._share()
         for message in messages:
             part = self._part(message.partition)
             part.known = max(part.known, message.seq)
@@ -173,7 +172,7 @@ class GroupMachine(Membership):
             if (
                 part.fetching
                 or part.more
-                or not self._fits(part, message, share)
+                or not self._fits(part, message)
                 or message.seq != part.cursor + 1
             ):
                 part.more = True  # dropped here, read again through Fetch
@@ -203,9 +202,8 @@ class GroupMachine(Membership):
         on.
         """
         self._begin(now)
-        share = self._share()
         for page in pages:
-            self._load(self._part(page.partition), page, share, now)
+            self._load(self._part(page.partition), page, now)
         return self._finish(now)
 
     def ack(self, now: float, flow_id: str, message_ids: Iterable[str]) -> list[Action]:

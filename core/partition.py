@@ -197,6 +197,8 @@ class Partition:
         self.known_at_fetch = self.known
         self.fetching = False
         self.fetch_limit = 0
+        # What the outstanding Fetch reserved of the group's budget (DeliveryBook._read).
+        self.fetch_bytes = 0
         # Whether storage may hold messages after ``cursor``; unknown (True) at start.
         self.more = True
         # The buffered_cost of the message after ``cursor`` when the last read found no

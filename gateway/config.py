@@ -95,10 +95,11 @@ class GatewayConfig:
     # Active/standby: gateways sharing a database elect one active through a lease in SQL.
     lease_ttl: float = 10.0
     # Unsent messages kept in memory (docs/operations.md "Limits"): at most buffer_size per
-    # (group, partition), group_buffer_bytes per group (split across the partitions that
-    # deliver) and gateway_buffer_bytes for all groups (split evenly across the loaded ones).
+    # (group, partition), group_buffer_bytes per group (buffered and being read, in pages
+    # of about a turn each) and gateway_buffer_bytes for all groups (split evenly across
+    # the loaded ones).
     buffer_size: int = 1000
-    group_buffer_bytes: int = 8 * 1024 * 1024
+    group_buffer_bytes: int = 2 * 1024 * 1024
     gateway_buffer_bytes: int = 256 * 1024 * 1024
     # The largest window a consumer gets: a larger BIND or CREDIT window is clamped to it.
     max_window: int = 10_000

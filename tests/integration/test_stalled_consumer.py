@@ -9,9 +9,9 @@ KEYGATE_STALL_MESSAGES=200000 runs issue 18's full 200,000 (passes the same boun
 memory held depends on the window, not on the backlog).
 
 What is measured is the stalled consumer's own cost. Its group's read-ahead is a limit of
-its own (``buffer_size`` per partition within ``group_buffer_bytes``, about 6 MB here),
-held whether or not anyone reads, so a first consumer takes one message and leaves before
-the baseline is read: the group is loaded and its buffers full when the stalled one binds.
+its own (``group_buffer_bytes``, 2 MiB), held whether or not anyone reads, so a first
+consumer takes one message and leaves before the baseline is read: the group is loaded,
+a page buffered in every partition, when the stalled one binds.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from pathlib import Path
 import aiohttp
 
 from core.model import AckMode
+from core.pump import TURN
 from gateway.client import Client
 from gateway.inspect import inspect_queue
 from gateway.server import Gateway
@@ -40,7 +41,6 @@ from tests.support.wait import eventually
 PAYLOAD = b"x" * 1024
 WINDOW = 10_000  # the default max_window (gateway/config.py)
 WRITE_BUFFER = 1024 * 1024  # the default consumer_write_buffer
-BUFFER_SIZE = 1000  # the default buffer_size: unsent messages per (group, partition)
 PARTITIONS = 4
 # docs/operations.md "Limits": a stalled consumer costs at most consumer_write_buffer plus
 # its window of in-flight messages at (message size + 2 KiB of bookkeeping) each.
@@ -124,10 +124,10 @@ async def _acked(port: int, queue: str, group: str) -> int:
 
 
 async def _buffers_full(port: int) -> bool:
-    """Every partition of group g holds buffer_size unsent messages, but for the one the
-    first consumer took."""
+    """Every partition of group g holds a page of unsent messages (a turn's worth at
+    least), but for the one the first consumer took."""
     backlog = await _metric(port, "keygate_group_backlog", "bulk", "g")
-    return backlog >= PARTITIONS * BUFFER_SIZE - 1
+    return backlog >= PARTITIONS * TURN - 1
 
 
 async def _load_group(url: str, http_port: int) -> None:

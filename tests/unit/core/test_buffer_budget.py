@@ -4,8 +4,10 @@ reads on past them while the group has room."""
 
 from __future__ import annotations
 
+from core.actions import Fetch
 from core.model import GroupConfig, Message, QueueConfig
 from core.partition import buffered_cost
+from core.pump import TURN
 from tests.unit.core.driver import Driver
 
 GROUP = GroupConfig("q", "g")
@@ -84,7 +86,7 @@ def test_a_message_too_big_for_the_room_left_is_read_once_then_when_it_fits() ->
     d = Driver(queue, GROUP, buffer_bytes=8192, auto_fetch=False)
     bad = d.publish("k", 0)
     held = [d.publish("k", 0) for _ in range(5)]
-    big = d.publish("j", 0, properties={"p": "x" * 3000})
+    big = d.publish("j", 0, properties={"p": "x" * 7000})
     d.bind("a", window=1)
     d.answer_fetches()
     d.unacked["a"].clear()
@@ -102,3 +104,73 @@ def test_a_message_too_big_for_the_room_left_is_read_once_then_when_it_fits() ->
         d.ack("a", *[x.message for x in d.unacked["a"].values()])
     d.answer_fetches()
     assert [m.seq for m in d.received("a")] == [bad.seq, *(m.seq for m in held), big.seq]
+
+
+def _publish(d: Driver, partition: int) -> Message:
+    """A message of about 1 KiB."""
+    return d.publish(None, partition, properties={"p": "x" * 1000})
+
+
+def _drain(d: Driver, flow: str, partitions: int, budget: int) -> list[Fetch]:
+    """Answer the oldest Fetch, one at a time, acking what ``flow`` holds between answers,
+    until no read is asked for; the Fetches answered, in order. Throughout, the group keeps
+    to its budget (each partition may always take one message)."""
+    read: list[Fetch] = []
+    while d.pending_fetches or d.unacked[flow]:
+        cost = max((buffered_cost(f.message) for f in d.deliveries), default=0)
+        assert _buffered(d) * cost <= budget + partitions * cost
+        if d.unacked[flow]:
+            d.ack(flow, *[x.message for x in d.unacked[flow].values()])
+        if d.pending_fetches:
+            read.append(next(iter(d.pending_fetches.values())))
+            d.answer()
+    return read
+
+
+def test_with_many_partitions_a_read_is_a_turn_of_messages_not_a_sliver_of_the_budget() -> None:
+    # 64 partitions share 256 KiB: 4 KiB each, two or three messages of 1 KiB. A page is
+    # a turn's worth (TURN messages) instead, and the reads take turns within the budget.
+    partitions, budget = 64, 256 * 1024
+    d = Driver(
+        QueueConfig("q", partitions=partitions), GROUP, buffer_bytes=budget, auto_fetch=False
+    )
+    published = [_publish(d, i % partitions) for i in range(12_800)]
+    d.bind("a", window=500)
+    read = _drain(d, "a", partitions, budget)
+    assert all(d.settled(m.partition, m.seq) for m in published)
+    assert min(f.limit for f in read) >= TURN // 2, "pages shrink with the partition count"
+
+
+def test_partitions_that_find_no_room_read_in_the_order_they_asked() -> None:
+    # Room for about three pages at a time: every partition gets its next page before
+    # any gets the one after (none waits behind lower-numbered partitions for ever).
+    partitions, budget = 8, 320 * 1024
+    d = Driver(
+        QueueConfig("q", partitions=partitions), GROUP, buffer_bytes=budget, auto_fetch=False
+    )
+    for i in range(partitions * 640):
+        _publish(d, i % partitions)
+    d.bind("a", window=64)
+    counts = dict.fromkeys(range(partitions), 0)
+    for fetch in _drain(d, "a", partitions, budget):
+        counts[fetch.partition] += 1
+        ahead = counts[fetch.partition] - min(counts.values())
+        assert ahead <= 2, f"partition {fetch.partition} read ahead of its turn"
+    assert max(counts.values()) - min(counts.values()) <= 1
+
+
+def test_a_flow_that_stops_acking_does_not_stop_the_other_flows_of_its_group() -> None:
+    # "a" takes its partitions' pages and never acks: what it holds buffered fills the
+    # budget. "b" keeps receiving all of its partitions' messages, a share at a time.
+    partitions, budget = 4, 32 * 1024
+    d = Driver(
+        QueueConfig("q", partitions=partitions), GROUP, buffer_bytes=budget, auto_fetch=False
+    )
+    published = [_publish(d, i % partitions) for i in range(400)]
+    d.bind("a", window=1)
+    d.bind("b", window=10)
+    theirs = {p for p, (_, flow) in d.assignment.items() if flow == "b"}
+    assert theirs and len(theirs) < partitions
+    _drain(d, "b", partitions, budget)
+    wanted = {(m.partition, m.seq) for m in published if m.partition in theirs}
+    assert {(m.partition, m.seq) for m in d.received("b")} == wanted
