@@ -7,7 +7,7 @@ its partitions hold buffered plus what the reads on their way reserved stays wit
 budget. A partition asks for its next page (Fetch, sized in messages from the average
 cost) once it holds half a page or less, and a page is a turn's worth of messages (TURN,
 what the pump sends from a partition before the next one's turn) or, with few partitions,
-its share of half the budget (up to buffer_size). A read reserves what its page will cost
+its share of the budget (up to buffer_size). A read reserves what its page will cost
 before it is issued; partitions that find no room wait in the order they asked
 (``_read_queue``) and read as the flows' sends free room, so the pages stay large however
 many partitions there are and what is buffered is what the flows send next. A message
@@ -68,7 +68,7 @@ class Reads:
 
     def _share(self) -> int:
         """The budget over the delivering partitions (those with an owner; all of them in
-        shared mode); over two, a partition's page when that is larger than a turn."""
+        shared mode): a partition's page when that is larger than a turn."""
         shared = self._group.mode is GroupMode.SHARED and bool(self._flows)
         return self._buffer_bytes // max(1, len(self._parts) if shared else self._owned)
 
@@ -161,8 +161,8 @@ class Reads:
         """The page the partition asks for, (messages, bytes reserved), or None while it
         holds more than half a page."""
         size = len(part.buffer)
-        target = max(TURN, self._share() // 2 // self._msg_cost)
-        target = max(1, min(self._buffer_size, self._buffer_bytes // 2 // self._msg_cost, target))
+        target = max(TURN, self._share() // self._msg_cost)
+        target = max(1, min(self._buffer_size, self._buffer_bytes // self._msg_cost, target))
         if size > target // 2:
             return None
         limit = max(1, target - size)
