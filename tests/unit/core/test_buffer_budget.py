@@ -111,6 +111,15 @@ def _publish(d: Driver, partition: int) -> Message:
     return d.publish(None, partition, properties={"p": "x" * 1000})
 
 
+def _backlog(partitions: int, budget: int, count: int) -> tuple[Driver, list[Message]]:
+    """A group with ``count`` messages of about 1 KiB stored, spread over the partitions;
+    Fetches are answered by the test."""
+    d = Driver(
+        QueueConfig("q", partitions=partitions), GROUP, buffer_bytes=budget, auto_fetch=False
+    )
+    return d, [_publish(d, i % partitions) for i in range(count)]
+
+
 def _drain(d: Driver, flow: str, partitions: int, budget: int) -> list[Fetch]:
     """Answer the oldest Fetch, one at a time, acking what ``flow`` holds between answers,
     until no read is asked for; the Fetches answered, in order. Throughout, the group keeps
@@ -131,10 +140,7 @@ def test_with_many_partitions_a_read_is_a_turn_of_messages_not_a_sliver_of_the_b
     # 64 partitions share 256 KiB: 4 KiB each, two or three messages of 1 KiB. A page is
     # a turn's worth (TURN messages) instead, and the reads take turns within the budget.
     partitions, budget = 64, 256 * 1024
-    d = Driver(
-        QueueConfig("q", partitions=partitions), GROUP, buffer_bytes=budget, auto_fetch=False
-    )
-    published = [_publish(d, i % partitions) for i in range(12_800)]
+    d, published = _backlog(partitions, budget, 12_800)
     d.bind("a", window=500)
     read = _drain(d, "a", partitions, budget)
     assert all(d.settled(m.partition, m.seq) for m in published)
@@ -145,11 +151,7 @@ def test_partitions_that_find_no_room_read_in_the_order_they_asked() -> None:
     # Room for about three pages at a time: every partition gets its next page before
     # any gets the one after (none waits behind lower-numbered partitions for ever).
     partitions, budget = 8, 320 * 1024
-    d = Driver(
-        QueueConfig("q", partitions=partitions), GROUP, buffer_bytes=budget, auto_fetch=False
-    )
-    for i in range(partitions * 640):
-        _publish(d, i % partitions)
+    d, _ = _backlog(partitions, budget, partitions * 640)
     d.bind("a", window=64)
     counts = dict.fromkeys(range(partitions), 0)
     for fetch in _drain(d, "a", partitions, budget):
@@ -161,12 +163,10 @@ def test_partitions_that_find_no_room_read_in_the_order_they_asked() -> None:
 
 def test_a_flow_that_stops_acking_does_not_stop_the_other_flows_of_its_group() -> None:
     # "a" takes its partitions' pages and never acks: what it holds buffered fills the
-    # budget. "b" keeps receiving all of its partitions' messages, a share at a time.
+    # budget. "b" keeps receiving all of its partitions' messages, what room there is
+    # (a message at least) at a time.
     partitions, budget = 4, 32 * 1024
-    d = Driver(
-        QueueConfig("q", partitions=partitions), GROUP, buffer_bytes=budget, auto_fetch=False
-    )
-    published = [_publish(d, i % partitions) for i in range(400)]
+    d, published = _backlog(partitions, budget, 400)
     d.bind("a", window=1)
     d.bind("b", window=10)
     theirs = {p for p, (_, flow) in d.assignment.items() if flow == "b"}
