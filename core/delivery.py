@@ -146,9 +146,8 @@ class DeliveryBook(Reads, Pump):
         # Partitions whose buffered messages all wait (held-back keys, not due yet) while
         # their flow has room: they may read on beyond their share (_request_fetches).
         self._stuck: set[int] = set()
-        # Bytes reserved by the reads on their way (Partition.fetch_bytes), and the
-        # partitions waiting for room to read, in the order they asked.
-        self._reading = 0
+        # Shared mode: the partitions waiting for room to read, in the order they asked
+        # (otherwise each flow's Flow.reads).
         self._read_queue: dict[int, None] = {}
 
     def _running(self) -> list[Flow]:

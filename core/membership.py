@@ -19,7 +19,7 @@ from core.actions import AssignmentChanged, GroupSnapshot, PartitionsChanged
 from core.assignment import assign
 from core.delivery import DeliveryBook
 from core.model import GroupConfig, GroupMode, PartitionState, QueueConfig
-from core.partition import Flow, Partition, Reservation
+from core.partition import BufferUse, Flow, Partition, Reservation
 
 
 class Membership(DeliveryBook):
@@ -147,6 +147,10 @@ class Membership(DeliveryBook):
         new = self._flows.get(owner) if owner is not None else None
         if new is not None:
             new.partitions.add(part.index)
+        # What it holds buffered counts against its new owner's share from now on.
+        part.owner_use.bytes -= part.buffered_bytes
+        part.owner_use = new.use if new is not None else BufferUse()
+        part.owner_use.bytes += part.buffered_bytes
         for flow in (old, new):
             if flow is not None:
                 self._moved.add(flow.flow_id)

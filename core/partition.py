@@ -32,9 +32,11 @@ def buffered_cost(message: Message) -> int:
 
 @dataclass(slots=True)
 class BufferUse:
-    """The buffered_cost of everything a group's partitions hold buffered."""
+    """The buffered_cost of what a group's partitions (or a flow's) hold buffered, and
+    the bytes their reads on the way reserved (core/reads.py)."""
 
     bytes: int = 0
+    reading: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +110,10 @@ class Flow:
     # The authenticated user that bound it (None: anonymous); with ``client`` it names who
     # may take back a reservation.
     owner: str | None = None
+    # What its partitions hold buffered and are reading, and those waiting for room to
+    # read, in the order they asked (core/reads.py; not in shared mode).
+    use: BufferUse = field(default_factory=BufferUse)
+    reads: dict[int, None] = field(default_factory=dict)
 
     def has_room(self) -> bool:
         return self.pending < self.window
@@ -143,7 +149,10 @@ class Partition:
 
     def __init__(self, index: int, snapshot: PartitionSnapshot, use: BufferUse) -> None:
         self.index = index
+        # The group's account, and its owner's (Flow.use; outside shared mode, when it
+        # has one: DeliveryBook's detached account otherwise).
         self.use = use
+        self.owner_use = BufferUse()
         self.state = PartitionState.UNASSIGNED
         self.owner: str | None = None
         self.reserved_by: str | None = None
@@ -197,8 +206,10 @@ class Partition:
         self.known_at_fetch = self.known
         self.fetching = False
         self.fetch_limit = 0
-        # What the outstanding Fetch reserved of the group's budget (DeliveryBook._read).
+        # What the outstanding Fetch reserved of the budgets (core/reads.py), and the
+        # owner's account it reserved it in.
         self.fetch_bytes = 0
+        self.fetch_use: BufferUse | None = None
         # Whether storage may hold messages after ``cursor``; unknown (True) at start.
         self.more = True
         # The buffered_cost of the message after ``cursor`` when the last read found no
@@ -212,6 +223,7 @@ class Partition:
         self.buffer[message.seq] = message
         self.buffered_bytes += cost
         self.use.bytes += cost
+        self.owner_use.bytes += cost
         return cost
 
     def take(self, seq: int) -> Message:
@@ -220,6 +232,7 @@ class Partition:
         cost = buffered_cost(message)
         self.buffered_bytes -= cost
         self.use.bytes -= cost
+        self.owner_use.bytes -= cost
         return message
 
     def discard(self, seq: int) -> None:

@@ -4,23 +4,26 @@ docs/performance.md *Twelfth session*).
 
 How it works. A group's buffered messages are bounded in bytes (``buffered_cost``): what
 its partitions hold buffered plus what the reads on their way reserved stays within its
-budget. A partition asks for its next page (Fetch, sized in messages from the average
-cost) once it holds half a page or less, and a page is a turn's worth of messages (TURN,
-what the pump sends from a partition before the next one's turn) or, with few partitions,
-its share of the budget (up to buffer_size). A read reserves what its page will cost
-before it is issued; partitions that find no room wait in the order they asked
-(``_read_queue``) and read as the flows' sends free room, so the pages stay large however
-many partitions there are and what is buffered is what the flows send next. A message
-larger than the room left waits for room (``next_cost``); one larger than the budget is
-read on its own once nothing else is buffered or on its way.
+budget, and (outside shared mode) what each flow's partitions hold within the flow's part
+of it, its partitions' shares (budget x its partitions / the partitions that deliver).
+A partition asks for its next page (Fetch, sized in messages from the average cost) once
+it holds half a page or less, and a page is a turn's worth of messages (TURN, what the
+pump sends from a partition before the next one's turn) or, with few partitions, its
+share of the budget (up to buffer_size and its flow's part). A read reserves what its
+page will cost before it is issued; partitions that find no room wait in the order they
+asked (each flow's ``Flow.reads``; shared mode: ``_read_queue``) and read as the flow's
+sends free room, so the pages stay large however many partitions there are and what is
+buffered is what the flows send next. A message larger than the room left waits for room
+(``next_cost``); one larger than the budget is read on its own once nothing else is
+buffered or on its way.
 
 Two exceptions keep every key flowing. A stuck partition (every buffered message waits:
 a held-back, parked or scheduled key) reads on past them while the group holds less than
-half its budget (up to buffer_size messages). And when nothing is on its way and the
-budget is full of messages no flow can send now (a flow that stopped acking, parked
-keys), an empty partition whose flow has room and nothing to send reads anyway, what
-room there is and at least one message: no flow waits for ever on another's blocked
-messages, though it then gets a message per read until they drain.
+half its budget (up to buffer_size messages). And when a flow has room, nothing to send
+and no read on its way while the group's budget is full (another flow stopped acking and
+holds its part; parked keys), its empty partitions read anyway, within the flow's own
+part: a flow never waits on another's blocked messages, and the group then holds up to
+twice its budget.
 
 ``Reads`` is a base of ``DeliveryBook``, which owns the state named below.
 """
@@ -49,7 +52,6 @@ class Reads:
     _fetch_check: set[int]
     _room_wait: set[int]
     _stuck: set[int]
-    _reading: int
     _read_queue: dict[int, None]
 
     if TYPE_CHECKING:
@@ -77,18 +79,13 @@ class Reads:
         then what the budget has room for; note whether the partition has more to read."""
         before = part.cursor
         part.fetching = False
-        allowance, part.fetch_bytes = part.fetch_bytes, 0
-        self._reading -= allowance
+        allowance = self._unreserve(part)
         full = len(page.messages) >= part.fetch_limit
         for message in page.messages:
             if message.partition != part.index:
                 raise InvalidArgument(f"loaded message of partition {message.partition}")
             cost = buffered_cost(message)
-            reserved = (
-                cost <= allowance
-                and len(part.buffer) < self._buffer_size
-                and self._use.bytes + cost <= self._buffer_bytes
-            )
+            reserved = cost <= allowance and len(part.buffer) < self._buffer_size
             if not reserved and not self._room(part, cost):
                 full = True  # the rest is read again once the buffer has room for it
                 part.next_cost = cost
@@ -109,29 +106,32 @@ class Reads:
         """Issue the Fetches this event allows (the module's docstring): first to the
         partitions waiting for room, in order; then to those the event touched; then, if
         nothing is on its way, to the waiting empty partitions of flows with room."""
-        queue = self._read_queue
-        while queue:
-            p = next(iter(queue))
-            part = self._parts[p]
-            page = self._page(part) if self._wants_read(part) else None
-            if page is not None and not self._admits(page[1]):
-                break
-            del queue[p]
-            if page is not None:
-                self._read(part, *page)
+        for _flow, queue in self._queues():
+            while queue:
+                p = next(iter(queue))
+                part = self._parts[p]
+                page = self._page(part) if self._wants_read(part) else None
+                if page is not None and not self._admits(part, page[1]):
+                    break
+                del queue[p]
+                if page is not None:
+                    self._read(part, *page)
         for p in sorted(self._fetch_check | self._room_wait):
             part = self._parts[p]
             self._room_wait.discard(p)
-            if p in queue or not self._wants_read(part):
+            if not self._wants_read(part):
                 continue
             page = self._page(part)
             if page is not None:
-                if queue or not self._admits(page[1]):
+                queue = self._waiting(part)
+                if p in queue:
+                    continue
+                if queue or not self._admits(part, page[1]):
                     queue[p] = None
                 else:
                     self._read(part, *page)
             elif p in self._stuck and len(part.buffer) < self._buffer_size:
-                room = self._buffer_bytes // 2 - self._use.bytes - self._reading
+                room = self._buffer_bytes // 2 - self._use.bytes - self._use.reading
                 if part.next_cost > room:
                     self._room_wait.add(p)  # the next message did not fit: read it once it can
                     continue
@@ -139,16 +139,32 @@ class Reads:
                 if limit >= 1:
                     self._read(part, limit, limit * self._msg_cost)
         self._fetch_check.clear()
-        if queue and not self._reading:
+        for flow, queue in self._queues():
+            account = flow.use if flow is not None else self._use
+            if not queue or account.reading:
+                continue
             for p in list(queue):
                 part = self._parts[p]
-                if not self._wants_read(part):
+                page = self._page(part) if self._wants_read(part) else None
+                if page is None:
                     del queue[p]
                 elif not part.buffer and self._starving(part):
                     del queue[p]
-                    room = self._buffer_bytes - self._use.bytes - self._reading
-                    limit = max(1, min(self._buffer_size, room // self._msg_cost))
+                    room = self._budget(part) - account.bytes - account.reading
+                    limit = max(1, min(page[0], room // self._msg_cost))
                     self._read(part, limit, limit * self._msg_cost)
+
+    def _queues(self) -> list[tuple[Flow | None, dict[int, None]]]:
+        """Each flow's queue of partitions waiting for room to read; shared mode's."""
+        if self._group.mode is GroupMode.SHARED:
+            return [(None, self._read_queue)]
+        return [(flow, flow.reads) for flow in self._flows.values()]
+
+    def _waiting(self, part: Partition) -> dict[int, None]:
+        """Where the partition waits for room to read (it has an owner, or is shared)."""
+        if self._group.mode is GroupMode.SHARED or part.owner is None:
+            return self._read_queue
+        return self._flows[part.owner].reads
 
     def _wants_read(self, part: Partition) -> bool:
         """Whether the partition may have something to read and someone to deliver it to."""
@@ -162,26 +178,49 @@ class Reads:
         holds more than half a page."""
         size = len(part.buffer)
         target = max(TURN, self._share() // self._msg_cost)
-        target = max(1, min(self._buffer_size, self._buffer_bytes // self._msg_cost, target))
+        target = max(1, min(self._buffer_size, self._budget(part) // self._msg_cost, target))
         if size > target // 2:
             return None
         limit = max(1, target - size)
         return limit, max(limit * self._msg_cost, part.next_cost)
 
-    def _admits(self, cost: int) -> bool:
-        """Whether a read of ``cost`` bytes fits the budget beside what is buffered and
-        what is being read (always, when there is neither: a message larger than the
-        budget is read on its own)."""
-        taken = self._use.bytes + self._reading
-        return not taken or taken + cost <= self._buffer_bytes
+    def _budget(self, part: Partition) -> int:
+        """The part of the budget the partition's owner may hold buffered and reading: its
+        partitions' shares (shared mode: the whole budget, as flows share every
+        partition)."""
+        if self._group.mode is GroupMode.SHARED or part.owner is None:
+            return self._buffer_bytes
+        owned = len(self._flows[part.owner].partitions)
+        return self._buffer_bytes * owned // max(1, self._owned)
+
+    def _admits(self, part: Partition, cost: int) -> bool:
+        """Whether a read of ``cost`` bytes fits the group's budget and its owner's part of
+        it, beside what is buffered and being read (each always, when it holds nothing: a
+        message larger than the budget is read on its own)."""
+        taken = self._use.bytes + self._use.reading
+        if taken and taken + cost > self._buffer_bytes:
+            return False
+        held = part.owner_use.bytes + part.owner_use.reading
+        return not held or held + cost <= self._budget(part)
 
     def _read(self, part: Partition, limit: int, cost: int) -> None:
         part.fetching = True
         part.fetch_limit = limit
         part.fetch_bytes = cost
+        part.fetch_use = part.owner_use
         part.known_at_fetch = part.known
-        self._reading += cost
+        self._use.reading += cost
+        part.owner_use.reading += cost
         self._out.append(Fetch(part.index, part.cursor, limit))
+
+    def _unreserve(self, part: Partition) -> int:
+        """Give back what the partition's read reserved; returns it."""
+        reserved, part.fetch_bytes = part.fetch_bytes, 0
+        self._use.reading -= reserved
+        if part.fetch_use is not None:
+            part.fetch_use.reading -= reserved
+            part.fetch_use = None
+        return reserved
 
     def _starving(self, part: Partition) -> bool:
         """Whether the partition's flow (shared mode: any flow) has room and, the pump
@@ -203,4 +242,4 @@ class Reads:
             return True
         if len(part.buffer) >= self._buffer_size:
             return False
-        return self._use.bytes + self._reading + cost <= self._buffer_bytes
+        return self._use.bytes + self._use.reading + cost <= self._buffer_bytes

@@ -214,14 +214,20 @@ class GroupMachineRules(RuleBasedStateMachine):
 
     @invariant()
     def buffers_keep_to_their_byte_budget(self) -> None:
-        # Beyond the group's budget only by the message each partition may always take.
+        # Beyond the group's budget only by the message each partition may always take,
+        # and by what the flows with nothing to send read while others hold the budget
+        # (their parts of it: core/reads.py). Each flow's account is its partitions'.
         m = self.d.machine
         firsts = 0
         for part in m._parts:
             assert part.buffered_bytes == sum(map(buffered_cost, part.buffer.values()))
             firsts += buffered_cost(next(iter(part.buffer.values()))) if part.buffer else 0
         assert m._use.bytes == sum(part.buffered_bytes for part in m._parts)
-        assert m._use.bytes <= m._buffer_bytes + firsts
+        assert m._use.bytes <= 2 * m._buffer_bytes + firsts
+        assert m._use.reading == sum(part.fetch_bytes for part in m._parts)
+        for flow in m._flows.values():
+            owned = [part for part in m._parts if part.owner == flow.flow_id]
+            assert flow.use.bytes == sum(part.buffered_bytes for part in owned)
 
     @invariant()
     def strict_groups_have_one_unacked_message_per_key(self) -> None:
