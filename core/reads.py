@@ -141,14 +141,14 @@ class Reads:
         self._fetch_check.clear()
         for flow, queue in self._queues():
             account = flow.use if flow is not None else self._use
-            if not queue or account.reading:
+            if not queue or account.reading or not self._starving(flow):
                 continue
             for p in list(queue):
                 part = self._parts[p]
                 page = self._page(part) if self._wants_read(part) else None
                 if page is None:
                     del queue[p]
-                elif not part.buffer and self._starving(part):
+                elif not part.buffer:
                     del queue[p]
                     room = self._budget(part) - account.bytes - account.reading
                     limit = max(1, min(page[0], room // self._msg_cost))
@@ -222,13 +222,12 @@ class Reads:
             part.fetch_use = None
         return reserved
 
-    def _starving(self, part: Partition) -> bool:
-        """Whether the partition's flow (shared mode: any flow) has room and, the pump
-        having run, nothing to send."""
-        if self._group.mode is GroupMode.SHARED:
-            return any(flow.has_room() for flow in self._flows.values())
-        flow = self._flows.get(part.owner) if part.owner is not None else None
-        return flow is not None and flow.has_room()
+    def _starving(self, flow: Flow | None) -> bool:
+        """Whether the flow (None, shared mode: any flow) has room and, the pump having
+        run, nothing to send."""
+        if flow is None:
+            return any(f.has_room() for f in self._flows.values())
+        return flow.has_room()
 
     def _fits(self, part: Partition, message: Message) -> bool:
         """Whether an appended message may join the partition's buffer (``_room``)."""
