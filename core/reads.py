@@ -75,8 +75,10 @@ class Reads:
         return self._buffer_bytes // max(1, len(self._parts) if shared else self._owned)
 
     def _load(self, part: Partition, page: Page, now: float) -> None:
-        """Admit what fits of a Page (``GroupMachine.loaded``): what its read reserved,
-        then what the budget has room for; note whether the partition has more to read."""
+        """Admit what fits of a Page (``GroupMachine.loaded``): what its read reserved
+        (within its owner's part of the budget as it is now: a smaller budget applies at
+        once), then what the budget has room for; note whether the partition has more to
+        read."""
         before = part.cursor
         part.fetching = False
         allowance = self._unreserve(part)
@@ -85,7 +87,11 @@ class Reads:
             if message.partition != part.index:
                 raise InvalidArgument(f"loaded message of partition {message.partition}")
             cost = buffered_cost(message)
-            reserved = cost <= allowance and len(part.buffer) < self._buffer_size
+            reserved = (
+                cost <= allowance
+                and len(part.buffer) < self._buffer_size
+                and part.owner_use.bytes + cost <= self._budget(part)
+            )
             if not reserved and not self._room(part, cost):
                 full = True  # the rest is read again once the buffer has room for it
                 part.next_cost = cost

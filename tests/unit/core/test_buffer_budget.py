@@ -179,3 +179,17 @@ def test_a_flow_that_stops_acking_holds_no_more_than_its_partitions_share_of_the
     assert len(reads) <= len(wanted) // 10, f"{len(reads)} reads for {len(wanted)} messages"
     held = sum(p.buffered for p in d.machine.status().partitions if p.partition not in theirs)
     assert held * buffered_cost(published[0]) <= budget // 2 + TURN * buffered_cost(published[0])
+
+
+def test_a_page_on_its_way_keeps_to_a_budget_made_smaller_meanwhile() -> None:
+    # A second group loads while the first one's reads are under way: the gateway's
+    # budget is split again, and what those reads bring is cut to the new budget.
+    partitions, budget = 4, 64 * 1024
+    d, published = _backlog(partitions, budget, 400)
+    d.bind("a", window=1)
+    assert d.pending_fetches
+    d.machine.set_buffer_bytes(budget // 4)
+    while d.pending_fetches:
+        d.answer()
+    cost = buffered_cost(published[0])
+    assert _buffered(d) * cost <= budget // 4 + partitions * cost
