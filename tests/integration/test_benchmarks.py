@@ -108,3 +108,12 @@ def test_the_breakdown_names_every_part_of_each_phase(
         assert float(spent["event loop"]) > 0 and float(spent["client"]) > 0, line
         if options:
             assert float(spent["PostgreSQL"]) > 0, line
+
+
+def test_the_sqlite_layout_probe_reads_back_every_row_of_each_layout() -> None:
+    run = _benchmark("sqlite_layout", "--messages", "2000", "--partitions", "8")
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    assert len(lines) == 8, run.stdout  # 2 layouts x 2 page sizes x 1 and 8 partitions
+    assert all("(2000 rows)" in line for line in lines), run.stdout
+    assert sum(line.startswith("clustered") for line in lines) == 4, run.stdout
