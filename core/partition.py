@@ -149,8 +149,8 @@ class Partition:
 
     def __init__(self, index: int, snapshot: PartitionSnapshot, use: BufferUse) -> None:
         self.index = index
-        # The group's account, and its owner's (Flow.use; outside shared mode, when it
-        # has one: DeliveryBook's detached account otherwise).
+        # The group's account, and its owner's (Flow.use outside shared mode, when it has
+        # one; otherwise an account of its own that no budget reads).
         self.use = use
         self.owner_use = BufferUse()
         self.state = PartitionState.UNASSIGNED

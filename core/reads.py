@@ -82,6 +82,7 @@ class Reads:
         before = part.cursor
         part.fetching = False
         allowance = self._unreserve(part)
+        budget = self._budget(part)
         full = len(page.messages) >= part.fetch_limit
         for message in page.messages:
             if message.partition != part.index:
@@ -90,7 +91,7 @@ class Reads:
             reserved = (
                 cost <= allowance
                 and len(part.buffer) < self._buffer_size
-                and part.owner_use.bytes + cost <= self._budget(part)
+                and part.owner_use.bytes + cost <= budget
             )
             if not reserved and not self._room(part, cost):
                 full = True  # the rest is read again once the buffer has room for it
@@ -166,11 +167,17 @@ class Reads:
             return [(None, self._read_queue)]
         return [(flow, flow.reads) for flow in self._flows.values()]
 
-    def _waiting(self, part: Partition) -> dict[int, None]:
-        """Where the partition waits for room to read (it has an owner, or is shared)."""
+    def _owner(self, part: Partition) -> Flow | None:
+        """The flow whose part of the budget the partition reads in (None in shared mode,
+        where flows share every partition, or without an owner: the group's budget)."""
         if self._group.mode is GroupMode.SHARED or part.owner is None:
-            return self._read_queue
-        return self._flows[part.owner].reads
+            return None
+        return self._flows[part.owner]
+
+    def _waiting(self, part: Partition) -> dict[int, None]:
+        """Where the partition waits for room to read."""
+        flow = self._owner(part)
+        return self._read_queue if flow is None else flow.reads
 
     def _wants_read(self, part: Partition) -> bool:
         """Whether the partition may have something to read and someone to deliver it to."""
@@ -192,12 +199,11 @@ class Reads:
 
     def _budget(self, part: Partition) -> int:
         """The part of the budget the partition's owner may hold buffered and reading: its
-        partitions' shares (shared mode: the whole budget, as flows share every
-        partition)."""
-        if self._group.mode is GroupMode.SHARED or part.owner is None:
+        partitions' shares (``_owner`` None: the whole budget)."""
+        flow = self._owner(part)
+        if flow is None:
             return self._buffer_bytes
-        owned = len(self._flows[part.owner].partitions)
-        return self._buffer_bytes * owned // max(1, self._owned)
+        return self._buffer_bytes * len(flow.partitions) // max(1, self._owned)
 
     def _admits(self, part: Partition, cost: int) -> bool:
         """Whether a read of ``cost`` bytes fits the group's budget and its owner's part of

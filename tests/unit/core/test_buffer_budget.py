@@ -125,8 +125,8 @@ def _drain(d: Driver, flow: str, partitions: int, budget: int) -> list[Fetch]:
     until no read is asked for; the Fetches answered, in order. Throughout, the group keeps
     to its budget (each partition may always take one message)."""
     read: list[Fetch] = []
+    cost = max(buffered_cost(m) for stored in d.store.values() for m in stored)
     while d.pending_fetches or d.unacked[flow]:
-        cost = max((buffered_cost(f.message) for f in d.deliveries), default=0)
         assert _buffered(d) * cost <= budget + partitions * cost
         if d.unacked[flow]:
             d.ack(flow, *[x.message for x in d.unacked[flow].values()])
