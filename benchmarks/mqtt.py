@@ -5,12 +5,16 @@ of ``--size`` bytes to ``--topic`` with up to ``--inflight`` unacknowledged at o
 (``max_inflight_messages_set``) and stops the clock at the last PUBACK: for keygate a
 PUBACK means the message is committed. The client runs in a child process and is the same
 for every target. paho itself tops out at a few thousand messages a second, so
-``--client raw`` (keygate's codec as a lean asyncio client) shows what the servers can do.
+``--client raw`` (keygate's codec as a lean asyncio client) shows what the servers can do;
+with it, ``--connections N`` publishes from N connections at once (devices), each with its
+own ``--inflight`` window and its share of ``--messages``.
 
     python -m benchmarks.mqtt --self-contained              # listener + no-op sink in-process
     python -m benchmarks.mqtt --keygate 127.0.0.1:1884      # a running gateway; a queue must
                                                             # subscribe to --topic
     python -m benchmarks.mqtt --mosquitto 127.0.0.1:1883
+    python -m benchmarks.mqtt --keygate 127.0.0.1:1884 --client raw --connections 100 \
+        --inflight 10                                       # many devices, small windows
 
 Without a target it runs ``--self-contained`` and, when 127.0.0.1:1883 accepts a
 connection, Mosquitto there as well. When keygate (or the self-contained listener) and
@@ -27,7 +31,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from functools import partial
@@ -119,42 +123,60 @@ def run_paho(
     return Result(target, messages, elapsed, refused)
 
 
-async def _raw(
-    target: str, address: str, *, topic: str, messages: int, size: int, inflight: int, version: int
-) -> Result:
+async def _session(
+    address: str, *, topic: str, messages: int, size: int, inflight: int, version: int
+) -> tuple[asyncio.StreamWriter, Callable[[], Awaitable[int]]]:
+    """One connected client: its writer, and what publishes ``messages`` (QoS 1, up to
+    ``inflight`` unacknowledged) and returns how many were refused, after the last PUBACK."""
     host, _, port = address.rpartition(":")
     reader, writer = await asyncio.open_connection(host, int(port))
     codec = MqttCodec(version=version)
     writer.write(codec.send(Connect(f"kg-raw-{uuid.uuid4().hex[:8]}", version)))
-    acked = refused = 0
-    window = asyncio.Semaphore(inflight)
-
-    async def read_acks() -> None:
-        nonlocal acked, refused
-        while acked < messages:
-            data = await reader.read(65536)
-            if not data:
-                raise SystemExit(f"{target}: connection closed after {acked} acks")
-            codec.receive_data(data)
-            while (packet := codec.next_event()) is not None:
-                if isinstance(packet, PubAck):
-                    acked += 1
-                    refused += packet.reason_code >= 0x80
-                    window.release()
-
     while not isinstance(codec.next_event(), ConnAck):
         codec.receive_data(await reader.read(65536))
-    acks = asyncio.create_task(read_acks())
-    payload = b"x" * size
+
+    async def publish() -> int:
+        acked = refused = 0
+        window = asyncio.Semaphore(inflight)
+
+        async def read_acks() -> None:
+            nonlocal acked, refused
+            while acked < messages:
+                data = await reader.read(65536)
+                if not data:
+                    raise SystemExit(f"{address}: connection closed after {acked} acks")
+                codec.receive_data(data)
+                while (packet := codec.next_event()) is not None:
+                    if isinstance(packet, PubAck):
+                        acked += 1
+                        refused += packet.reason_code >= 0x80
+                        window.release()
+
+        acks = asyncio.create_task(read_acks())
+        payload = b"x" * size
+        for index in range(messages):
+            await window.acquire()
+            writer.write(codec.send(Publish(topic, payload, 1, packet_id=index % 65535 + 1)))
+            if index % 64 == 0:
+                await writer.drain()
+        await acks
+        return refused
+
+    return writer, publish
+
+
+async def _raw(
+    target: str, address: str, *, messages: int, connections: int, **kwargs: Any
+) -> Result:
+    """``connections`` clients connect first, then publish their shares of ``messages``
+    at once; the clock runs from the first publish to the last PUBACK."""
+    shares = [messages // connections + (i < messages % connections) for i in range(connections)]
+    sessions = [await _session(address, messages=share, **kwargs) for share in shares]
     start = time.perf_counter()
-    for index in range(messages):
-        await window.acquire()
-        writer.write(codec.send(Publish(topic, payload, 1, packet_id=index % 65535 + 1)))
-        if index % 64 == 0:
-            await writer.drain()
-    await acks
+    refused = sum(await asyncio.gather(*(publish() for _, publish in sessions)))
     elapsed = time.perf_counter() - start
-    writer.close()
+    for writer, _ in sessions:
+        writer.close()
     return Result(target, messages, elapsed, refused)
 
 
@@ -204,7 +226,14 @@ async def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--self-contained", action="store_true")
     parser.add_argument("--messages", type=int, default=50_000)
     parser.add_argument("--size", type=int, default=256)
-    parser.add_argument("--inflight", type=int, default=1000)
+    parser.add_argument("--inflight", type=int, default=1000, help="per connection")
+    parser.add_argument(
+        "--connections",
+        type=int,
+        default=1,
+        help="raw client only: this many connections (devices), each --inflight, sharing"
+        " --messages",
+    )
     parser.add_argument("--topic", default="bench/mqtt")
     parser.add_argument("--mqtt-version", type=int, choices=(4, 5), default=5)
     parser.add_argument(
@@ -220,6 +249,8 @@ async def main(argv: Sequence[str] | None = None) -> None:
         # named is lost from the queue and the run waits for a PUBACK that never comes
         # (seen with Mosquitto as with keygate).
         parser.error(f"--messages: at most {MAX_PAHO_MESSAGES:,} with paho")
+    if args.client == "paho" and args.connections != 1:
+        parser.error("--connections: with --client raw")
     mosquitto = args.mosquitto
     standalone = args.self_contained
     if not (args.keygate or mosquitto or standalone):
@@ -233,6 +264,8 @@ async def main(argv: Sequence[str] | None = None) -> None:
         "version": args.mqtt_version,
         "client": args.client,
     }
+    if args.client == "raw":
+        options["connections"] = args.connections
     results: dict[str, Result] = {}
     if standalone:
         results["self"] = await self_contained(**options)

@@ -117,3 +117,18 @@ def test_the_sqlite_layout_probe_reads_back_every_row_of_each_layout() -> None:
     assert len(lines) == 8, run.stdout  # 2 layouts x 2 page sizes x 1 and 8 partitions
     assert all("(2000 rows)" in line for line in lines), run.stdout
     assert sum(line.startswith("clustered") for line in lines) == 4, run.stdout
+
+
+def test_the_mqtt_benchmark_publishes_from_many_connections_at_once() -> None:
+    """Many devices, each with a small window (``--connections``): every message of every
+    connection is acknowledged, and a paho run refuses the option (one client there)."""
+    run = _benchmark(
+        "mqtt", "--self-contained", "--client", "raw", "--connections", "20",
+        "--inflight", "5", "--messages", "2005",
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    (line,) = run.stdout.splitlines()
+    assert line.startswith("keygate (self-contained)"), run.stdout
+    assert " 2005 msgs " in line and "refused 0" in line, run.stdout
+    refused = _benchmark("mqtt", "--self-contained", "--connections", "20")
+    assert refused.returncode == 2 and "--connections: with --client raw" in refused.stderr
