@@ -141,16 +141,20 @@ class _Connection:
         if self.outbox.broken:
             self.stop()
 
-    def _read_timeout(self) -> float | None:
-        if self.conn.state is State.AWAITING_CONNECT:
-            return self.listener.limits.login_timeout
-        return self.conn.receive_timeout  # None: the client sends no heart-beats
-
     async def _read(self) -> None:
         conn, session = self.conn, self.session
+        loop = asyncio.get_running_loop()
+        # The CONNECT frame is due login_timeout after the accept, however it trickles in.
+        login_deadline = loop.time() + self.listener.limits.login_timeout
         try:
             while conn.state is not State.CLOSED:
-                async with asyncio.timeout(self._read_timeout()):
+                if conn.state is State.AWAITING_CONNECT:
+                    deadline: float | None = login_deadline
+                elif conn.receive_timeout is None:  # the client sends no heart-beats
+                    deadline = None
+                else:
+                    deadline = loop.time() + conn.receive_timeout
+                async with asyncio.timeout_at(deadline):
                     data = await self.reader.read(READ_SIZE)
                 if not data:
                     break

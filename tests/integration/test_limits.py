@@ -129,6 +129,42 @@ async def test_a_peer_that_never_logs_in_is_closed_after_the_login_timeout(
     assert 0.9 <= elapsed < CLOSE_WITHIN
 
 
+# Each starts a login frame of a few hundred bytes, whose bytes then trickle in.
+TRICKLED_LOGIN = {
+    "native": (300).to_bytes(4, "big") + b"\x01" * 120,
+    "mqtt": b"\x10\xac\x02" + b"\x00" * 120,
+    "amqp": b"AMQP\x00\x00\x09\x01\x01\x00\x00" + (300).to_bytes(4, "big") + b"\0" * 120,
+    "stomp": b"CONNECT\naccept-version:1.2\nlogin:" + b"a" * 120,
+}
+
+
+@pytest.mark.parametrize("protocol", LOGIN_PROTOCOLS)
+async def test_a_login_that_trickles_in_is_closed_at_the_login_timeout_from_the_accept(
+    strict_gateway: Gateway, protocol: str
+) -> None:
+    """A byte every 0.25 s keeps no read waiting long, but the login frame is due one
+    second (the login timeout) after the accept, not after the last byte (STOMP
+    counted it from the last read)."""
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    reader, writer = await asyncio.open_connection("127.0.0.1", strict_gateway.ports[protocol])
+    closed = asyncio.create_task(reader.read())  # b"" or an error frame, then EOF
+    try:
+        for byte in TRICKLED_LOGIN[protocol]:
+            writer.write(bytes([byte]))
+            done, _ = await asyncio.wait([closed], timeout=0.25)
+            if done:
+                break
+        async with asyncio.timeout(CLOSE_WITHIN):
+            while await closed:
+                closed = asyncio.create_task(reader.read())
+    except ConnectionError:
+        pass  # reset by the gateway's close
+    finally:
+        writer.close()
+    assert 0.9 <= loop.time() - started < 1.9
+
+
 # Each announces a login frame of 100,000 bytes (over 64 KiB, under every protocol's
 # frame limit after login) and sends its first bytes: refused before the rest.
 OVERSIZED_LOGIN = {
