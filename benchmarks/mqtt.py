@@ -165,7 +165,7 @@ async def _session(
     return writer, publish
 
 
-async def _raw(
+async def raw_publish(
     target: str, address: str, *, messages: int, connections: int, **kwargs: Any
 ) -> Result:
     """``connections`` clients connect first, then publish their shares of ``messages``
@@ -182,7 +182,7 @@ async def _raw(
 
 def run_raw(target: str, address: str, **kwargs: Any) -> Result:
     """Like ``run_paho`` with keygate's own codec as a lean asyncio client (blocks)."""
-    return asyncio.run(_raw(target, address, **kwargs))
+    return asyncio.run(raw_publish(target, address, **kwargs))
 
 
 async def run_client(

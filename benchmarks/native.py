@@ -52,12 +52,14 @@ def gateway(
     wrapper: Sequence[str] = (),
     patience: float = 30,
     config: Path | None = None,
+    mqtt: dict[str, int] | None = None,
 ) -> Iterator[tuple[str, int]]:
     """A ``keygate serve`` process on ``db`` with the native port only: (its URL, its pid).
     Its log goes to ``stderr`` (discarded by default). ``module``: what runs ``serve``
     (benchmarks.stages runs it with timestamps added); ``wrapper``: a command that runs
     it (benchmarks.native_instructions: valgrind); ``patience``: seconds it may take to
-    start, and to stop once told to; ``config``: its TOML configuration file."""
+    start, and to stop once told to; ``config``: its TOML configuration file; ``mqtt``: a
+    dict given opens the MQTT port too, and gets its number as ``mqtt["port"]``."""
     with tempfile.TemporaryDirectory() as tmp:
         ports = Path(tmp) / "ports.json"
         proc = subprocess.Popen(
@@ -76,7 +78,7 @@ def gateway(
                 "--http-port",
                 "off",
                 "--mqtt-port",
-                "off",
+                "off" if mqtt is None else "0",
                 "--amqp-port",
                 "off",
                 "--stomp-port",
@@ -93,7 +95,10 @@ def gateway(
                 if proc.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError("the gateway did not start")
                 time.sleep(0.05)
-            yield f"keygate://127.0.0.1:{json.loads(ports.read_text())['native']}", proc.pid
+            opened = json.loads(ports.read_text())
+            if mqtt is not None:
+                mqtt["port"] = opened["mqtt"]
+            yield f"keygate://127.0.0.1:{opened['native']}", proc.pid
         finally:
             proc.terminate()
             proc.wait(patience)

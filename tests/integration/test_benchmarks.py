@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.mqtt_instructions import PHASES as MQTT_PHASES
+from benchmarks.mqtt_instructions import phases as mqtt_phases
 from benchmarks.native import gateway
 from benchmarks.native_instructions import PHASES, phases
 from tests.conftest import POSTGRES_ENV
@@ -81,6 +83,22 @@ def test_the_native_instruction_count_phases_get_every_message_through(tmp_path:
     with gateway(f"sqlite:///{tmp_path}/bench.db") as (url, _pid):
         asyncio.run(phases(url, 100, marks.append))
     assert marks == ["--zero", *(f"--dump={phase}" for phase in PHASES)]
+
+
+def test_the_mqtt_instruction_count_rounds_get_every_publish_acknowledged(
+    tmp_path: Path,
+) -> None:
+    """benchmarks.mqtt_instructions publishes its rounds from many connections at once;
+    run here without valgrind, every publish of each round is acknowledged as stored (a
+    refusal ends it) and the rounds are marked in order."""
+    marks: list[str] = []
+    mqtt: dict[str, int] = {}
+    with gateway(f"sqlite:///{tmp_path}/bench.db", mqtt=mqtt) as (url, _pid):
+        rounds = mqtt_phases(
+            url, f"127.0.0.1:{mqtt['port']}", marks.append, messages=300, connections=7, inflight=4
+        )
+        asyncio.run(rounds)
+    assert marks == ["--zero", *(f"--dump={phase}" for phase in MQTT_PHASES)]
 
 
 @pytest.mark.parametrize(
