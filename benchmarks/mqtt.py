@@ -31,7 +31,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from functools import partial
@@ -123,19 +123,28 @@ def run_paho(
     return Result(target, messages, elapsed, refused)
 
 
-async def _session(
-    address: str, *, topic: str, messages: int, size: int, inflight: int, version: int
-) -> tuple[asyncio.StreamWriter, Callable[[], Awaitable[int]]]:
-    """One connected client: its writer, and what publishes ``messages`` (QoS 1, up to
-    ``inflight`` unacknowledged) and returns how many were refused, after the last PUBACK."""
-    host, _, port = address.rpartition(":")
-    reader, writer = await asyncio.open_connection(host, int(port))
-    codec = MqttCodec(version=version)
-    writer.write(codec.send(Connect(f"kg-raw-{uuid.uuid4().hex[:8]}", version)))
-    while not isinstance(codec.next_event(), ConnAck):
-        codec.receive_data(await reader.read(65536))
+class RawClient:
+    """One connected client of ``--client raw``: keygate's codec over an asyncio stream."""
 
-    async def publish() -> int:
+    def __init__(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, codec: MqttCodec
+    ) -> None:
+        self._reader, self._writer, self._codec = reader, writer, codec
+
+    @classmethod
+    async def connect(cls, address: str, version: int) -> RawClient:
+        host, _, port = address.rpartition(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        codec = MqttCodec(version=version)
+        writer.write(codec.send(Connect(f"kg-raw-{uuid.uuid4().hex[:8]}", version)))
+        while not isinstance(codec.next_event(), ConnAck):
+            codec.receive_data(await reader.read(65536))
+        return cls(reader, writer, codec)
+
+    async def publish(self, messages: int, *, topic: str, size: int, inflight: int) -> int:
+        """Publish ``messages`` at QoS 1, up to ``inflight`` unacknowledged; how many
+        were refused, after the last PUBACK."""
+        reader, writer, codec = self._reader, self._writer, self._codec
         acked = refused = 0
         window = asyncio.Semaphore(inflight)
 
@@ -144,7 +153,7 @@ async def _session(
             while acked < messages:
                 data = await reader.read(65536)
                 if not data:
-                    raise SystemExit(f"{address}: connection closed after {acked} acks")
+                    raise SystemExit(f"connection closed after {acked} acks")
                 codec.receive_data(data)
                 while (packet := codec.next_event()) is not None:
                     if isinstance(packet, PubAck):
@@ -162,21 +171,31 @@ async def _session(
         await acks
         return refused
 
-    return writer, publish
+    def close(self) -> None:
+        self._writer.close()
+
+
+async def publish_from(clients: Sequence[RawClient], messages: int, **kwargs: Any) -> int:
+    """``clients`` publish their shares of ``messages`` at once; how many were refused."""
+    count = len(clients)
+    shares = [messages // count + (i < messages % count) for i in range(count)]
+    outcomes = await asyncio.gather(
+        *(client.publish(share, **kwargs) for client, share in zip(clients, shares, strict=True))
+    )
+    return sum(outcomes)
 
 
 async def raw_publish(
-    target: str, address: str, *, messages: int, connections: int, **kwargs: Any
+    target: str, address: str, *, messages: int, connections: int, version: int, **kwargs: Any
 ) -> Result:
     """``connections`` clients connect first, then publish their shares of ``messages``
     at once; the clock runs from the first publish to the last PUBACK."""
-    shares = [messages // connections + (i < messages % connections) for i in range(connections)]
-    sessions = [await _session(address, messages=share, **kwargs) for share in shares]
+    clients = [await RawClient.connect(address, version) for _ in range(connections)]
     start = time.perf_counter()
-    refused = sum(await asyncio.gather(*(publish() for _, publish in sessions)))
+    refused = await publish_from(clients, messages, **kwargs)
     elapsed = time.perf_counter() - start
-    for writer, _ in sessions:
-        writer.close()
+    for client in clients:
+        client.close()
     return Result(target, messages, elapsed, refused)
 
 

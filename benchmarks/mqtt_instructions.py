@@ -9,7 +9,8 @@ machine's speed, so that a change of a few per cent can be told from the noise.
 --tool=callgrind`` (as ``benchmarks.native_instructions`` runs it); a queue of 16
 partitions subscribes to the topic, and ``benchmarks.mqtt``'s raw client publishes
 ``--messages`` QoS 1 messages of 256 bytes from ``--connections`` connections at once,
-each with up to ``--inflight`` unacknowledged, twice. Printed: the gateway's instructions
+each with up to ``--inflight`` unacknowledged, twice (the connections are made before
+counting starts). Printed: the gateway's instructions
 in the second round over ``--messages``, those of one message received, stored and
 acknowledged (the first round pays for first use). Only user-space instructions are
 counted: a change that trades system calls for instructions reads worse here than it
@@ -27,7 +28,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from benchmarks.mqtt import raw_publish
+from benchmarks.mqtt import RawClient, publish_from
 from benchmarks.native_instructions import control, counted, dumps
 from gateway.client import Client
 
@@ -46,26 +47,25 @@ async def phases(
     connections: int,
     inflight: int,
 ) -> None:
-    """Declare the queue, then publish ``messages`` twice over MQTT at ``address``;
-    ``control`` is called with ``--zero`` first and ``--dump=PHASE`` after each round."""
+    """Declare the queue and connect the clients, then publish ``messages`` twice over
+    MQTT at ``address``; ``control`` is called with ``--zero`` once connected and
+    ``--dump=PHASE`` after each round (connecting is not counted)."""
     async with Client(url) as admin:
         queue = "bench-" + uuid.uuid4().hex[:8]
         await admin.declare_queue(queue, partitions=PARTITIONS, subscriptions=[TOPIC])
-    await asyncio.to_thread(control, "--zero")
-    for phase in PHASES:
-        result = await raw_publish(
-            "keygate",
-            address,
-            topic=TOPIC,
-            messages=messages,
-            size=SIZE,
-            inflight=inflight,
-            version=5,
-            connections=connections,
-        )
-        if result.refused:
-            raise SystemExit(f"{result.refused} of {messages} publishes refused")
-        await asyncio.to_thread(control, f"--dump={phase}")
+    clients = [await RawClient.connect(address, version=5) for _ in range(connections)]
+    try:
+        await asyncio.to_thread(control, "--zero")
+        for phase in PHASES:
+            refused = await publish_from(
+                clients, messages, topic=TOPIC, size=SIZE, inflight=inflight
+            )
+            if refused:
+                raise SystemExit(f"{refused} of {messages} publishes refused")
+            await asyncio.to_thread(control, f"--dump={phase}")
+    finally:
+        for client in clients:
+            client.close()
 
 
 def main() -> None:

@@ -105,7 +105,14 @@ def counted(
     SLOWDOWN): its native URL, its pid and its callgrind output file. ``mqtt``: as for
     ``benchmarks.native.gateway``."""
     out = tmp / "callgrind.out"
-    wrapper = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"]
+    # Names written in full in every dump, so that callgrind_annotate reads each alone.
+    wrapper = [
+        "valgrind",
+        "--tool=callgrind",
+        "--compress-strings=no",
+        "--compress-pos=no",
+        f"--callgrind-out-file={out}",
+    ]
     config = tmp / "keygate.toml"
     defaults = GatewayConfig()
     config.write_text(
