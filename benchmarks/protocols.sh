@@ -29,6 +29,10 @@ $py -m benchmarks.mqtt --keygate "127.0.0.1:$(port mqtt)" --keygate-pid "$gatewa
 echo "== MQTT (QoS 1, paho, 100 in flight) =="
 $py -m benchmarks.mqtt --keygate "127.0.0.1:$(port mqtt)" --keygate-pid "$gateway" \
     --mosquitto 127.0.0.1:1883 --inflight 100
+# Many devices at once, each with a small window (keygate's codec as a lean client).
+echo "== MQTT (QoS 1, raw client, 100 connections x 10 in flight) =="
+$py -m benchmarks.mqtt --keygate "127.0.0.1:$(port mqtt)" --keygate-pid "$gateway" \
+    --mosquitto 127.0.0.1:1883 --client raw --connections 100 --inflight 10 --messages 100000
 echo "== AMQP (aio-pika, publisher confirms) =="
 $py -m benchmarks.amqp --keygate "127.0.0.1:$(port amqp)" --keygate-pid "$gateway"
 echo "== STOMP (receipt every 100) =="
