@@ -16,6 +16,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 from gateway.client import Client
 from gateway.server import Gateway
+from protocols.mqtt.wire import write_vbi
 from protocols.native.listener import NativeListener
 from tests.integration.conftest import native_url, start_gateway
 
@@ -129,13 +130,22 @@ async def test_a_peer_that_never_logs_in_is_closed_after_the_login_timeout(
     assert 0.9 <= elapsed < CLOSE_WITHIN
 
 
-# Each starts a login frame of a few hundred bytes, whose bytes then trickle in.
-TRICKLED_LOGIN = {
-    "native": (300).to_bytes(4, "big") + b"\x01" * 120,
-    "mqtt": b"\x10\xac\x02" + b"\x00" * 120,
-    "amqp": b"AMQP\x00\x00\x09\x01\x01\x00\x00" + (300).to_bytes(4, "big") + b"\0" * 120,
-    "stomp": b"CONNECT\naccept-version:1.2\nlogin:" + b"a" * 120,
-}
+def _login_start(announced: int, sent: int) -> dict[str, bytes]:
+    """Per protocol, the start of a login frame that announces ``announced`` bytes, with
+    ``sent`` bytes of its body (a STOMP frame announces no length: its login header runs
+    ``sent`` bytes)."""
+    mqtt_length = bytearray()
+    write_vbi(mqtt_length, announced)
+    return {
+        "native": announced.to_bytes(4, "big") + b"\x01" * sent,
+        "mqtt": b"\x10" + mqtt_length + b"\x00" * sent,
+        "amqp": b"AMQP\x00\x00\x09\x01\x01\x00\x00" + announced.to_bytes(4, "big") + b"\0" * sent,
+        "stomp": b"CONNECT\naccept-version:1.2\nlogin:" + b"a" * sent,
+    }
+
+
+# Each starts a login frame of 300 bytes, whose first bytes then trickle in.
+TRICKLED_LOGIN = _login_start(300, 120)
 
 
 @pytest.mark.parametrize("protocol", LOGIN_PROTOCOLS)
@@ -166,13 +176,9 @@ async def test_a_login_that_trickles_in_is_closed_at_the_login_timeout_from_the_
 
 
 # Each announces a login frame of 100,000 bytes (over 64 KiB, under every protocol's
-# frame limit after login) and sends its first bytes: refused before the rest.
-OVERSIZED_LOGIN = {
-    "native": (100_000).to_bytes(4, "big") + b"\x01" * 64,
-    "mqtt": b"\x10\xa0\x8d\x06" + b"\x00" * 64,
-    "amqp": b"AMQP\x00\x00\x09\x01\x01\x00\x00" + (100_000).to_bytes(4, "big") + b"\0" * 64,
-    "stomp": b"CONNECT\naccept-version:1.2\nlogin:" + b"a" * 100_000,
-}
+# frame limit after login) and sends its first bytes: refused before the rest (STOMP's,
+# which announces no length, sends them all).
+OVERSIZED_LOGIN = {**_login_start(100_000, 64), "stomp": _login_start(0, 100_000)["stomp"]}
 
 
 @pytest.mark.parametrize("protocol", LOGIN_PROTOCOLS)
