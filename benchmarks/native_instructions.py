@@ -27,9 +27,10 @@ Only user-space instructions are counted, not the kernel's: a change that trades
 calls for instructions reads worse here than it runs (PostgreSQL appends with COPY: +11 %
 instructions, 25 % fewer CPU seconds), so check such a change in CPU seconds too
 (``benchmarks.native``).
-``--keep DIR`` keeps the callgrind files (one per phase) for ``callgrind_annotate``:
-each names its functions only once across the family (read them together). Python runs
-about 50 times slower under valgrind: a run takes a few minutes, most of them the
+``--keep DIR`` keeps the callgrind files (one per phase, every function named in full in
+each): ``benchmarks.callgrind_top`` reads the functions' own costs from one, or the
+growth from another (``callgrind_annotate`` 3.19 puts all of it on ``_PyEval_Vector``).
+Python runs about 50 times slower under valgrind: a run takes a few minutes, most of them the
 gateway's start.
 """
 
@@ -105,7 +106,8 @@ def counted(
     SLOWDOWN): its native URL, its pid and its callgrind output file. ``mqtt``: as for
     ``benchmarks.native.gateway``."""
     out = tmp / "callgrind.out"
-    # Names written in full in every dump, so that callgrind_annotate reads each alone.
+    # Names written in full in every dump, so that each can be read alone
+    # (benchmarks.callgrind_top).
     wrapper = [
         "valgrind",
         "--tool=callgrind",

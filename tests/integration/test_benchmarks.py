@@ -150,3 +150,39 @@ def test_the_mqtt_benchmark_publishes_from_many_connections_at_once() -> None:
     assert " 2005 msgs " in line and "refused 0" in line, run.stdout
     refused = _benchmark("mqtt", "--self-contained", "--connections", "20")
     assert refused.returncode == 2 and "--connections: with --client raw" in refused.stderr
+
+
+CALLGRIND = """# callgrind format
+events: Ir
+summary: {total}
+fn=main
+1 100
+cfn=work
+calls=2 10
+5 {work}
+fn=work
+10 {half}
+fn=work
+11 {half}
+"""
+
+
+def test_the_callgrind_reader_counts_each_function_without_its_calls(tmp_path: Path) -> None:
+    """callgrind_annotate puts the whole gateway on _PyEval_Vector; benchmarks.callgrind_top
+    reads each function's own cost, the calls it made left out, per message, and the
+    growth against a base dump first."""
+    after, before = tmp_path / "after", tmp_path / "before"
+    after.write_text(CALLGRIND.format(total=1000, work=900, half=450))
+    before.write_text(CALLGRIND.format(total=700, work=600, half=300))
+    run = _benchmark("callgrind_top", str(after), "--per", "10")
+    assert run.returncode == 0, run.stderr
+    assert [line.split() for line in run.stdout.splitlines()] == [
+        ["100", "in", "all"],
+        ["90", "work"],
+        ["10", "main"],
+    ]
+    run = _benchmark("callgrind_top", str(after), "--base", str(before), "--per", "10")
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    assert lines[0].split() == ["100", "in", "all", "(base", "70)"]
+    assert lines[1].split() == ["60", "→", "90", "+30", "work"]
