@@ -21,15 +21,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import functools
-import shutil
-import tempfile
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks.mqtt import RawClient, publish_from
-from benchmarks.native_instructions import control, counted, dumps
+from benchmarks.native_instructions import counted
 from gateway.client import Client
 
 PARTITIONS = 16
@@ -68,6 +65,27 @@ async def phases(
             client.close()
 
 
+def instructions(
+    messages: int, connections: int, inflight: int, keep: Path | None = None
+) -> dict[str, int]:
+    """Instructions the gateway spent in each round of ``messages``; ``keep``: a
+    directory to copy the callgrind files to."""
+    mqtt: dict[str, int] = {}
+    return counted(
+        lambda url, control: phases(
+            url,
+            f"127.0.0.1:{mqtt['port']}",
+            control,
+            messages=messages,
+            connections=connections,
+            inflight=inflight,
+        ),
+        PHASES,
+        keep=keep,
+        mqtt=mqtt,
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--messages", type=int, default=3000, help="messages per round")
@@ -76,22 +94,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=1, help="runs (each printed)")
     parser.add_argument("--keep", type=Path, metavar="DIR", help="keep the callgrind files")
     args = parser.parse_args()
-    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
-        raise SystemExit("valgrind is not installed (Debian package valgrind)")
     for _ in range(args.runs):
-        with tempfile.TemporaryDirectory() as name:
-            tmp, mqtt = Path(name), dict[str, int]()
-            with counted(tmp, mqtt=mqtt) as (url, pid, out):
-                drive = phases(
-                    url,
-                    f"127.0.0.1:{mqtt['port']}",
-                    functools.partial(control, pid),
-                    messages=args.messages,
-                    connections=args.connections,
-                    inflight=args.inflight,
-                )
-                asyncio.run(drive)
-            counts = dumps(tmp, out, PHASES, args.keep)
+        counts = instructions(args.messages, args.connections, args.inflight, args.keep)
         print(
             f"MQTT 5 QoS 1, {SIZE}-byte messages, SQLite, {args.connections} connection(s) x "
             f"{args.inflight} in flight: {counts['publish-2'] / args.messages:,.0f} "

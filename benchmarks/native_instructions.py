@@ -45,8 +45,9 @@ import shutil
 import subprocess
 import tempfile
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
+from typing import Any
 
 from benchmarks.native import IN_FLIGHT, gateway, postgres_target, publish_rate
 from gateway.client import Client
@@ -58,7 +59,7 @@ PHASES = ("publish-1", "publish-2", "consume-1", "consume-2")
 SLOWDOWN = 50
 
 
-def control(pid: int, command: str) -> None:
+def _control(pid: int, command: str) -> None:
     """Tell the callgrind of process ``pid`` to ``--zero`` or ``--dump=NAME`` its counters."""
     subprocess.run(["callgrind_control", command, str(pid)], check=True, capture_output=True)
 
@@ -97,56 +98,61 @@ def _dumped(out: Path) -> dict[str, int]:
     return counts
 
 
-@contextlib.contextmanager
 def counted(
-    tmp: Path, postgres: str | None = None, mqtt: dict[str, int] | None = None
-) -> Iterator[tuple[str, int, Path]]:
-    """``keygate serve`` under callgrind, its files in ``tmp`` (on SQLite, or in a schema
-    of its own on PostgreSQL at ``postgres``; its timers, idle timeout and lease scaled by
-    SLOWDOWN): its native URL, its pid and its callgrind output file. ``mqtt``: as for
-    ``benchmarks.native.gateway``."""
-    out = tmp / "callgrind.out"
-    # Names written in full in every dump, so that each can be read alone
-    # (benchmarks.callgrind_top).
-    wrapper = [
-        "valgrind",
-        "--tool=callgrind",
-        "--compress-strings=no",
-        "--compress-pos=no",
-        f"--callgrind-out-file={out}",
-    ]
-    config = tmp / "keygate.toml"
-    defaults = GatewayConfig()
-    config.write_text(
-        f"ack_flush_interval = {defaults.ack_flush_interval * SLOWDOWN}\n"
-        f"retention_interval = {defaults.retention_interval * SLOWDOWN}\n"
-        f"native_idle_timeout = {defaults.native_idle_timeout * SLOWDOWN}\n"
-        f"lease_ttl = {defaults.lease_ttl * SLOWDOWN}\n"
-    )
-    with contextlib.ExitStack() as stack:
-        db = f"sqlite:///{tmp}/bench.db"
-        if postgres:
-            db = stack.enter_context(postgres_target(postgres))
-        log = stack.enter_context(open(tmp / "gateway.log", "w"))
-        url, pid = stack.enter_context(
-            gateway(db, log, wrapper=wrapper, patience=600, config=config, mqtt=mqtt)
+    drive: Callable[[str, Callable[[str], None]], Coroutine[Any, Any, None]],
+    phases: Sequence[str],
+    *,
+    keep: Path | None = None,
+    postgres: str | None = None,
+    mqtt: dict[str, int] | None = None,
+) -> dict[str, int]:
+    """Run ``drive(url, control)`` against ``keygate serve`` under callgrind (on SQLite,
+    or in a schema of its own on PostgreSQL at ``postgres``; its timers, idle timeout and
+    lease scaled by SLOWDOWN): ``url`` is its native URL, ``control`` zeroes (``--zero``)
+    or dumps (``--dump=PHASE``) its counters. Returns the instructions of each of
+    ``phases``; ``keep``: a directory to copy the callgrind files to; ``mqtt``: as for
+    ``benchmarks.native.gateway`` (filled before ``drive`` runs)."""
+    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+        raise SystemExit("valgrind is not installed (Debian package valgrind)")
+    with tempfile.TemporaryDirectory() as name:
+        tmp = Path(name)
+        out = tmp / "callgrind.out"
+        # Names written in full in every dump, so that each can be read alone
+        # (benchmarks.callgrind_top).
+        wrapper = [
+            "valgrind",
+            "--tool=callgrind",
+            "--compress-strings=no",
+            "--compress-pos=no",
+            f"--callgrind-out-file={out}",
+        ]
+        config = tmp / "keygate.toml"
+        defaults = GatewayConfig()
+        config.write_text(
+            f"ack_flush_interval = {defaults.ack_flush_interval * SLOWDOWN}\n"
+            f"retention_interval = {defaults.retention_interval * SLOWDOWN}\n"
+            f"native_idle_timeout = {defaults.native_idle_timeout * SLOWDOWN}\n"
+            f"lease_ttl = {defaults.lease_ttl * SLOWDOWN}\n"
         )
-        yield url, pid, out
-
-
-def dumps(tmp: Path, out: Path, phases: Sequence[str], keep: Path | None) -> dict[str, int]:
-    """The instructions of each of ``phases`` in a ``counted`` run's files (copied to
-    ``keep``, when given); exits with the gateway's log when one is missing."""
-    counts = _dumped(out)
-    if keep is not None:
-        keep.mkdir(parents=True, exist_ok=True)
-        for part in out.parent.glob(out.name + "*"):
-            shutil.copy(part, keep)
-    missing = [phase for phase in phases if phase not in counts]
-    if missing:
-        tail = (tmp / "gateway.log").read_text()[-2000:]
-        raise SystemExit(f"no callgrind dump for {missing}; the gateway's log:\n{tail}")
-    return counts
+        with contextlib.ExitStack() as stack:
+            db = f"sqlite:///{tmp}/bench.db"
+            if postgres:
+                db = stack.enter_context(postgres_target(postgres))
+            log = stack.enter_context(open(tmp / "gateway.log", "w"))
+            url, pid = stack.enter_context(
+                gateway(db, log, wrapper=wrapper, patience=600, config=config, mqtt=mqtt)
+            )
+            asyncio.run(drive(url, functools.partial(_control, pid)))
+        counts = _dumped(out)
+        if keep is not None:
+            keep.mkdir(parents=True, exist_ok=True)
+            for part in out.parent.glob(out.name + "*"):
+                shutil.copy(part, keep)
+        missing = [phase for phase in phases if phase not in counts]
+        if missing:
+            tail = (tmp / "gateway.log").read_text()[-2000:]
+            raise SystemExit(f"no callgrind dump for {missing}; the gateway's log:\n{tail}")
+        return counts
 
 
 def instructions(
@@ -158,11 +164,12 @@ def instructions(
     """Instructions the gateway spent in each phase of a run of ``messages`` per phase;
     ``keep``: a directory to copy the callgrind files to; ``postgres``: a PostgreSQL URL
     to store in instead of SQLite; ``partitions``: the queue's."""
-    with tempfile.TemporaryDirectory() as name:
-        tmp = Path(name)
-        with counted(tmp, postgres) as (url, pid, out):
-            asyncio.run(phases(url, messages, functools.partial(control, pid), partitions))
-        return dumps(tmp, out, PHASES, keep)
+    return counted(
+        lambda url, control: phases(url, messages, control, partitions),
+        PHASES,
+        keep=keep,
+        postgres=postgres,
+    )
 
 
 def main() -> None:
@@ -173,8 +180,6 @@ def main() -> None:
     parser.add_argument("--postgres", metavar="URL", help="store in PostgreSQL, not SQLite")
     parser.add_argument("--partitions", type=int, default=PARTITIONS, help="the queue's")
     args = parser.parse_args()
-    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
-        raise SystemExit("valgrind is not installed (Debian package valgrind)")
     for _ in range(args.runs):
         counts = instructions(args.messages, args.keep, args.postgres, args.partitions)
         consumed = (counts["consume-1"] + counts["consume-2"]) / (2 * args.messages)
