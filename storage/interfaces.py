@@ -44,7 +44,8 @@ class PublishStore(Protocol):
         InvalidArgument for a partition the queue lacks); return them as stored, with
         seqs from 1 per (queue, partition), after the commit. A message whose (publisher,
         producer, dedup id) was stored within its queue's dedup window comes back as the
-        original instead of being stored again."""
+        original instead of being stored again. The messages become the store's: it may
+        give them their seqs in place, so hand in messages built for the call, each once."""
         ...
 
     def append_each(

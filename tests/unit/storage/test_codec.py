@@ -70,7 +70,8 @@ def test_driver_values_follow_the_table_columns() -> None:
     row = message_row(message)
     row["properties"] = json.dumps(row["properties"])
     assert message_values(message) == tuple(row[name] for name in MESSAGE_COLUMNS)
-    assert with_seq(message, 9) == dataclasses.replace(message, seq=9)
+    expected = dataclasses.replace(message, seq=9)
+    assert with_seq(message, 9) is message and message == expected
 
 
 def test_a_message_read_back_is_the_one_stored_and_counts_its_stored_size() -> None:
