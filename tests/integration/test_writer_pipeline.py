@@ -78,6 +78,10 @@ async def test_a_session_the_server_ended_while_idle_is_replaced_before_sending(
             (WRITER,),
         ).scalar_one()
     assert ended >= 1
+    # pg_terminate_backend only signals: wait until the session has really ended (under
+    # load it may not have when the next send goes out, which then fails instead).
+    gone = "SELECT count(*) = 0 FROM pg_stat_activity WHERE application_name = %s"
+    await eventually(lambda: asyncio.to_thread(_scalar_where, reader, gone, WRITER))
     await thread.run(_first, _insert(2), pipelined=True)  # not failed: retried on a new one
     assert _values(reader) == [1, 2]
 
@@ -108,6 +112,11 @@ async def _end_writer_session(store: SqlStore, url: str) -> None:
     assert _scalar(url, f"SELECT pg_terminate_backend({pid})")
     gone = f"SELECT count(*) = 0 FROM pg_stat_activity WHERE pid = {pid}"
     await eventually(lambda: asyncio.to_thread(_scalar, url, gone))
+
+
+def _scalar_where(engine: sa.Engine, query: str, value: str) -> object:
+    with engine.connect() as conn:
+        return conn.exec_driver_sql(query, (value,)).scalar_one()
 
 
 def _scalar(url: str, query: str) -> object:
