@@ -305,10 +305,7 @@ class Broker(Publishing, ProtocolState):
         runtime = await self.groups.load(wanted)
         await self.groups.lease(queue, group)  # GroupLeased while a Spark job holds it
         actual = runtime.group
-        if request.mode is not None and actual.mode != request.mode:
-            raise Conflict(f"group {group!r} exists in mode {actual.mode}, not {request.mode}")
-        if tags != (dict(actual.tags) if actual.tags else None):
-            raise Conflict(f"group {group!r} has tag filter {actual.tags}, not {tags}")
+        _check_settings(actual, request, tags)
         flow_id = uuid.uuid4().hex
         partitions = runtime.bind(
             flow_id,
@@ -381,3 +378,19 @@ class Broker(Publishing, ProtocolState):
 
     def _queue_gauges(self) -> Iterable[QueueGauge]:
         return queue_gauges(self.queues(), self.runtimes(), self._store.depths)
+
+
+def _check_settings(
+    group: GroupConfig, request: BindRequest, tags: dict[str, str] | None
+) -> None:
+    """Conflict if a setting the bind names (None: not named, the group's own applies)
+    contradicts the group's: a consumer never gets other semantics than it asked for."""
+    for name, asked, has in (
+        ("mode", request.mode, group.mode),
+        ("key_order", request.key_order, group.key_order),
+        ("start", request.start, group.start),
+        ("ack_timeout", request.ack_timeout, group.ack_timeout),
+        ("tag filter", tags, dict(group.tags) if group.tags else None),
+    ):
+        if asked is not None and asked != has:
+            raise Conflict(f"group {group.name!r} has {name} {has}, not {asked}")

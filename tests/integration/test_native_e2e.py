@@ -14,6 +14,7 @@ import pytest
 import sqlalchemy as sa
 
 from core.errors import Conflict, QueueNotFound
+from core.model import GroupConfig, KeyOrder, StartPosition
 from gateway.client import Client, Consumer, ConsumerClosed, Message
 from gateway.inspect import inspect_queue
 from gateway.server import Gateway
@@ -318,6 +319,42 @@ async def test_a_group_with_bound_consumers_cannot_be_deleted(gateway: Gateway) 
     await consumer.close()
     await gateway.broker.delete_group("orders", "billing")
     assert await gateway.store.list_groups("orders") == []  # type: ignore[union-attr]
+    await client.close()
+
+
+async def test_a_bind_takes_the_settings_it_leaves_out_and_may_not_contradict_the_rest(
+    gateway: Gateway,
+) -> None:
+    """native-protocol.md, BIND: absent group settings take the group's values; present
+    ones that contradict an existing group are a conflict (not silently the group's)."""
+    await _declare(gateway, partitions=2)
+    assert gateway.broker is not None
+    await gateway.broker.create_group(
+        GroupConfig(
+            "orders",
+            "billing",
+            key_order=KeyOrder.STRICT,
+            start=StartPosition.LATEST,
+            tags={"color": "red"},
+            ack_timeout=30.0,
+        )
+    )
+    client = await _client(gateway, "c")
+    plain = await client.subscribe("orders", group="billing")  # no settings named
+    await plain.close()
+    same = await client.subscribe(
+        "orders", group="billing", key_order="strict", tags={"color": "red"}, ack_timeout=30.0
+    )
+    await same.close()
+    for setting, contradicting in (
+        ("key_order", "partition"),
+        ("start", "earliest"),
+        ("ack_timeout", 1.0),
+        ("tags", {"color": "blue"}),
+        ("mode", "shared"),
+    ):
+        with pytest.raises(Conflict, match="group 'billing' has"):
+            await client.subscribe("orders", group="billing", **{setting: contradicting})
     await client.close()
 
 
