@@ -334,8 +334,8 @@ class Broker(Publishing, ProtocolState):
         # The one ownership check: flow ids are not secret (inspection lists them).
         if flow is not None and flow.principal.connection != principal.connection:
             raise PermissionDenied("flow belongs to another connection")
-        if isinstance(event, Credit) and event.window < 1:
-            raise InvalidArgument("window must be >= 1")
+        if isinstance(event, Credit) and event.window < 0:
+            raise InvalidArgument("window must be >= 0 (0 pauses the flow)")
         if flow is None:
             return  # gone: its messages were already returned for redelivery
         runtime = flow.runtime
@@ -380,9 +380,7 @@ class Broker(Publishing, ProtocolState):
         return queue_gauges(self.queues(), self.runtimes(), self._store.depths)
 
 
-def _check_settings(
-    group: GroupConfig, request: BindRequest, tags: dict[str, str] | None
-) -> None:
+def _check_settings(group: GroupConfig, request: BindRequest, tags: dict[str, str] | None) -> None:
     """Conflict if a setting the bind names (None: not named, the group's own applies)
     contradicts the group's: a consumer never gets other semantics than it asked for."""
     for name, asked, has in (

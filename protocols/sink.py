@@ -145,7 +145,7 @@ class Undeliverable:
 
 @dataclass(frozen=True, slots=True)
 class Credit:
-    """Set the flow's window (messages outstanding at once)."""
+    """Set the flow's window (messages outstanding at once; 0 pauses the flow)."""
 
     window: int
 

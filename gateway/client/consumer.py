@@ -24,6 +24,8 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Protocol
 
+from core.errors import InvalidArgument
+from core.ingress import validate_window
 from core.model import AckMode, GroupMode, KeyOrder, Properties, StartPosition
 from gateway.client.errors import ConnectionLost, ConsumerClosed, error_from_code
 from protocols.native import (
@@ -86,6 +88,8 @@ class BindIntent:
     key_order: KeyOrder | None
     start: StartPosition | None
     ack_timeout: float | None
+    # set_window(0): re-bound with a window of 1 and paused again at once.
+    paused: bool = False
 
 
 class Consumer:
@@ -239,9 +243,16 @@ class Consumer:
 
     async def set_window(self, window: int) -> None:
         """Change the flow's window (max delivered-unsettled); kept across reconnects.
-        0 pauses delivery."""
+        0 pauses delivery: nothing more is sent until the window is raised (what was
+        delivered stays the consumer's to settle). A consumer paused across a reconnect
+        binds again with a window of 1 and pauses at once, so it may receive one message."""
+        if window:
+            validate_window(window)
+        elif window < 0:
+            raise InvalidArgument("window must be >= 0 (0 pauses delivery)")
         self.window = window
-        self._intent = replace(self._intent, window=window)
+        intent = self._intent
+        self._intent = replace(intent, window=window or intent.window, paused=not window)
         if self._conn is not None and self._flow_id is not None:
             await self._send(Credit(flow_id=self._flow_id, window=window))
 
@@ -280,13 +291,16 @@ class Consumer:
             self.mode, self.window = event.mode, event.window
             conn.flows[event.flow_id] = self
             self._set_partitions(event.partitions)
+            if intent.paused:
+                conn.send(Credit(flow_id=event.flow_id, window=0))
+                self.window = 0
 
         await conn.request(
             lambda rid: Bind(
                 request_id=rid,
                 queue=intent.queue,
                 group=intent.group,
-                window=intent.window,
+                window=1 if intent.paused else intent.window,
                 ack_mode=intent.ack_mode,
                 tags=intent.tags,
                 mode=intent.mode,

@@ -278,7 +278,9 @@ class Requests:
                     self.nack(event)
                     self.ok(event.request_id)
                 case Credit():
-                    self.settle(event.flow_id, sink.Credit(validate_window(event.window)))
+                    # 0 pauses the flow (validate_window bounds the others).
+                    window = validate_window(event.window) if event.window else 0
+                    self.settle(event.flow_id, sink.Credit(window))
                     self.ok(event.request_id)
                 case Bind():
                     await self.bind(event)

@@ -358,6 +358,34 @@ async def test_a_bind_takes_the_settings_it_leaves_out_and_may_not_contradict_th
     await client.close()
 
 
+async def test_a_window_of_zero_pauses_a_consumer_until_it_is_raised(gateway: Gateway) -> None:
+    """native-protocol.md §5: CREDIT 0 pauses the flow; messages stored meanwhile wait in
+    the group (loaded, none sent) and flow once the window is raised again."""
+    await _declare(gateway, partitions=1)
+    assert gateway.broker is not None
+    client = await _client(gateway, "c")
+    consumer = await client.subscribe("orders", group="g", window=10)
+    await consumer.set_window(0)
+    [runtime] = gateway.broker.runtimes("orders")
+    await eventually(lambda: [f.window for f in runtime.status().flows] == [0])
+    await _publish(gateway, "orders", [("k", n) for n in range(3)])
+    # The step that loads the messages is the one that would send them.
+    [part] = await eventually(
+        lambda: [p for p in runtime.status().partitions if p.buffered == 3] or None
+    )
+    assert part.in_flight == 0 and consumer.window == 0
+    # Paused across a network cut: bound again with a window of 1, paused at once.
+    (await client.session.connection()).abort()
+    await eventually(lambda: client.session.reconnects == 1)
+    await eventually(lambda: [f.window for f in runtime.status().flows] == [0])
+    assert consumer.window == 0
+    assert sum(p.in_flight for p in runtime.status().partitions) <= 1
+    await consumer.set_window(5)
+    received = [await consumer.receive(timeout=10) for _ in range(3)]
+    assert [m.payload for m in received] == [b"k:0", b"k:1", b"k:2"]
+    await client.close()
+
+
 async def test_deleting_a_queue_ends_only_its_consumers(gateway: Gateway) -> None:
     client = await _client(gateway, "c")
     await client.declare_queue("orders", partitions=1)
