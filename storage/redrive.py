@@ -4,20 +4,26 @@ How it works. One call moves one batch in one transaction: it reads up to ``limi
 of the dead-letter queue after a (partition, seq) cursor, appends a copy of each to its
 target queue — the key and the user's properties kept, the dead-lettering's ``x-``
 properties taken off, ``x-redrive-count`` counted up, a new message id — and deletes the
-rows it moved. Rows it cannot move (no original queue and no explicit target, or a target
-that does not exist) stay and are skipped by the cursor. The new messages reach running
-groups through the store's commit listeners, as an append's do.
+rows it moved. Every group of the dead-letter queue counts a moved letter as settled in
+the same transaction (as a purge moves offsets past what it deletes): a letter that is
+gone is not waiting for anyone, so it leaves their lag and in-flight counts (the
+redrive runs with those groups unloaded, so their state is read back from SQL). Rows it
+cannot move (no original queue and no explicit target, or a target that does not exist)
+stay and are skipped by the cursor. The new messages reach running groups through the
+store's commit listeners, as an append's do.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import sqlalchemy as sa
 
+from core.actions import OffsetUpdate
 from core.keys import partition_for
+from core.ledger import AckLedger
 from core.model import (
     DEAD_LETTER_PROPERTIES,
     ORIGINAL_QUEUE,
@@ -26,8 +32,9 @@ from core.model import (
     QueueConfig,
 )
 from storage.base import StoreBase
-from storage.codec import message_from_row, with_seq
-from storage.schema import kg_messages
+from storage.codec import decode_ranges, message_from_row, with_seq
+from storage.schema import kg_group_offsets, kg_messages
+from storage.statements import write_offsets
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +62,33 @@ def _redriven(message: Message, target: QueueConfig, new_id: str, now: float) ->
         publish_time=now,
         dedup_id=None,
     )
+
+
+def _settled_everywhere(
+    conn: sa.Connection, dlq: str, moved: Sequence[Message], now: float
+) -> None:
+    """Mark ``moved`` settled in every group of ``dlq`` (their delivery records go too)."""
+    seqs: dict[int, list[int]] = {}
+    for letter in moved:
+        seqs.setdefault(letter.partition, []).append(letter.seq)
+    o = kg_group_offsets
+    rows = conn.execute(sa.select(o).where(o.c.queue == dlq, o.c.partition.in_(seqs)))
+    updates: dict[str, list[OffsetUpdate]] = {}
+    for row in rows:
+        ledger = AckLedger(row.committed_seq, decode_ranges(row.acked_above))
+        for seq in seqs[row.partition]:
+            ledger.settle(seq)
+        updates.setdefault(row.group_name, []).append(
+            OffsetUpdate(
+                row.partition,
+                ledger.committed,
+                ledger.ranges(),
+                row.dispatched_seq,
+                row.reserved_seq,
+            )
+        )
+    for group, group_updates in updates.items():
+        write_offsets(conn, dlq, group, group_updates, now=now)
 
 
 async def redrive_batch(
@@ -101,6 +135,7 @@ async def redrive_batch(
                     sa.tuple_(m.c.partition, m.c.seq).in_([(x.partition, x.seq) for x in moved]),
                 )
             )
+            await conn.run_sync(_settled_everywhere, dlq, moved, now)
     if stored:
         depth = store.depths.setdefault(dlq, [0, 0])
         depth[0] -= len(stored)

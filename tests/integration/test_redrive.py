@@ -94,3 +94,28 @@ async def test_keygate_dlq_redrive_moves_letters_and_reports_counts(
     code = await asyncio.to_thread(main, ["dlq", "redrive", "orders.dlq", "--where", "key=b", url])
     assert code == 0
     assert json.loads(capsys.readouterr().out) == {"moved": 2, "left_in_place": 0}
+
+
+async def test_letters_moved_out_of_a_dlq_no_longer_count_as_its_groups_lag(
+    gateway: Gateway,
+) -> None:
+    """A DLQ group took letters and left without settling them; once a redrive moved them
+    out, its in-flight and lag are 0 (sql.md: lag = messages not yet settled by the group;
+    a message that is gone is not waiting for it), as after a purge."""
+    async with Client(native_url(gateway)) as client:
+        await _dead_letter_everything(client, 4)
+        await _dead_lettered(gateway, 4)
+        dlq = await client.subscribe("orders.dlq", group="inspect")
+        for _ in range(4):
+            await dlq.receive(timeout=10)
+        await dlq.close(shutdown=True)  # none settled
+    assert gateway.store is not None
+    rows = await gateway.store.partition_status("orders.dlq")
+    assert sum(row["in_flight"] for row in rows) == 4
+    status, body = await _redrive(gateway, key="a")
+    assert (status, body) == (200, {"moved": 2, "skipped": 0})
+    rows = await gateway.store.partition_status("orders.dlq")
+    assert (sum(row["in_flight"] for row in rows), sum(row["lag"] for row in rows)) == (2, 2)
+    await _redrive(gateway)
+    rows = await gateway.store.partition_status("orders.dlq")
+    assert [(row["in_flight"], row["lag"]) for row in rows] == [(0, 0)] * len(rows)
