@@ -1,9 +1,11 @@
 """The sans-IO MQTT server connection: protocol rules between the codec and the listener.
 
 Feed bytes with ``receive_data``; ``next_event`` returns what the listener must act on —
-a ``ConnectRequest`` (authenticate, then ``accept``/``refuse``) or a ``PublishRequest``
-(run ``sink.publish``, then ``complete``) — and answers everything else itself (PINGRESP,
-SUBACK, PUBREL→PUBCOMP, a duplicate QoS 2 PUBLISH). Whatever must be written is collected
+a ``ConnectRequest`` (authenticate, then ``accept``/``refuse``), a ``PublishRequest`` (run
+``sink.publish``, then ``complete``) or a ``RefusedPublish`` (a PUBLISH refused before
+storage: ``complete`` it with its error's reason in its turn, after the publishes before
+it, so acks keep arrival order) — and answers everything else itself (PINGRESP, SUBACK,
+PUBREL→PUBCOMP, a duplicate QoS 2 PUBLISH). Whatever must be written is collected
 in ``data_to_send()``. A protocol violation raises ``MqttProtocolError`` after queueing the
 MQTT 5 DISCONNECT (when one is allowed) and closing the state machine.
 
@@ -21,11 +23,15 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Final, NoReturn
 
-from core.errors import InvalidArgument
+from core.errors import InvalidArgument, KeygateError
 from core.model import Publication
 from protocols._limits import DEFAULT_MAX_LOGIN_FRAME
 from protocols.mqtt.codec import MqttCodec
-from protocols.mqtt.errors import MqttProtocolError, UnsupportedProtocolVersion
+from protocols.mqtt.errors import (
+    MqttProtocolError,
+    PayloadFormatInvalid,
+    UnsupportedProtocolVersion,
+)
 from protocols.mqtt.events import (
     MQTT_3_1_1,
     MQTT_5,
@@ -99,6 +105,23 @@ class PublishRequest:
     qos: int
     packet_id: int | None
 
+    @property
+    def topic(self) -> str | None:
+        return self.publication.topic
+
+
+@dataclass(frozen=True, slots=True)
+class RefusedPublish:
+    """A PUBLISH refused before storage (``error``: its payload format, its ``x-delay``).
+    Like a publish the sink refused, it is counted and (QoS 1/2) acknowledged with
+    ``publish_reason(error)`` through ``complete`` — in arrival order, after the acks of
+    the publishes before it [MQTT-4.6.0-2/3], which wait for their commit."""
+
+    topic: str
+    qos: int
+    packet_id: int | None
+    error: KeygateError
+
 
 @dataclass(frozen=True, slots=True)
 class ReleaseRequest:
@@ -110,7 +133,7 @@ class ReleaseRequest:
     packet_id: int
 
 
-Request = ConnectRequest | PublishRequest | ReleaseRequest
+Request = ConnectRequest | PublishRequest | RefusedPublish | ReleaseRequest
 
 
 @dataclass(frozen=True, slots=True)
@@ -366,7 +389,7 @@ class ServerConnection:
             raise MqttProtocolError(f"invalid topic name {topic!r}", ReasonCode.TOPIC_NAME_INVALID)
         return topic
 
-    def _on_publish(self, packet: Publish) -> PublishRequest | None:
+    def _on_publish(self, packet: Publish) -> PublishRequest | RefusedPublish | None:
         assert self.session is not None and self.client_id is not None
         if packet.properties.subscription_identifiers:
             raise MqttProtocolError("a client PUBLISH must not carry a Subscription Identifier")
@@ -389,14 +412,7 @@ class ServerConnection:
             if packet.qos == 2:
                 self._qos2_pending.add(packet_id)
         if not payload_format_valid(packet.payload, packet.properties):
-            if packet_id is not None:
-                self.complete(
-                    packet.qos,
-                    packet_id,
-                    ReasonCode.PAYLOAD_FORMAT_INVALID,
-                    "the payload is not UTF-8 but its Payload Format Indicator says so",
-                )
-            return None
+            return RefusedPublish(topic, packet.qos, packet_id, PayloadFormatInvalid())
         try:
             publication = to_publication(
                 topic,
@@ -406,11 +422,7 @@ class ServerConnection:
                 client_id=self.client_id,
             )
         except InvalidArgument as e:  # an x-delay that is not a delay
-            if packet_id is not None:
-                self.complete(
-                    packet.qos, packet_id, ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR, e.message
-                )
-            return None
+            return RefusedPublish(topic, packet.qos, packet_id, e)
         return PublishRequest(publication, packet.qos, packet_id)
 
     def complete(
@@ -470,6 +482,7 @@ __all__ = [
     "ConnectRequest",
     "Limits",
     "PublishRequest",
+    "RefusedPublish",
     "ReleaseRequest",
     "Request",
     "ServerConnection",

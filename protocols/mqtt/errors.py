@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import ClassVar, Final
 
 from core.errors import (
+    InvalidMessage,
     KeygateError,
     MessageTooLarge,
     NoRoute,
@@ -22,9 +23,20 @@ from core.errors import (
 )
 from protocols.mqtt.events import ReasonCode
 
-# A publish the sink refused: the PUBACK/PUBREC reason, first match wins; any other
-# KeygateError is 0x83.
+
+class PayloadFormatInvalid(InvalidMessage):
+    """A payload that is not UTF-8 under Payload Format Indicator 1 (PUBACK/PUBREC 0x99)."""
+
+    code = "payload-format-invalid"
+
+    def __init__(self) -> None:
+        super().__init__("the payload is not UTF-8 but its Payload Format Indicator says so")
+
+
+# A publish not stored (refused by the sink or by the connection): the PUBACK/PUBREC
+# reason, first match wins; any other KeygateError is 0x83.
 _PUBLISH_REASONS: Final[tuple[tuple[type[KeygateError], ReasonCode], ...]] = (
+    (PayloadFormatInvalid, ReasonCode.PAYLOAD_FORMAT_INVALID),
     (StorageError, ReasonCode.UNSPECIFIED_ERROR),  # not stored: the client may retry
     (Unavailable, ReasonCode.UNSPECIFIED_ERROR),
     (NoRoute, ReasonCode.NO_MATCHING_SUBSCRIBERS),
@@ -81,6 +93,7 @@ __all__ = [
     "MalformedPacket",
     "MqttProtocolError",
     "PacketTooLarge",
+    "PayloadFormatInvalid",
     "UnsupportedProtocolVersion",
     "publish_reason",
 ]

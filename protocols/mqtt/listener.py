@@ -5,11 +5,12 @@ a reader (bytes → state machine → requests), a writer (the ``Outbox``), the 
 QoS 2 packet ids (``StoredSession``) and, once CONNECT is accepted, the publish worker
 (``pipeline.Pipeline``). The reader decodes every complete packet of a socket read in
 one pass: CONNECT is answered inline (the state machine reads nothing more until then),
-PUBREL goes to the releaser, every PUBLISH to the pipeline, which stores the publishes of
-a read with one group commit, acknowledges them in arrival order after it, and stops the
-reader while it is full. The connection ends when the reader does (socket closed,
-protocol error, keep-alive, takeover, a refusal on 3.1.1) or when one of its tasks fails
-with a bug (``Tasks.failed``). It then lets the pipeline finish what it holds (up to
+PUBREL goes to the releaser, every PUBLISH to the pipeline (those refused before storage
+too, for their acks' order), which stores the publishes of a read with one group commit,
+acknowledges them in arrival order after it, and stops the reader while it is full. The
+connection ends when the reader does (socket closed, protocol error, keep-alive,
+takeover, a refusal on 3.1.1) or when one of its tasks fails with a bug
+(``Tasks.failed``). It then lets the pipeline finish what it holds (up to
 ``DRAIN_TIMEOUT``), publishes the Will when due and releases the MQTT session. Which
 connection holds a client id, and the Wills still due, are kept by ``clients.Clients``.
 """
@@ -31,6 +32,7 @@ from protocols.mqtt.clients import Clients, authenticate
 from protocols.mqtt.connection import (
     ConnectRequest,
     Limits,
+    PublishRequest,
     ReleaseRequest,
     ServerConnection,
     State,
@@ -170,13 +172,16 @@ class _Client:
                 # Every complete packet of this read, in one pass: the pipeline gets the
                 # read's publishes together and stores them with one commit.
                 while (event := conn.next_event()) is not None:
-                    if isinstance(event, ConnectRequest):
+                    if isinstance(event, PublishRequest):
+                        assert self.pipeline is not None  # publishes follow CONNACK
+                        await self.pipeline.put(event)
+                    elif isinstance(event, ConnectRequest):
                         await self._on_connect(event)
                     elif isinstance(event, ReleaseRequest):
                         self._stored.release(event.packet_id)
                     else:
-                        assert self.pipeline is not None  # publishes follow CONNACK
-                        await self.pipeline.put(event)
+                        assert self.pipeline is not None
+                        await self.pipeline.refuse(event)
                 await self._flush()
                 if conn.state is State.CONNECTED:
                     # None when the client asked for no keep-alive (0).

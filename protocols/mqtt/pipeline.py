@@ -12,12 +12,15 @@ takes from the head:
   fail, and the batch is never tried again publication by publication;
 - a QoS 2 publish, alone: stored with its packet id recorded in the stored session in the
   same transaction (``Sink.publish(..., qos2_packet_id=)``), so a PUBLISH re-sent after a
-  failover is answered, not stored again.
+  failover is answered, not stored again;
+- a publish the connection refused before storage (``RefusedPublish``: payload format,
+  ``x-delay``), alone: nothing to store, its error is its outcome. It waits here only so
+  that its ack leaves after those of the publishes before it.
 
 There is one worker and it stores one batch at a time, so a connection's messages are
 stored in the order sent, QoS 2 ones included. After a batch is committed its PUBACK /
-PUBREC go out in arrival order (MQTT 3.1.1 §4.6), each publish counted once as stored or
-rejected. A QoS 1/2 publish
+PUBREC go out in arrival order (MQTT 3.1.1 §4.6, MQTT 5 [MQTT-4.6.0-2/3]), refusals
+included, each publish counted once as stored or rejected. A QoS 1/2 publish
 that was not stored gets a reason code on MQTT 5; on 3.1.1, which has no negative ack,
 the connection is closed instead (``ServerConnection.complete``), counted in
 ``unconfirmed_closes``, and the client sends it again after reconnecting.
@@ -34,14 +37,14 @@ import asyncio
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, cast
 
 from core.errors import KeygateError, StorageError, Unavailable
 from protocols._io import publish_in_order
 from protocols._limits import ByteBudget, publication_bytes
 from protocols._log import ConnectionLog
 from protocols._tasks import Tasks
-from protocols.mqtt.connection import PublishRequest, ServerConnection, State
+from protocols.mqtt.connection import PublishRequest, RefusedPublish, ServerConnection, State
 from protocols.mqtt.errors import publish_reason
 from protocols.mqtt.events import ReasonCode
 from protocols.mqtt.stored_session import StoredSession
@@ -66,8 +69,13 @@ class MqttStats:
     unconfirmed_closes: int = 0
 
 
-def _exactly_once(request: PublishRequest) -> bool:
-    return request.qos == 2 and request.packet_id is not None
+Queued = PublishRequest | RefusedPublish
+
+
+def _alone(request: Queued) -> bool:
+    """Taken as a batch of its own: a QoS 2 publish (stored with its packet id) or a
+    refusal (nothing to store)."""
+    return (request.qos == 2 and request.packet_id is not None) or type(request) is RefusedPublish
 
 
 class Pipeline:
@@ -97,7 +105,7 @@ class Pipeline:
         self._flush = flush
         self._close = close
         # Each publish with its size in bytes, as counted against the budget.
-        self._queue: deque[tuple[PublishRequest, int]] = deque()
+        self._queue: deque[tuple[Queued, int]] = deque()
         self._ended = False
         self._ready = asyncio.Event()
         self._slots = asyncio.Semaphore(max_count)
@@ -110,6 +118,12 @@ class Pipeline:
         await self._slots.acquire()
         await self.budget.acquire(size)
         self._queue.append((request, size))
+        self._ready.set()
+
+    async def refuse(self, refused: RefusedPublish) -> None:
+        """Queue a refusal behind the publishes before it (it holds a place, no bytes)."""
+        await self._slots.acquire()
+        self._queue.append((refused, 0))
         self._ready.set()
 
     async def finish(self, timeout: float) -> bool:
@@ -137,9 +151,9 @@ class Pipeline:
                 self._complete(request, size, outcome)
             await self._flush()
 
-    async def _take(self) -> list[tuple[PublishRequest, int]] | None:
-        """A QoS 2 publish alone, or the longest run of QoS 0/1 ones within the bounds;
-        None once ended and empty."""
+    async def _take(self) -> list[tuple[Queued, int]] | None:
+        """A QoS 2 publish or a refusal alone, or the longest run of QoS 0/1 publishes
+        within the bounds; None once ended and empty."""
         queue = self._queue
         while not queue:
             if self._ended:
@@ -147,24 +161,27 @@ class Pipeline:
             self._ready.clear()
             await self._ready.wait()
         batch = [queue.popleft()]
-        if _exactly_once(batch[0][0]):
+        if _alone(batch[0][0]):
             return batch
         size = batch[0][1]
-        while queue and not _exactly_once(queue[0][0]):
+        while queue and not _alone(queue[0][0]):
             if len(batch) >= MAX_BATCH or size >= MAX_BATCH_BYTES:
                 break
             batch.append(queue.popleft())
             size += batch[-1][1]
         return batch
 
-    async def _store(self, batch: list[PublishRequest]) -> list[KeygateError | None]:
+    async def _store(self, batch: list[Queued]) -> list[KeygateError | None]:
         """One outcome per publish of ``batch`` (None: stored and committed)."""
         request = batch[0]
-        if not _exactly_once(request):
-            publications = [r.publication for r in batch]
+        if not _alone(request):
+            run = cast("list[PublishRequest]", batch)  # _take puts no refusal in a run
+            publications = [r.publication for r in run]
             return await publish_in_order(
                 self._sink, self._principal, publications, stop_at_refusal=False, log=self._log
             )
+        if isinstance(request, RefusedPublish):
+            return [request.error]
         try:
             await self._sink.publish(
                 self._principal, request.publication, qos2_packet_id=request.packet_id
@@ -177,7 +194,7 @@ class Pipeline:
         self._stored.saved = True  # the session's row exists now
         return [None]
 
-    def _complete(self, request: PublishRequest, size: int, outcome: KeygateError | None) -> None:
+    def _complete(self, request: Queued, size: int, outcome: KeygateError | None) -> None:
         """Count one publish, send its ack (or close, on 3.1.1) and free its place."""
         stats, conn = self._stats, self._conn
         self._slots.release()
@@ -190,7 +207,7 @@ class Pipeline:
         self._log.info(
             "mqtt %s: publish to %r not stored: %s",
             conn.client_id,
-            request.publication.topic,
+            request.topic,
             reason.name,
         )
         stats.rejected += 1

@@ -33,6 +33,7 @@ from protocols.mqtt import (
     Publish,
     PubRec,
     PubRel,
+    ReasonCode,
 )
 from tests.integration.conftest import native_url
 from tests.integration.sqlcheck import KEY, Sql, declare, open_sql
@@ -407,3 +408,41 @@ async def test_mqtt5_dedup_id_user_property_is_deduped_on_a_dedup_enabled_queue(
     assert (row.payload, row.dedup_id) == (b"first", "tx-1")
     # A queue that did not enable dedup stores both.
     assert [r.payload for r in await sql.messages("orders")] == [b"first", b"again"]
+
+
+async def test_v5_publishes_refused_before_storage_are_acked_in_arrival_order(
+    gateway: Gateway, sql: Sql
+) -> None:
+    """[MQTT-4.6.0-2/3]: a PUBLISH the connection refuses itself (payload not UTF-8 under
+    Payload Format Indicator 1: 0x99; an x-delay that is not a delay: 0x83) waits for the
+    acks of the publishes before it, which wait for their commit."""
+    await declare(gateway, "orders", partitions=4, subscriptions=["orders/#"])
+    client = await Raw.connected(gateway.ports["mqtt"], Connect("ack-order"))
+    text = MqttProperties(payload_format_indicator=1)
+    soon = MqttProperties(user_properties=(("x-delay", "soon"),))
+    try:
+        await client.send_together(
+            *(Publish("orders/a", b"%d" % i, 1, packet_id=i) for i in (1, 2, 3)),
+            Publish("orders/a", b"\xff", 1, packet_id=4, properties=text),
+            Publish("orders/a", b"x", 2, packet_id=5, properties=soon),
+            Publish("orders/a", b"\xff", 0, properties=text),
+            Publish("orders/a", b"6", 1, packet_id=6),
+        )
+        replies = [await client.receive() for _ in range(6)]
+    finally:
+        client.writer.close()
+    acks = [
+        (type(r), r.packet_id, r.reason_code) for r in replies if isinstance(r, PubAck | PubRec)
+    ]
+    assert acks == [
+        (PubAck, 1, 0),
+        (PubAck, 2, 0),
+        (PubAck, 3, 0),
+        (PubAck, 4, ReasonCode.PAYLOAD_FORMAT_INVALID),
+        (PubRec, 5, ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR),
+        (PubAck, 6, 0),
+    ]
+    assert sorted(r.payload for r in await sql.messages("orders")) == [b"1", b"2", b"3", b"6"]
+    assert gateway.broker is not None
+    metrics = gateway.broker.metrics.render().decode()
+    assert 'keygate_listener_qos0_dropped_total{listener="mqtt"} 1.0' in metrics

@@ -33,7 +33,8 @@ from protocols.mqtt import (
     Unsubscribe,
     Will,
 )
-from protocols.mqtt.connection import ReleaseRequest, Request, State
+from protocols.mqtt.connection import RefusedPublish, ReleaseRequest, Request, State
+from protocols.mqtt.errors import PayloadFormatInvalid, publish_reason
 
 LIMITS = Limits(max_packet_size=4096, receive_maximum=2, topic_alias_maximum=4)
 
@@ -117,6 +118,26 @@ def test_publish_becomes_a_request_and_is_acked_only_when_completed() -> None:
     assert harness.replies() == []
     harness.conn.complete(1, 5, ReasonCode.SUCCESS)
     assert harness.replies() == [PubAck(5)]
+
+
+@pytest.mark.parametrize("qos", [1, 2])
+def test_a_publish_refused_before_storage_is_acked_only_when_completed_in_its_turn(
+    qos: int,
+) -> None:
+    harness = Harness()
+    harness.connect()
+    text = MqttProperties(payload_format_indicator=1)
+    refused = harness.feed(Publish("a/b", b"\xff", qos, packet_id=5, properties=text))
+    assert isinstance(refused, RefusedPublish)
+    assert isinstance(refused.error, PayloadFormatInvalid)
+    assert (refused.topic, refused.qos, refused.packet_id) == ("a/b", qos, 5)
+    assert harness.replies() == []  # the pipeline completes it after the publishes before it
+    assert harness.conn.unacknowledged == 1
+    reason = publish_reason(refused.error)
+    assert reason == ReasonCode.PAYLOAD_FORMAT_INVALID
+    harness.conn.complete(qos, 5, reason)
+    assert harness.replies() == [(PubAck if qos == 1 else PubRec)(5, reason)]
+    assert harness.conn.unacknowledged == 0
 
 
 def test_receive_maximum_counts_unacknowledged_qos_1_and_2() -> None:
@@ -314,6 +335,10 @@ def test_any_packet_sequence_after_connect_raises_nothing_but_protocol_errors(
             while (request := harness.conn.next_event()) is not None:
                 if isinstance(request, ReleaseRequest):
                     harness.conn.released(request.packet_id)
+                    continue
+                if isinstance(request, RefusedPublish):
+                    reason = publish_reason(request.error)
+                    harness.conn.complete(request.qos, request.packet_id, reason)
                     continue
                 assert isinstance(request, PublishRequest)
                 harness.conn.complete(request.qos, request.packet_id, ReasonCode.SUCCESS)

@@ -1,6 +1,7 @@
 """The MQTT publish pipeline (protocols/mqtt/pipeline.py) through the listener: the
 publishes of one read stored with one commit, acks in arrival order after it, refusals
-inside a batch, QoS 2 between QoS 0/1 batches, the byte budget, and a task that fails."""
+inside a batch and before storage, QoS 2 between QoS 0/1 batches, the byte budget, and a
+task that fails."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from protocols.mqtt import (
     Connect,
     Disconnect,
     MqttListener,
+    MqttProperties,
     PubAck,
     Publish,
     PubRec,
@@ -29,6 +31,7 @@ from tests.support.mqtt_raw import RawMqtt as Raw
 from tests.support.wait import eventually
 
 ADMIN = Principal("admin", "test")
+TEXT = MqttProperties(payload_format_indicator=1)
 
 
 @pytest.fixture
@@ -102,6 +105,30 @@ async def test_a_refused_publish_inside_a_batch_gets_its_reason_and_is_counted_o
     assert _payloads(sink) == [b"1", b"3"]
     stats = listener.stats
     assert (stats.publishes, stats.rejected, stats.qos0_dropped) == (2, 2, 1)
+
+
+async def test_a_publish_refused_before_storage_waits_for_the_commit_of_those_before_it(
+    serve: Serve, sink: BatchSink
+) -> None:
+    listener, port = await serve()
+    client = await Raw.connected(port, Connect("refused"))
+    sink.gate.clear()
+    await client.send_together(
+        Publish("orders/a", b"1", 1, packet_id=1),
+        Publish("orders/a", b"\xff", 1, packet_id=2, properties=TEXT),
+        Publish("orders/a", b"3", 1, packet_id=3),
+    )
+    await eventually(lambda: sink.batches == [1])
+    assert listener.stats.rejected == 0  # the refusal waits behind the commit in flight
+    sink.gate.set()
+    replies = [await client.receive() for _ in range(3)]
+    assert [(r.packet_id, r.reason_code) for r in replies if isinstance(r, PubAck)] == [
+        (1, ReasonCode.SUCCESS),
+        (2, ReasonCode.PAYLOAD_FORMAT_INVALID),
+        (3, ReasonCode.SUCCESS),
+    ]
+    assert sink.batches == [1, 1]  # the refusal, alone, stored nothing
+    assert (listener.stats.publishes, listener.stats.rejected) == (2, 1)
 
 
 async def test_on_311_a_refusal_inside_a_batch_acks_those_before_it_and_closes(
