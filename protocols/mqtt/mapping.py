@@ -1,11 +1,15 @@
 """From an MQTT PUBLISH (or Will) to a keygate ``Publication`` — see docs/protocols/mqtt.md.
 
-Correlation Data is binary in MQTT and a string in keygate: it becomes ``correlation_id``
-as UTF-8 text when it decodes as UTF-8, else as lowercase hex; the exact bytes are always
-kept in the ``x-mqtt-correlation-data`` property. A user property name repeated in one
-packet keeps its first value (keygate properties are a mapping). The user property
-``x-delay`` (milliseconds) also delays delivery (core.schedule).
-``dedup-id`` is also the message's dedup id (MQTT has no message id of its own).
+Correlation Data is binary in MQTT (any bytes, up to 65,535) and a string in keygate, and
+no value of it may keep its message from being stored. It becomes ``correlation_id`` as
+UTF-8 text when it decodes as UTF-8 without NUL (which no text column holds) and fits
+``MAX_ID_BYTES``, else as lowercase hex when that fits, else there is none. The exact
+bytes are always kept in the ``x-mqtt-correlation-data`` property (a bytes value, which
+ingress does not limit; MQTT's Binary Data holds at most 65,535 bytes).
+
+A user property name repeated in one packet keeps its first value (keygate properties are
+a mapping). The user property ``x-delay`` (milliseconds) also delays delivery
+(core.schedule). ``dedup-id`` is also the message's dedup id (MQTT has no message id of its own).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 from typing import Final
 
 from core.frozen import bare
+from core.ingress import MAX_ID_BYTES
 from core.model import PropertyValue, Publication
 from core.schedule import DELAY_HEADER, delay_seconds
 from protocols.mqtt.events import MqttProperties
@@ -34,11 +39,14 @@ def payload_format_valid(payload: bytes, properties: MqttProperties) -> bool:
     return True
 
 
-def correlation_id(data: bytes) -> str:
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        return data.hex()
+def correlation_id(data: bytes) -> str | None:
+    """The ``correlation_id`` for Correlation Data ``data`` (see above)."""
+    if len(data) <= MAX_ID_BYTES and b"\x00" not in data:
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError:
+            pass
+    return data.hex() if 2 * len(data) <= MAX_ID_BYTES else None
 
 
 def delay_of(properties: MqttProperties) -> float | None:

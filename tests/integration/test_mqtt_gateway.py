@@ -446,3 +446,36 @@ async def test_v5_publishes_refused_before_storage_are_acked_in_arrival_order(
     assert gateway.broker is not None
     metrics = gateway.broker.metrics.render().decode()
     assert 'keygate_listener_qos0_dropped_total{listener="mqtt"} 1.0' in metrics
+
+
+async def test_v5_any_correlation_data_is_stored_with_a_correlation_id_where_one_fits(
+    gateway: Gateway, sql: Sql
+) -> None:
+    """Correlation Data is binary (MQTT 5 §3.3.2.3.6): ``correlation_id`` is its text when
+    it is UTF-8 without NUL and fits 1,024 bytes, else its hex when that fits, else none;
+    the exact bytes are always in ``x-mqtt-correlation-data``."""
+    await declare(gateway, "replies", subscriptions=["replies/#"])
+    expected = {
+        b"\x00\x00\x00\x2a": "0000002a",  # valid UTF-8, but NUL has no place in text
+        b"c" * 1024: "c" * 1024,
+        b"\xff" * 512: "ff" * 512,
+        b"c\x00" * 300: None,  # hex would be 1,200 bytes
+        b"\xff" * 600: None,
+        b"c" * 40_000: None,
+    }
+    client = Paho(gateway.ports["mqtt"], "correlated")
+    await client.connect()
+    try:
+        mids = []
+        for i, data in enumerate(expected):
+            props = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
+            props.CorrelationData = data
+            mids.append(client.publish("replies/x", b"%d" % i, 1, props))
+        assert [await client.ack(mid) for mid in mids] == [0] * len(expected)
+    finally:
+        await client.stop()
+    rows = {r.payload: r for r in await sql.messages("replies")}
+    for i, (data, correlation_id) in enumerate(expected.items()):
+        row = rows[b"%d" % i]
+        assert row.properties["x-mqtt-correlation-data"] == data
+        assert row.correlation_id == correlation_id
