@@ -10,6 +10,7 @@ ingress does not limit; MQTT's Binary Data holds at most 65,535 bytes).
 A user property name repeated in one packet keeps its first value (keygate properties are
 a mapping). The user property ``x-delay`` (milliseconds) also delays delivery
 (core.schedule). ``dedup-id`` is also the message's dedup id (MQTT has no message id of its own).
+A Message Expiry Interval of 0 means no expiry, as when it is absent (a ttl is > 0).
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ def to_publication(
         payload=payload,
         topic=topic,
         properties=props,
-        ttl=float(expiry) if expiry is not None else None,
+        ttl=float(expiry) if expiry else None,  # 0: no expiry, as absent (and Mosquitto)
         delay=delay_of(properties),
         producer=f"mqtt:{client_id}",
         dedup_id=dedup_id if isinstance(dedup_id, str) else None,

@@ -479,3 +479,26 @@ async def test_v5_any_correlation_data_is_stored_with_a_correlation_id_where_one
         row = rows[b"%d" % i]
         assert row.properties["x-mqtt-correlation-data"] == data
         assert row.correlation_id == correlation_id
+
+
+async def test_v5_message_expiry_interval_0_is_stored_without_expiry(
+    gateway: Gateway, sql: Sql
+) -> None:
+    await declare(gateway, "forever", subscriptions=["forever/#"])
+    client = Paho(gateway.ports["mqtt"], "no-expiry")
+    await client.connect()
+    try:
+        mids = []
+        for qos in (0, 1, 2):
+            props = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
+            props.MessageExpiryInterval = 0
+            mids.append(client.publish("forever/x", b"%d" % qos, qos, props))
+        assert [await client.ack(mid) for mid in mids[1:]] == [0, 0]
+    finally:
+        await client.stop()
+    rows = await sql.wait_messages("forever", 3)
+    assert sorted((r.payload, r.expire_at) for r in rows) == [
+        (b"0", None),
+        (b"1", None),
+        (b"2", None),
+    ]
