@@ -2,10 +2,10 @@
 
 Feed bytes with ``receive_data``; ``next_event`` returns what the listener must act on —
 a ``ConnectRequest`` (authenticate, then ``accept``/``refuse``), a ``PublishRequest`` (run
-``sink.publish``, then ``complete``) or a ``RefusedPublish`` (a PUBLISH refused before
-storage: ``complete`` it with its error's reason in its turn, after the publishes before
-it, so acks keep arrival order) — and answers everything else itself (PINGRESP, SUBACK,
-PUBREL→PUBCOMP, a duplicate QoS 2 PUBLISH). Whatever must be written is collected
+``sink.publish``, then ``complete``) or an ``AnsweredPublish`` (a PUBLISH refused before
+storage, or a QoS 2 one re-sent after it was stored: ``complete`` it in its turn, after
+the publishes before it, so acks keep arrival order) — and answers everything else itself
+(PINGRESP, SUBACK, PUBREL→PUBCOMP). Whatever must be written is collected
 in ``data_to_send()``. A protocol violation raises ``MqttProtocolError`` after queueing the
 MQTT 5 DISCONNECT (when one is allowed) and closing the state machine.
 
@@ -111,16 +111,18 @@ class PublishRequest:
 
 
 @dataclass(frozen=True, slots=True)
-class RefusedPublish:
-    """A PUBLISH refused before storage (``error``: its payload format, its ``x-delay``).
-    Like a publish the sink refused, it is counted and (QoS 1/2) acknowledged with
-    ``publish_reason(error)`` through ``complete`` — in arrival order, after the acks of
-    the publishes before it [MQTT-4.6.0-2/3], which wait for their commit."""
+class AnsweredPublish:
+    """A PUBLISH the connection answers without storing it: refused before storage
+    (``error``: its payload format, its ``x-delay``; counted and, QoS 1/2, acknowledged
+    with ``publish_reason(error)`` like a publish the sink refused), or a QoS 2 PUBLISH
+    re-sent after it was stored (``error`` None: PUBREC again, nothing stored or counted).
+    Either goes through ``complete`` in arrival order, after the acks of the publishes
+    before it [MQTT-4.6.0-2/3], which wait for their commit."""
 
     topic: str
     qos: int
     packet_id: int | None
-    error: KeygateError
+    error: KeygateError | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +135,7 @@ class ReleaseRequest:
     packet_id: int
 
 
-Request = ConnectRequest | PublishRequest | RefusedPublish | ReleaseRequest
+Request = ConnectRequest | PublishRequest | AnsweredPublish | ReleaseRequest
 
 
 @dataclass(frozen=True, slots=True)
@@ -389,7 +391,7 @@ class ServerConnection:
             raise MqttProtocolError(f"invalid topic name {topic!r}", ReasonCode.TOPIC_NAME_INVALID)
         return topic
 
-    def _on_publish(self, packet: Publish) -> PublishRequest | RefusedPublish | None:
+    def _on_publish(self, packet: Publish) -> PublishRequest | AnsweredPublish | None:
         assert self.session is not None and self.client_id is not None
         if packet.properties.subscription_identifiers:
             raise MqttProtocolError("a client PUBLISH must not carry a Subscription Identifier")
@@ -397,8 +399,7 @@ class ServerConnection:
         packet_id = packet.packet_id
         if packet_id is not None:
             if packet.qos == 2 and packet_id in self.session.qos2_received:
-                self._send(PubRec(packet_id))  # a re-sent PUBLISH already stored
-                return None
+                return AnsweredPublish(topic, 2, packet_id, None)  # re-sent, already stored
             if packet.qos == 2 and packet_id in self._qos2_pending:
                 return None  # its PUBREC follows the commit already in flight
             if packet_id not in self._inflight:
@@ -412,7 +413,7 @@ class ServerConnection:
             if packet.qos == 2:
                 self._qos2_pending.add(packet_id)
         if not payload_format_valid(packet.payload, packet.properties):
-            return RefusedPublish(topic, packet.qos, packet_id, PayloadFormatInvalid())
+            return AnsweredPublish(topic, packet.qos, packet_id, PayloadFormatInvalid())
         try:
             publication = to_publication(
                 topic,
@@ -422,7 +423,7 @@ class ServerConnection:
                 client_id=self.client_id,
             )
         except InvalidArgument as e:  # an x-delay that is not a delay
-            return RefusedPublish(topic, packet.qos, packet_id, e)
+            return AnsweredPublish(topic, packet.qos, packet_id, e)
         return PublishRequest(publication, packet.qos, packet_id)
 
     def complete(
@@ -441,7 +442,8 @@ class ServerConnection:
         """
         if packet_id is None or self.session is None:
             return
-        if qos == 2:
+        if qos == 2 and packet_id in self._qos2_pending:
+            # Its first answer (a re-sent one's must not undo a release made since).
             self._qos2_pending.discard(packet_id)
             if reason < 0x80:
                 self.session.qos2_received.add(packet_id)
@@ -479,10 +481,10 @@ class ServerConnection:
 
 
 __all__ = [
+    "AnsweredPublish",
     "ConnectRequest",
     "Limits",
     "PublishRequest",
-    "RefusedPublish",
     "ReleaseRequest",
     "Request",
     "ServerConnection",

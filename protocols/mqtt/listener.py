@@ -5,8 +5,8 @@ a reader (bytes → state machine → requests), a writer (the ``Outbox``), the 
 QoS 2 packet ids (``StoredSession``) and, once CONNECT is accepted, the publish worker
 (``pipeline.Pipeline``). The reader decodes every complete packet of a socket read in
 one pass: CONNECT is answered inline (the state machine reads nothing more until then),
-PUBREL goes to the releaser, every PUBLISH to the pipeline (those refused before storage
-too, for their acks' order), which stores the publishes of a read with one group commit,
+PUBREL goes to the releaser, every PUBLISH to the pipeline (those answered without
+storing too, for their acks' order), which stores the publishes of a read with one group commit,
 acknowledges them in arrival order after it, and stops the reader while it is full. The
 connection ends when the reader does (socket closed, protocol error, keep-alive,
 takeover, a refusal on 3.1.1) or when one of its tasks fails with a bug
@@ -181,7 +181,7 @@ class _Client:
                         self._stored.release(event.packet_id)
                     else:
                         assert self.pipeline is not None
-                        await self.pipeline.refuse(event)
+                        await self.pipeline.answer(event)
                 await self._flush()
                 if conn.state is State.CONNECTED:
                     # None when the client asked for no keep-alive (0).

@@ -13,9 +13,10 @@ takes from the head:
 - a QoS 2 publish, alone: stored with its packet id recorded in the stored session in the
   same transaction (``Sink.publish(..., qos2_packet_id=)``), so a PUBLISH re-sent after a
   failover is answered, not stored again;
-- a publish the connection refused before storage (``RefusedPublish``: payload format,
-  ``x-delay``), alone: nothing to store, its error is its outcome. It waits here only so
-  that its ack leaves after those of the publishes before it.
+- a publish the connection answers itself (``AnsweredPublish``: refused before storage
+  for its payload format or ``x-delay``, or a QoS 2 one re-sent after it was stored),
+  alone: nothing to store, its error (None: already stored) is its outcome. It waits here
+  only so that its ack leaves after those of the publishes before it.
 
 There is one worker and it stores one batch at a time, so a connection's messages are
 stored in the order sent, QoS 2 ones included. After a batch is committed its PUBACK /
@@ -44,7 +45,7 @@ from protocols._io import publish_in_order
 from protocols._limits import ByteBudget, publication_bytes
 from protocols._log import ConnectionLog
 from protocols._tasks import Tasks
-from protocols.mqtt.connection import PublishRequest, RefusedPublish, ServerConnection, State
+from protocols.mqtt.connection import AnsweredPublish, PublishRequest, ServerConnection, State
 from protocols.mqtt.errors import publish_reason
 from protocols.mqtt.events import ReasonCode
 from protocols.mqtt.stored_session import StoredSession
@@ -69,13 +70,13 @@ class MqttStats:
     unconfirmed_closes: int = 0
 
 
-Queued = PublishRequest | RefusedPublish
+Queued = PublishRequest | AnsweredPublish
 
 
 def _alone(request: Queued) -> bool:
     """Taken as a batch of its own: a QoS 2 publish (stored with its packet id) or a
     refusal (nothing to store)."""
-    return (request.qos == 2 and request.packet_id is not None) or type(request) is RefusedPublish
+    return (request.qos == 2 and request.packet_id is not None) or type(request) is AnsweredPublish
 
 
 class Pipeline:
@@ -120,10 +121,10 @@ class Pipeline:
         self._queue.append((request, size))
         self._ready.set()
 
-    async def refuse(self, refused: RefusedPublish) -> None:
-        """Queue a refusal behind the publishes before it (it holds a place, no bytes)."""
+    async def answer(self, answered: AnsweredPublish) -> None:
+        """Queue an answer behind the publishes before it (it holds a place, no bytes)."""
         await self._slots.acquire()
-        self._queue.append((refused, 0))
+        self._queue.append((answered, 0))
         self._ready.set()
 
     async def finish(self, timeout: float) -> bool:
@@ -175,12 +176,12 @@ class Pipeline:
         """One outcome per publish of ``batch`` (None: stored and committed)."""
         request = batch[0]
         if not _alone(request):
-            run = cast("list[PublishRequest]", batch)  # _take puts no refusal in a run
+            run = cast("list[PublishRequest]", batch)  # _take puts no answer in a run
             publications = [r.publication for r in run]
             return await publish_in_order(
                 self._sink, self._principal, publications, stop_at_refusal=False, log=self._log
             )
-        if isinstance(request, RefusedPublish):
+        if isinstance(request, AnsweredPublish):
             return [request.error]
         try:
             await self._sink.publish(
@@ -200,7 +201,8 @@ class Pipeline:
         self._slots.release()
         self.budget.release(size)
         if outcome is None:
-            stats.publishes += 1
+            if type(request) is PublishRequest:  # not a re-sent one already counted
+                stats.publishes += 1
             conn.complete(request.qos, request.packet_id, ReasonCode.SUCCESS)
             return
         reason, detail = publish_reason(outcome), outcome.message

@@ -448,6 +448,32 @@ async def test_v5_publishes_refused_before_storage_are_acked_in_arrival_order(
     assert 'keygate_listener_qos0_dropped_total{listener="mqtt"} 1.0' in metrics
 
 
+async def test_a_resent_qos2_publish_already_stored_is_acked_after_the_publishes_before_it(
+    gateway: Gateway, sql: Sql
+) -> None:
+    """[MQTT-4.6.0-3]: a QoS 2 PUBLISH re-sent after it was stored (its PUBREC lost) is
+    answered PUBREC again, not stored again — in its turn, after the PUBACK of a QoS 1
+    publish sent before it, which waits for its commit."""
+    await declare(gateway, "orders", partitions=4, subscriptions=["orders/#"])
+    client = await Raw.connected(gateway.ports["mqtt"], Connect("resender"))
+    try:
+        await client.send_together(Publish("orders/a", b"2", 2, packet_id=2))
+        first = await client.receive()
+        await client.send_together(
+            Publish("orders/a", b"1", 1, packet_id=1),
+            Publish("orders/a", b"2", 2, packet_id=2, dup=True),
+        )
+        replies = [await client.receive() for _ in range(2)]
+    finally:
+        client.writer.close()
+    assert (type(first), first.packet_id) == (PubRec, 2)
+    assert [(type(r), r.packet_id, r.reason_code) for r in replies] == [
+        (PubAck, 1, 0),
+        (PubRec, 2, 0),
+    ]
+    assert sorted(r.payload for r in await sql.messages("orders")) == [b"1", b"2"]
+
+
 async def test_v5_any_correlation_data_is_stored_with_a_correlation_id_where_one_fits(
     gateway: Gateway, sql: Sql
 ) -> None:

@@ -33,7 +33,7 @@ from protocols.mqtt import (
     Unsubscribe,
     Will,
 )
-from protocols.mqtt.connection import RefusedPublish, ReleaseRequest, Request, State
+from protocols.mqtt.connection import AnsweredPublish, ReleaseRequest, Request, State
 from protocols.mqtt.errors import PayloadFormatInvalid, publish_reason
 
 LIMITS = Limits(max_packet_size=4096, receive_maximum=2, topic_alias_maximum=4)
@@ -128,7 +128,7 @@ def test_a_publish_refused_before_storage_is_acked_only_when_completed_in_its_tu
     harness.connect()
     text = MqttProperties(payload_format_indicator=1)
     refused = harness.feed(Publish("a/b", b"\xff", qos, packet_id=5, properties=text))
-    assert isinstance(refused, RefusedPublish)
+    assert isinstance(refused, AnsweredPublish)
     assert isinstance(refused.error, PayloadFormatInvalid)
     assert (refused.topic, refused.qos, refused.packet_id) == ("a/b", qos, 5)
     assert harness.replies() == []  # the pipeline completes it after the publishes before it
@@ -166,16 +166,33 @@ def test_qos2_exactly_once_within_a_connection() -> None:
     # Re-sent while the first copy is still being stored: nothing new to do.
     assert harness.feed(Publish("t", b"x", 2, dup=True, packet_id=9)) is None
     harness.conn.complete(2, 9, ReasonCode.SUCCESS)
-    assert harness.feed(Publish("t", b"x", 2, dup=True, packet_id=9)) is None
+    # Re-sent once stored: answered in its turn (after acks before it), not stored again.
+    resent = AnsweredPublish("t", 2, 9, None)
+    assert harness.feed(Publish("t", b"x", 2, dup=True, packet_id=9)) == resent
+    harness.conn.complete(2, 9, ReasonCode.SUCCESS)
     assert harness.replies() == [PubRec(9), PubRec(9)]
     # PUBREL: the listener makes the release durable first; PUBCOMP only after that.
     assert harness.feed(PubRel(9)) == ReleaseRequest(9)
     assert harness.replies() == []
-    assert harness.feed(Publish("t", b"x", 2, dup=True, packet_id=9)) is None  # still known
+    assert harness.feed(Publish("t", b"x", 2, dup=True, packet_id=9)) == resent  # still known
+    harness.conn.complete(2, 9, ReasonCode.SUCCESS)
     harness.conn.released(9)
     assert harness.replies() == [PubRec(9), PubComp(9)]
     harness.feed(PubRel(9))
     assert harness.replies() == [PubComp(9, ReasonCode.PACKET_IDENTIFIER_NOT_FOUND)]
+
+
+def test_the_answer_to_a_resent_qos2_publish_does_not_undo_a_release() -> None:
+    harness = Harness()
+    harness.connect()
+    harness.feed(Publish("t", b"x", 2, packet_id=9))
+    harness.conn.complete(2, 9, ReasonCode.SUCCESS)
+    assert harness.feed(Publish("t", b"x", 2, dup=True, packet_id=9)) is not None
+    assert harness.feed(PubRel(9)) == ReleaseRequest(9)  # a client that did not wait
+    harness.conn.released(9)
+    harness.conn.complete(2, 9, ReasonCode.SUCCESS)  # the re-sent one's turn comes
+    # Packet id 9 is free again: a new PUBLISH with it is a new message, to be stored.
+    assert isinstance(harness.feed(Publish("t", b"y", 2, packet_id=9)), PublishRequest)
 
 
 def test_a_qos2_commit_after_the_connection_closed_still_reaches_the_session() -> None:
@@ -336,7 +353,7 @@ def test_any_packet_sequence_after_connect_raises_nothing_but_protocol_errors(
                 if isinstance(request, ReleaseRequest):
                     harness.conn.released(request.packet_id)
                     continue
-                if isinstance(request, RefusedPublish):
+                if isinstance(request, AnsweredPublish):
                     reason = publish_reason(request.error)
                     harness.conn.complete(request.qos, request.packet_id, reason)
                     continue
