@@ -9,14 +9,19 @@ encoded the ordinary way, every other method and content-header frame (and any u
 one) with ``pamqp.frame.unmarshal``. Body frames are sliced directly: their payload is
 opaque and pamqp would only copy it. Every failure is an ``AmqpConnectionError`` with the
 reply code the spec assigns (501 framing, 502 syntax).
+
+Content headers going out (deliveries, basic.get-ok, basic.return) are pamqp's, except
+for the ``headers`` table (``Properties``): pamqp writes a Python float as a 32-bit
+float ('f') and refuses ``bytes``, while keygate's property values are doubles and bytes
+(DESIGN.md §2), so a float goes out as a double ('d') and bytes as a byte array ('x').
 """
 
 from __future__ import annotations
 
 import struct
-from typing import Final, TypeAlias
+from typing import Any, Final, TypeAlias
 
-from pamqp import base, body, commands, frame, header, heartbeat
+from pamqp import base, body, commands, encode, frame, header, heartbeat
 from pamqp.exceptions import UnmarshalingException
 
 from core.frozen import frozen
@@ -158,6 +163,51 @@ def _unmarshal(data: bytes, frame_type: int) -> Payload:
     return value
 
 
+# AMQP 0-9-1 field names are at most 128 bytes; pamqp truncates longer ones the same way.
+_MAX_FIELD_NAME: Final = 128
+
+
+def _table_value(value: object) -> bytes:
+    if isinstance(value, float):
+        return b"d" + encode.double(value)
+    if isinstance(value, bytes):
+        return b"x" + encode.byte_array(bytearray(value))
+    if isinstance(value, dict):
+        return b"F" + _field_table(value)
+    if isinstance(value, list):
+        items = b"".join(_table_value(item) for item in value)
+        return b"A" + encode.long_uint(len(items)) + items
+    return encode.encode_table_value(value)  # type: ignore[arg-type]
+
+
+def _field_table(table: dict[str, object]) -> bytes:
+    """pamqp's ``encode.field_table`` with floats as doubles and bytes as byte arrays."""
+    parts = []
+    for name, value in table.items():
+        name = name.encode("utf-8")[:_MAX_FIELD_NAME].decode("utf-8", "ignore")
+        parts.append(encode.short_string(name) + _table_value(value))
+    data = b"".join(parts)
+    return encode.long_uint(len(data)) + data
+
+
+class Properties(commands.Basic.Properties):
+    """Basic.Properties whose ``headers`` go out through ``field_table`` (module doc)."""
+
+    def encode_property(self, name: str, value: Any) -> bytes:
+        if name == "headers":
+            return _field_table(value)
+        return super().encode_property(name, value)
+
+
+def _outgoing(properties: commands.Basic.Properties) -> Properties:
+    if isinstance(properties, Properties):
+        return properties
+    copy = Properties()
+    for name in commands.Basic.Properties.__slots__:
+        setattr(copy, name, getattr(properties, name))
+    return copy
+
+
 def method_frame(channel: int, method: base.Frame) -> bytes:
     return frame.marshal(method, channel)
 
@@ -166,7 +216,8 @@ def content_frames(
     channel: int, properties: commands.Basic.Properties, payload: bytes, frame_max: int
 ) -> bytes:
     """A content header and as many body frames as ``frame_max`` requires."""
-    parts = [frame.marshal(header.ContentHeader(0, len(payload), properties), channel)]
+    content_header = header.ContentHeader(0, len(payload), _outgoing(properties))
+    parts = [frame.marshal(content_header, channel)]
     chunk = frame_max - FRAME_OVERHEAD
     for start in range(0, len(payload), chunk):
         piece = payload[start : start + chunk]
@@ -182,6 +233,7 @@ __all__ = [
     "Frame",
     "FrameReader",
     "Payload",
+    "Properties",
     "content_frames",
     "method_frame",
 ]

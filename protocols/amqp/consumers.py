@@ -23,6 +23,7 @@ from typing import Any, Final
 from pamqp import commands
 
 from core.model import GROUP_ID_PROPERTY, GroupMode, KeyOrder, Message, StartPosition
+from protocols.amqp.codec import Properties
 from protocols.amqp.constants import ReplyCode
 from protocols.amqp.errors import AmqpChannelError
 
@@ -120,7 +121,7 @@ def consume_request(method: commands.Basic.Consume, prefetch: int | None) -> Con
     )
 
 
-def message_properties(message: Message, delivery_count: int) -> commands.Basic.Properties:
+def message_properties(message: Message, delivery_count: int) -> Properties:
     """AMQP properties of a delivery: the message's own fields and, in ``headers``, its
     properties plus ``x-partition``, ``x-seq``, ``x-delivery-count`` and the key."""
     headers: dict[str, Any] = dict(message.properties)
@@ -132,7 +133,7 @@ def message_properties(message: Message, delivery_count: int) -> commands.Basic.
     expiration = None
     if message.expire_at is not None:
         expiration = str(max(0, int((message.expire_at - message.publish_time) * 1000)))
-    return commands.Basic.Properties(
+    return Properties(
         content_type=message.content_type,
         headers=headers,
         delivery_mode=2,

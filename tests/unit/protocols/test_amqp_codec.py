@@ -119,6 +119,28 @@ def test_content_frames_split_bodies_by_frame_max() -> None:
     assert b"".join(f.payload.value for f in frames[1:]) == b"y" * 10_000  # type: ignore[union-attr]
 
 
+def test_content_headers_send_floats_as_doubles_and_bytes_as_byte_arrays() -> None:
+    # A basic.return sends back the publisher's own (pamqp) properties: its doubles must
+    # not be narrowed to 32 bits on the way out, nested or not.
+    headers = {
+        "price": 19.99,
+        "blob": b"\x00\xff",
+        "nested": {"at": 1795828034.8265262, "l": [0.1]},
+    }
+    properties = commands.Basic.Properties(headers=headers, message_id="m")
+    data = PROTOCOL_HEADER + content_frames(1, properties, b"", 4096)
+    (content_header,) = _read_all(FrameReader(4096), [data])
+    assert isinstance(content_header.payload, header.ContentHeader)
+    received = content_header.payload.properties
+    assert received.message_id == "m"
+    assert received.headers == {
+        "price": 19.99,
+        "blob": bytearray(b"\x00\xff"),
+        "nested": {"at": 1795828034.8265262, "l": [0.1]},
+    }
+    assert content_frames(1, properties, b"", 4096) == data[len(PROTOCOL_HEADER) :]
+
+
 @given(st.binary(max_size=300), st.booleans())
 @settings(max_examples=300, deadline=None)
 def test_fuzzed_input_raises_only_protocol_errors(data: bytes, with_header: bool) -> None:
