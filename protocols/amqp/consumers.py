@@ -13,7 +13,6 @@ backoff; ``requeue=false`` and ``basic.reject(requeue=false)`` dead-letter.
 
 from __future__ import annotations
 
-import datetime
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -22,8 +21,7 @@ from typing import Any, Final
 
 from pamqp import commands
 
-from core.model import GROUP_ID_PROPERTY, GroupMode, KeyOrder, Message, StartPosition
-from protocols.amqp.codec import Properties
+from core.model import GroupMode, KeyOrder, Message, StartPosition
 from protocols.amqp.constants import ReplyCode
 from protocols.amqp.errors import AmqpChannelError
 
@@ -121,30 +119,6 @@ def consume_request(method: commands.Basic.Consume, prefetch: int | None) -> Con
     )
 
 
-def message_properties(message: Message, delivery_count: int) -> Properties:
-    """AMQP properties of a delivery: the message's own fields and, in ``headers``, its
-    properties plus ``x-partition``, ``x-seq``, ``x-delivery-count`` and the key."""
-    headers: dict[str, Any] = dict(message.properties)
-    headers.update(
-        {"x-partition": message.partition, "x-seq": message.seq, "x-delivery-count": delivery_count}
-    )
-    if message.key is not None:
-        headers.setdefault(GROUP_ID_PROPERTY, message.key)
-    expiration = None
-    if message.expire_at is not None:
-        expiration = str(max(0, int((message.expire_at - message.publish_time) * 1000)))
-    return Properties(
-        content_type=message.content_type,
-        headers=headers,
-        delivery_mode=2,
-        correlation_id=message.correlation_id,
-        reply_to=message.reply_to,
-        expiration=expiration,
-        message_id=message.message_id,
-        timestamp=datetime.datetime.fromtimestamp(int(message.publish_time), datetime.UTC),
-    )
-
-
 class ChannelConsumers:
     """The consumers of one channel and its deliveries waiting for a settle."""
 
@@ -225,5 +199,4 @@ __all__ = [
     "Outcome",
     "Settled",
     "consume_request",
-    "message_properties",
 ]

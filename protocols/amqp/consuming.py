@@ -26,8 +26,9 @@ from protocols.amqp import events as ev
 from protocols.amqp.channel import Channel
 from protocols.amqp.codec import content_frames, method_frame
 from protocols.amqp.constants import ReplyCode
-from protocols.amqp.consumers import DEFAULT_GROUP, ConsumeRequest, message_properties
+from protocols.amqp.consumers import DEFAULT_GROUP, ConsumeRequest
 from protocols.amqp.errors import AmqpChannelError
+from protocols.amqp.mapping import delivery_properties
 
 # The consumer tag basic.get deliveries are numbered under in ``ChannelConsumers``.
 GET_TAG_PREFIX: Final = "amq.get-"
@@ -159,7 +160,7 @@ class Consuming:
             self._events.append(ev.ChannelGone(channel.number, channel.serial))
 
     def _content(self, channel: Channel, delivery: Deliver) -> bytes:
-        properties = message_properties(delivery.message, delivery.delivery_count)
+        properties = delivery_properties(delivery.message, delivery.delivery_count)
         return content_frames(channel.number, properties, delivery.message.payload, self.frame_max)
 
     def _basic_qos(self, channel: Channel, method: commands.Basic.Qos) -> None:

@@ -1,4 +1,18 @@
-"""AMQP content properties → Publication (Queue.Declare arguments: arguments.py).
+"""AMQP content properties → Publication, and a stored Message → the content properties
+of its delivery (Queue.Declare arguments: arguments.py). The tables of
+docs/protocols/amqp.md "Publishing" and "Consuming" say the same.
+
+How it works. A published message keeps every basic property: those with a Publication
+field of their own go there (content_type, correlation_id, reply_to, message_id as the
+dedup id, expiration as the TTL), the rest become ``amqp.*`` properties (``_FIELDS``). A
+delivery reads them back from the same table: an ``amqp.*`` property whose value fits its
+field becomes that field again and leaves the headers, so a message published over AMQP
+comes back with the properties and headers it was published with, and any publisher may
+set them (a value that does not fit stays a header). Then the gateway adds its own
+per-delivery headers (``x-partition``, ``x-seq``, ``x-delivery-count``, ``x-message-id``):
+a stored property of the same name is the message's and wins (a dead letter carries the
+``x-delivery-count`` of its original queue, DESIGN.md §4); the gateway's value then goes
+under ``x-keygate-<name>`` (``x-keygate-delivery-count``: this delivery's count).
 
 A bad ``expiration`` is ``AmqpChannelError`` (406 PRECONDITION_FAILED), as in RabbitMQ;
 a bad ``x-delay`` header is ``InvalidArgument``, which rejects that one publish.
@@ -9,14 +23,16 @@ from __future__ import annotations
 import datetime
 import decimal
 import json
+from collections.abc import Callable
 from typing import Any, Final
 
 from pamqp import commands
 
 from core.frozen import bare
-from core.model import PropertyValue, Publication
+from core.model import DELIVERY_COUNT, GROUP_ID_PROPERTY, Message, PropertyValue, Publication
 from core.schedule import DELAY_HEADER, delay_seconds
 from protocols._limits import parse_decimal
+from protocols.amqp.codec import Properties
 from protocols.amqp.constants import ReplyCode
 from protocols.amqp.errors import AmqpChannelError
 
@@ -28,15 +44,43 @@ USER_ID: Final = "amqp.user_id"
 TIMESTAMP: Final = "amqp.timestamp"
 CONTENT_ENCODING: Final = "amqp.content_encoding"
 MESSAGE_ID: Final = "amqp.message_id"
+APP_ID: Final = "amqp.app_id"
 
-# (property name, Basic.Properties attribute) of the fields kept as properties.
-_KEPT: Final = (
-    (DELIVERY_MODE, "delivery_mode"),
-    (PRIORITY, "priority"),
-    (TYPE, "message_type"),
-    (USER_ID, "user_id"),
-    (CONTENT_ENCODING, "content_encoding"),
-    (MESSAGE_ID, "message_id"),
+# The gateway's per-delivery headers (DESIGN.md §5b) and where each goes when the message
+# carries a property of that name.
+PARTITION_HEADER: Final = "x-partition"
+SEQ_HEADER: Final = "x-seq"
+MESSAGE_ID_HEADER: Final = "x-message-id"  # keygate's id (kg_messages.message_id)
+_GATEWAY_HEADERS: Final = tuple(
+    (name, "x-keygate-" + name[2:])
+    for name in (PARTITION_HEADER, SEQ_HEADER, DELIVERY_COUNT, MESSAGE_ID_HEADER)
+)
+_MAX_TIMESTAMP: Final = 253_402_300_799  # 9999-12-31T23:59:59Z, the last a datetime holds
+
+
+def _short_text(value: object) -> bool:
+    return isinstance(value, str) and len(value.encode("utf-8", "surrogatepass")) <= 255
+
+
+def _octet(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 255
+
+
+def _seconds(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= _MAX_TIMESTAMP
+
+
+# (property name, Basic.Properties attribute, whether a stored value fits the field) of
+# the basic properties kept as properties.
+_FIELDS: Final[tuple[tuple[str, str, Callable[[object], bool]], ...]] = (
+    (MESSAGE_ID, "message_id", _short_text),
+    (APP_ID, "app_id", _short_text),
+    (TYPE, "message_type", _short_text),
+    (USER_ID, "user_id", _short_text),
+    (CONTENT_ENCODING, "content_encoding", _short_text),
+    (DELIVERY_MODE, "delivery_mode", _octet),
+    (PRIORITY, "priority", _octet),
+    (TIMESTAMP, "timestamp", _seconds),
 )
 
 
@@ -82,14 +126,14 @@ def to_publication(
         converted = _header_value(value)
         if converted is not None:
             props[name] = converted
-    for name, attribute in _KEPT:
+    for name, attribute, _ in _FIELDS:
         value = getattr(properties, attribute)
         if isinstance(value, bytes):
             value = _text(value)
+        elif isinstance(value, datetime.datetime):
+            value = int(value.timestamp())
         if value is not None:
             props[name] = value
-    if properties.timestamp is not None:
-        props[TIMESTAMP] = int(properties.timestamp.timestamp())
     raw_delay = (properties.headers or {}).get(DELAY_HEADER)
     delay = None if raw_delay is None else delay_seconds(DELAY_HEADER, raw_delay)
     ttl = None
@@ -118,7 +162,42 @@ def to_publication(
     return made
 
 
+def delivery_properties(message: Message, delivery_count: int) -> Properties:
+    """The content properties of a delivery of ``message`` (module doc): its basic
+    properties as published, its properties as headers, the gateway's per-delivery
+    headers and the key as ``JMSXGroupID``."""
+    headers: dict[str, Any] = dict(message.properties)
+    fields: dict[str, Any] = {}
+    for name, attribute, fits in _FIELDS:
+        value = headers.get(name)
+        if value is not None and fits(value):
+            fields[attribute] = headers.pop(name)
+    timestamp = fields.get("timestamp", int(message.publish_time))
+    fields["timestamp"] = datetime.datetime.fromtimestamp(timestamp, datetime.UTC)
+    if "message_id" not in fields:  # another protocol's publisher id, else keygate's id
+        dedup_id = message.dedup_id
+        fields["message_id"] = dedup_id if _short_text(dedup_id) else message.message_id
+    fields.setdefault("delivery_mode", 2)  # every keygate message is durable
+    gateway = (message.partition, message.seq, delivery_count, message.message_id)
+    for (name, moved), value in zip(_GATEWAY_HEADERS, gateway, strict=True):
+        headers[moved if name in headers else name] = value
+    if message.key is not None:
+        headers.setdefault(GROUP_ID_PROPERTY, message.key)
+    expiration = None
+    if message.expire_at is not None:
+        expiration = str(max(0, round((message.expire_at - message.publish_time) * 1000)))
+    return Properties(
+        content_type=message.content_type,
+        correlation_id=message.correlation_id,
+        reply_to=message.reply_to,
+        expiration=expiration,
+        headers=headers,
+        **fields,
+    )
+
+
 __all__ = [
+    "APP_ID",
     "CONTENT_ENCODING",
     "DELIVERY_MODE",
     "MESSAGE_ID",
@@ -126,5 +205,6 @@ __all__ = [
     "TIMESTAMP",
     "TYPE",
     "USER_ID",
+    "delivery_properties",
     "to_publication",
 ]

@@ -1,5 +1,6 @@
-"""What an AMQP consumer sees of a message (docs/protocols/amqp.md "Consuming"): header
-values exactly as stored, whatever protocol published them.
+"""What an AMQP consumer sees of a message (docs/protocols/amqp.md "Consuming"): the basic
+properties it was published with, header values exactly as stored, a dead letter's own
+x-delivery-count, whatever protocol published it.
 
 aio-pika (pamqp) runs on the test's event loop; pika's BlockingConnection on a worker
 thread, as in the other AMQP integration tests. pika reads every float header as an
@@ -9,14 +10,17 @@ integer (its decoder truncates 'f' and 'd' alike), so floats are checked with ai
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import aio_pika
+import pika
 
 from gateway.client import Client
 from gateway.server import Gateway
 from tests.integration.conftest import native_url
 from tests.integration.sqlcheck import declare
+from tests.support.amqp import pika_channel
 
 WAIT = 20.0
 # Doubles a 32-bit float cannot hold: 19.99 came back as 19.989999771118164, a Unix time
@@ -63,3 +67,107 @@ async def test_basic_get_carries_floats_as_doubles(gateway: Gateway) -> None:
         await connection.close()
     assert message is not None and message.headers is not None
     assert {name: message.headers[name] for name in FLOATS} == FLOATS
+
+
+def _consume(
+    gateway: Gateway, queue: str, *, count: int = 1, nacks: int = 0
+) -> list[tuple[Any, Any, bytes]]:
+    """pika: consume ``queue``, nack (requeue) the first ``nacks`` deliveries and ack the
+    next ``count``; every delivery as (method, properties, body)."""
+    seen: list[tuple[Any, Any, bytes]] = []
+    with pika_channel(gateway, confirm=False) as (connection, channel):
+
+        def on_message(_: Any, method: Any, properties: Any, body: bytes) -> None:
+            seen.append((method, properties, body))
+            if len(seen) > nacks:
+                channel.basic_ack(method.delivery_tag)
+            else:
+                channel.basic_nack(method.delivery_tag, requeue=True)
+
+        channel.basic_consume(queue, on_message)
+        deadline = time.monotonic() + WAIT
+        while len(seen) < nacks + count and time.monotonic() < deadline:
+            connection.process_data_events(time_limit=0.1)
+    assert len(seen) == nacks + count, f"{len(seen)} deliveries of {queue}"
+    return seen
+
+
+async def test_a_message_published_over_amqp_comes_back_with_its_basic_properties(
+    gateway: Gateway,
+) -> None:
+    await declare(gateway, "orders", partitions=4)
+    published = pika.BasicProperties(
+        headers={"QUEUE_PARTITION_KEY": "Order-3459134", "h": 1},
+        message_id="biz-1",
+        app_id="myapp",
+        type="t.x",
+        content_encoding="gzip",
+        priority=3,
+        correlation_id="c1",
+        reply_to="r1",
+        content_type="text/plain",
+        timestamp=1_700_000_000,
+        user_id="guest",
+        delivery_mode=1,
+        expiration="60000",
+    )
+
+    def round_trip() -> list[tuple[Any, Any, bytes]]:
+        with pika_channel(gateway, confirm=True) as (_, channel):
+            channel.basic_publish("", "orders", b"hello", published, mandatory=True)
+        return _consume(gateway, "orders")
+
+    ((_, got, body),) = await asyncio.to_thread(round_trip)
+    assert body == b"hello"
+    fields = ("message_id", "app_id", "type", "content_encoding", "priority", "correlation_id")
+    fields += ("reply_to", "content_type", "timestamp", "user_id", "delivery_mode", "expiration")
+    assert {f: getattr(got, f) for f in fields} == {f: getattr(published, f) for f in fields}
+    headers = dict(got.headers)
+    keygate_id = headers.pop("x-message-id")
+    assert isinstance(keygate_id, str) and keygate_id != "biz-1"
+    assert headers == {
+        "QUEUE_PARTITION_KEY": "Order-3459134",
+        "h": 1,
+        "JMSXGroupID": "Order-3459134",
+        "x-partition": 964695987 % 4,  # DESIGN.md §3.3's test vector
+        "x-seq": 1,
+        "x-delivery-count": 1,
+    }
+
+
+async def test_a_message_published_elsewhere_gets_its_publisher_id_and_keygate_s_time(
+    gateway: Gateway,
+) -> None:
+    await declare(gateway, "events", partitions=0)
+    async with Client(native_url(gateway)) as client:
+        keygate_id = await client.publish("events", b"x", dedup_id="evt-7", ttl=30)
+        plain_id = await client.publish("events", b"y", properties={"amqp.priority": "high"})
+    before = time.time()
+    (_, first, _), (_, second, _) = await asyncio.to_thread(_consume, gateway, "events", count=2)
+    assert (first.message_id, first.headers["x-message-id"]) == ("evt-7", keygate_id)
+    assert (second.message_id, second.headers["x-message-id"]) == (plain_id, plain_id)
+    assert (first.delivery_mode, first.expiration, first.app_id) == (2, "30000", None)
+    assert before - 60 < first.timestamp <= before  # the store time
+    # A value that does not fit the basic property stays a header.
+    assert (second.priority, second.headers["amqp.priority"]) == (None, "high")
+
+
+async def test_a_dead_letter_s_consumer_sees_the_original_delivery_count(
+    gateway: Gateway,
+) -> None:
+    await declare(gateway, "poison", partitions=1, max_deliveries=3, backoff_initial=0.05)
+    async with Client(native_url(gateway)) as client:
+        await client.publish("poison", b"bad", key="a", properties={"x-seq": "mine"})
+    nacked = await asyncio.to_thread(_consume, gateway, "poison", count=0, nacks=3)
+    assert [p.headers["x-delivery-count"] for _, p, _ in nacked] == [1, 2, 3]
+    # The stored x-seq is the message's: this delivery's seq is under x-keygate-seq.
+    assert {(p.headers["x-seq"], p.headers["x-keygate-seq"]) for _, p, _ in nacked} == {("mine", 1)}
+    (_, _, _), (method, letter, body) = await asyncio.to_thread(
+        _consume, gateway, "poison.dlq", nacks=1
+    )
+    assert body == b"bad"
+    assert letter.headers["x-delivery-count"] == 3  # DESIGN.md §4: max_deliveries
+    assert letter.headers["x-original-queue"] == "poison"
+    assert isinstance(letter.headers["x-first-delivery-time"], int)  # pika: see module doc
+    assert letter.headers["x-keygate-delivery-count"] == 2  # the DLQ's own: redelivered once
+    assert method.redelivered

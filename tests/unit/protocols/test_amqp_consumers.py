@@ -6,7 +6,7 @@ import pytest
 from pamqp import commands
 
 from core.model import Message
-from protocols.amqp.consumers import ChannelConsumers, Outcome, Settled, message_properties
+from protocols.amqp.consumers import ChannelConsumers, Outcome, Settled
 from protocols.amqp.errors import AmqpChannelError
 
 
@@ -78,15 +78,3 @@ def test_a_cancelled_consumers_deliveries_can_still_be_acked() -> None:
     assert channel.settle(commands.Basic.Ack(delivery_tag=tag)) == [
         Settled("a", Outcome.ACK, ("m1",))
     ]
-
-
-def test_delivery_properties_carry_position_count_key_and_published_headers() -> None:
-    properties = message_properties(_message(3), delivery_count=2)
-    assert properties.headers == {
-        "color": "red",
-        "x-partition": 1,
-        "x-seq": 3,
-        "x-delivery-count": 2,
-        "JMSXGroupID": "k",
-    }
-    assert properties.message_id == "m3" and properties.delivery_mode == 2
