@@ -22,7 +22,6 @@ import struct
 from typing import Any, Final, TypeAlias
 
 from pamqp import base, body, commands, encode, frame, header, heartbeat
-from pamqp.exceptions import UnmarshalingException
 
 from core.frozen import frozen
 from protocols.amqp.constants import (
@@ -147,13 +146,13 @@ class FrameReader:
 def _unmarshal(data: bytes, frame_type: int) -> Payload:
     try:
         _, _, value = frame.unmarshal(data)
-    except UnmarshalingException as e:
-        raise AmqpConnectionError(ReplyCode.SYNTAX_ERROR, f"malformed frame: {e}") from e
     except Exception as e:
-        # pamqp's field decoders surface hostile input as whatever the stdlib raised
-        # (struct.error, UnicodeDecodeError, IndexError, decimal errors...): all of it is a
-        # syntax error of the peer's, never ours to crash on.
-        raise AmqpConnectionError(ReplyCode.SYNTAX_ERROR, f"undecodable frame: {e!r}") from e
+        # pamqp's field decoders surface hostile input as UnmarshalingException or as
+        # whatever the stdlib raised (struct.error, UnicodeDecodeError, IndexError, decimal
+        # errors...): all of it is a syntax error of the peer's, never ours to crash on. The
+        # reply is a fixed reason (DESIGN.md §3.7): pamqp's texts name its objects by
+        # address; the cause stays chained for the log.
+        raise AmqpConnectionError(ReplyCode.SYNTAX_ERROR, "malformed frame") from e
     if isinstance(value, header.ContentHeader) and value.class_id != BASIC_CLASS_ID:
         raise AmqpConnectionError(ReplyCode.FRAME_ERROR, "content header for a non-Basic class")
     if frame_type == FRAME_METHOD and not isinstance(value, base.Frame):

@@ -133,7 +133,12 @@ class ChannelConsumers:
 
     def qos(self, method: commands.Basic.Qos) -> None:
         """The prefetch applies to consumers started after it, per consumer (RabbitMQ's
-        default; ``global`` is taken as the same per-consumer limit, documented)."""
+        default; ``global`` is taken as the same per-consumer limit, documented). A limit
+        in bytes is refused with 540, as RabbitMQ refuses it."""
+        if method.prefetch_size:
+            raise AmqpChannelError(
+                ReplyCode.NOT_IMPLEMENTED, f"prefetch_size!=0 ({method.prefetch_size})"
+            )
         self.prefetch = method.prefetch_count or None
 
     def consume(self, method: commands.Basic.Consume) -> ConsumeRequest:

@@ -142,7 +142,8 @@ def to_publication(
         millis = parse_decimal(expiration)
         if millis is None:
             raise _precondition(f"invalid expiration {expiration[:40]!r}: milliseconds expected")
-        ttl = millis / 1000
+        # "0" expires unless delivered at once (RabbitMQ); keygate's nearest: 1 ms.
+        ttl = (millis or 1) / 1000
     made = bare(Publication)  # core.frozen: keywords without a dict of them
     Publication.__init__(
         made,

@@ -249,6 +249,38 @@ async def test_basic_consume_of_an_unknown_queue_is_404_and_the_connection_stays
     assert [r.payload for r in await sql.messages("jobs")] == [b"still here"]
 
 
+async def test_basic_qos_with_a_prefetch_size_is_540_and_the_connection_stays_usable(
+    gateway: Gateway, sql: Sql
+) -> None:
+    await declare(gateway, "jobs")
+
+    def qos() -> tuple[int, str]:
+        with pika_channel(gateway, confirm=False) as (connection, channel):
+            with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+                channel.basic_qos(prefetch_size=1000, prefetch_count=1)
+            again = connection.channel()
+            again.confirm_delivery()
+            again.basic_publish("", "jobs", b"still here")
+        return int(closed.value.reply_code), str(closed.value.reply_text)
+
+    assert await asyncio.to_thread(qos) == (540, "prefetch_size!=0 (1000)")
+    assert [r.payload for r in await sql.messages("jobs")] == [b"still here"]
+
+
+async def test_expiration_0_is_confirmed_and_expires_at_once(gateway: Gateway, sql: Sql) -> None:
+    await declare(gateway, "jobs")
+
+    def publish() -> None:
+        with pika_channel(gateway, confirm=True) as (_, channel):
+            # Confirmed, not nacked (basic_publish raises NackError on a nack).
+            channel.basic_publish("", "jobs", b"now or never", pika.BasicProperties(expiration="0"))
+
+    await asyncio.to_thread(publish)
+    (row,) = await sql.messages("jobs")
+    assert row.expire_at is not None
+    assert row.expire_at - row.publish_time == pytest.approx(0.001, abs=1e-6)
+
+
 def _publish_twice(gateway: Gateway, queue: str, message_id: str) -> None:
     """Two confirmed pika publishes with the same ``message_id`` (basic_publish raises if
     one is not confirmed)."""

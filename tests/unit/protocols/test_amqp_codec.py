@@ -112,6 +112,23 @@ def test_unknown_method_is_a_syntax_error() -> None:
     assert info.value.reply_code is ReplyCode.SYNTAX_ERROR
 
 
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"\x00\x3c\x00\x28\xff\xff",  # a Basic.Publish cut short (pamqp names its object)
+        b"\x00\x0a\x00\x0b\xff\xff",  # a Connection.StartOk cut short (a struct error)
+    ],
+)
+def test_an_undecodable_method_is_a_syntax_error_with_a_fixed_reason(payload: bytes) -> None:
+    reader = FrameReader(4096)
+    size = len(payload).to_bytes(4, "big")
+    reader.feed(PROTOCOL_HEADER + b"\x01\x00\x01" + size + payload + b"\xce")
+    with pytest.raises(AmqpConnectionError) as info:
+        reader.next_frame()
+    assert info.value.reply_code is ReplyCode.SYNTAX_ERROR
+    assert info.value.message == "malformed frame"
+
+
 def test_content_frames_split_bodies_by_frame_max() -> None:
     data = PROTOCOL_HEADER + content_frames(1, commands.Basic.Properties(), b"y" * 10_000, 4096)
     frames = _read_all(FrameReader(4096), [data])
