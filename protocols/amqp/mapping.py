@@ -12,7 +12,10 @@ set them (a value that does not fit stays a header). Then the gateway adds its o
 per-delivery headers (``x-partition``, ``x-seq``, ``x-delivery-count``, ``x-message-id``):
 a stored property of the same name is the message's and wins (a dead letter carries the
 ``x-delivery-count`` of its original queue, DESIGN.md §4); the gateway's value then goes
-under ``x-keygate-<name>`` (``x-keygate-delivery-count``: this delivery's count).
+under ``x-keygate-<name>`` (``x-keygate-delivery-count``: this delivery's count). A
+content type, correlation id or reply-to longer than a basic property holds (255 bytes;
+keygate takes 1,024 from other protocols) goes in a header instead (``x-correlation-id``
+...), so that no message is undeliverable over AMQP for its length.
 
 A bad ``expiration`` is ``AmqpChannelError`` (406 PRECONDITION_FAILED), as in RabbitMQ;
 a bad ``x-delay`` header is ``InvalidArgument``, which rejects that one publish.
@@ -54,6 +57,13 @@ MESSAGE_ID_HEADER: Final = "x-message-id"  # keygate's id (kg_messages.message_i
 _GATEWAY_HEADERS: Final = tuple(
     (name, "x-keygate-" + name[2:])
     for name in (PARTITION_HEADER, SEQ_HEADER, DELIVERY_COUNT, MESSAGE_ID_HEADER)
+)
+# Message fields that are basic properties, and the header each goes in when it is longer
+# than one holds (keygate takes up to 1,024 bytes, core.ingress).
+_TEXT_FIELDS: Final = (
+    ("content_type", "x-content-type"),
+    ("correlation_id", "x-correlation-id"),
+    ("reply_to", "x-reply-to"),
 )
 _MAX_TIMESTAMP: Final = 253_402_300_799  # 9999-12-31T23:59:59Z, the last a datetime holds
 
@@ -184,17 +194,16 @@ def delivery_properties(message: Message, delivery_count: int) -> Properties:
         headers[moved if name in headers else name] = value
     if message.key is not None:
         headers.setdefault(GROUP_ID_PROPERTY, message.key)
+    for attribute, name in _TEXT_FIELDS:
+        value = getattr(message, attribute)
+        if _short_text(value):
+            fields[attribute] = value
+        elif value is not None:  # longer than a basic property holds (255 bytes)
+            headers.setdefault(name, value)
     expiration = None
     if message.expire_at is not None:
         expiration = str(max(0, round((message.expire_at - message.publish_time) * 1000)))
-    return Properties(
-        content_type=message.content_type,
-        correlation_id=message.correlation_id,
-        reply_to=message.reply_to,
-        expiration=expiration,
-        headers=headers,
-        **fields,
-    )
+    return Properties(expiration=expiration, headers=headers, **fields)
 
 
 __all__ = [

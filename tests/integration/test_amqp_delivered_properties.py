@@ -171,3 +171,21 @@ async def test_a_dead_letter_s_consumer_sees_the_original_delivery_count(
     assert isinstance(letter.headers["x-first-delivery-time"], int)  # pika: see module doc
     assert letter.headers["x-keygate-delivery-count"] == 2  # the DLQ's own: redelivered once
     assert method.redelivered
+
+
+async def test_text_fields_longer_than_amqp_holds_arrive_as_headers(gateway: Gateway) -> None:
+    """keygate takes ids and content types of up to 1,024 bytes; an AMQP basic property
+    holds 255. Published elsewhere longer, they reach an AMQP consumer as headers
+    (x-correlation-id, x-reply-to, x-content-type) instead of making it undeliverable."""
+    await declare(gateway, "long", partitions=0)
+    long_id, long_reply, long_type = "c" * 300, "r" * 256, "t/" + "x" * 400
+    async with Client(native_url(gateway)) as client:
+        await client.publish(
+            "long", b"x", correlation_id=long_id, reply_to=long_reply, content_type=long_type
+        )
+    message = await asyncio.wait_for(_first_delivery(gateway, "long"), WAIT)
+    assert message.headers is not None
+    assert (message.correlation_id, message.reply_to, message.content_type) == (None, None, None)
+    assert message.headers["x-correlation-id"] == long_id
+    assert message.headers["x-reply-to"] == long_reply
+    assert message.headers["x-content-type"] == long_type
