@@ -151,9 +151,13 @@ class ChannelConsumers:
         return request
 
     def cancel(self, consumer_tag: str) -> ConsumeRequest | None:
-        """Forget the consumer. Its deliveries stay known, so a late ack of one is no
-        error (as in RabbitMQ); the gateway has returned them with the flow's unbind."""
+        """Forget the consumer. Its deliveries stay known and can still be settled (as in
+        RabbitMQ): its flow stays bound, paused, until they are (protocols.amqp.flows)."""
         return self.consumers.pop(consumer_tag, None)
+
+    def holds(self, consumer_tag: str) -> bool:
+        """Whether deliveries of ``consumer_tag`` wait for a settle (cancelled or not)."""
+        return any(u.consumer_tag == consumer_tag for u in self._unacked.values())
 
     def delivery_tag(self, consumer_tag: str, message: Message) -> int:
         """Number the next delivery of ``consumer_tag``; remembered unless no_ack."""

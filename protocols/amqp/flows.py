@@ -5,9 +5,13 @@ How it works. Each basic.consume binds one flow through ``Sink.bind`` with a
 become basic.deliver frames in the connection's outbox (``protocols._io.Outbox``).
 ``no_ack`` deliveries are acked once the socket took them, so a consumer that reads
 slowly holds at most its window. Acks, nacks, rejects and recovers arrive resolved to
-message ids (``protocols.amqp.consumers``) and become ``Sink.settle`` calls; a cancel, a
-closed channel or the end of the connection unbinds (the rebalance delay applies, and the
-group redelivers the unacked messages, flagged).
+message ids (``protocols.amqp.consumers``) and become ``Sink.settle`` calls; a closed
+channel or the end of the connection unbinds (the rebalance delay applies, and the group
+redelivers the unacked messages, flagged). A basic.cancel unbinds at once when the
+consumer holds nothing unacked; otherwise, as in RabbitMQ, its deliveries stay the
+channel's to settle: the flow is paused (a window of 0: nothing more is sent, and what
+the group had already pushed is dropped and comes back at the unbind) and unbound once
+the last of them is settled, or with the channel.
 
 basic.get has no flow of its own in AMQP; keygate gives each (channel, queue) that polls
 one, bound on the first basic.get with a window of one: a getter is a member of the
@@ -57,6 +61,7 @@ class _ConsumerOutput:
     key: _Key
     no_ack: bool
     flow_id: str = ""
+    cancelled: bool = False  # basic.cancel'd; bound, paused, until its deliveries settle
 
     def deliver(self, deliveries: Sequence[Deliver]) -> Sequence[Deliver]:
         channel, serial, tag = self.key
@@ -121,14 +126,25 @@ class ConsumerFlows:
         elif isinstance(op, ev.Consume):
             await self._consume(principal, op)
         elif isinstance(op, ev.Cancel):
-            self._unbind(principal, (op.channel, op.serial, op.consumer_tag))
+            key = (op.channel, op.serial, op.consumer_tag)
+            output = self.outputs.get(key)
+            if isinstance(output, _ConsumerOutput) and self.connection.holds(*key):
+                output.cancelled = True
+                self.sink.settle(principal, output.flow_id, settles.Credit(0))
+            else:
+                self._unbind(principal, key)
             self.connection.cancelled(op)
         elif isinstance(op, ev.SettleDeliveries):
             for settled in op.settled:
-                output = self.outputs.get((op.channel, op.serial, settled.consumer_tag))
-                if output is not None:  # else cancelled: its deliveries went back already
-                    event = _OUTCOMES[settled.outcome](settled.message_ids)
-                    self.sink.settle(principal, output.flow_id, event)
+                key = (op.channel, op.serial, settled.consumer_tag)
+                output = self.outputs.get(key)
+                if output is None:  # its flow is unbound: its deliveries went back
+                    continue
+                event = _OUTCOMES[settled.outcome](settled.message_ids)
+                self.sink.settle(principal, output.flow_id, event)
+                cancelled = isinstance(output, _ConsumerOutput) and output.cancelled
+                if cancelled and not self.connection.holds(*key):  # its last settle
+                    self._unbind(principal, key)
         else:
             await self._get(principal, op)
 

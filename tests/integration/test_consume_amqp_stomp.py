@@ -219,6 +219,52 @@ async def test_amqp_reject_without_requeue_dead_letters_at_once(gateway: Gateway
     assert letter.properties["x-delivery-count"] == 1
 
 
+async def test_acks_after_basic_cancel_settle_what_the_cancelled_consumer_held(
+    gateway: Gateway,
+) -> None:
+    """The graceful shutdown of a RabbitMQ consumer: basic.cancel, finish the work in hand,
+    ack it. As in RabbitMQ those acks count (the deliveries stay the channel's), so a new
+    consumer gets only what was never delivered, nothing again."""
+    await declare(gateway, "graceful", partitions=1)
+    await _publish(gateway, "graceful", 5)
+    connection = await aio_pika.connect(f"amqp://guest:guest@127.0.0.1:{gateway.ports['amqp']}/")
+    try:
+        channel = await connection.channel()
+        await channel.set_qos(prefetch_count=3)
+        queue = await channel.get_queue("graceful", ensure=False)
+        held: list[aio_pika.abc.AbstractIncomingMessage] = []
+        three = asyncio.Event()
+
+        async def hold(message: aio_pika.abc.AbstractIncomingMessage) -> None:
+            held.append(message)
+            if len(held) == 3:
+                three.set()
+
+        tag = await queue.consume(hold)
+        await asyncio.wait_for(three.wait(), WAIT)
+        await queue.cancel(tag)
+        for message in held:
+            await message.ack()
+        rest = []
+        async with queue.iterator() as messages:
+            async for message in messages:
+                rest.append(message)
+                await message.ack()
+                if len(rest) == 2:
+                    break
+    finally:
+        await connection.close()
+    assert [m.body for m in held + rest] == [f"k{i}:0".encode() for i in range(5)]
+    assert not any(m.redelivered for m in rest)
+    runtime = gateway.broker.runtimes("graceful")[0]
+    await asyncio.to_thread(
+        wait_until,
+        lambda: [p.committed_seq for p in runtime.status().partitions] == [5],
+        WAIT,
+        "all five acked",
+    )
+
+
 async def test_prefetch_caps_the_unacked_deliveries_of_a_consumer(gateway: Gateway) -> None:
     await declare(gateway, "capped", partitions=1)
     await _publish(gateway, "capped", 10)
