@@ -31,15 +31,16 @@
 
 Errors are ``{"error": code, "message": text}`` with the KeygateError's HTTP status; an
 unknown path or method answers the same way (``not-found``, ``method-not-allowed``).
+Request bodies and query parameters are checked against the OpenAPI document before a
+handler uses them (``gateway/http_input.py``); a queue named in the path is looked up
+before its group, so a missing queue is ``queue-not-found`` on every route under it.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-import json
 import logging
-import math
 import platform
 import ssl
 from collections.abc import Awaitable, Callable, Mapping
@@ -62,6 +63,7 @@ from core.settings import queue_settings
 from gateway import group_ops
 from gateway.broker import Broker
 from gateway.console import STATIC_DIR
+from gateway.http_input import RequestContract
 from gateway.inspect import inspect_queue, queue_summary
 from gateway.openapi import openapi_document, package_version
 from protocols.sink import Principal, peer_identity
@@ -80,10 +82,6 @@ def queue_json(queue: QueueConfig) -> dict[str, Any]:
 
 
 def queue_from_json(body: dict[str, Any]) -> QueueConfig:
-    if "name" not in body:
-        raise InvalidArgument("a queue needs a name")
-    if not isinstance(body["name"], str):
-        raise InvalidArgument("name must be of type str")
     settings = queue_settings({k: v for k, v in body.items() if k != "name"})
     return QueueConfig(body["name"], **settings)  # type: ignore[arg-type]
 
@@ -101,28 +99,43 @@ def group_json(group: GroupConfig) -> dict[str, Any]:
 
 
 def group_from_json(queue: str, body: dict[str, Any], default_mode: GroupMode) -> GroupConfig:
-    unknown = set(body) - {"name", "mode", "key_order", "start", "tags", "ack_timeout"}
-    if unknown:
-        raise InvalidArgument(f"unknown group settings: {', '.join(sorted(unknown))}")
-    if "name" not in body:
-        raise InvalidArgument("a group needs a name")
-    tags = body.get("tags") or None
-    if tags is not None and not (
-        isinstance(tags, dict) and all(isinstance(v, str) for v in tags.values())
-    ):
-        raise InvalidArgument("tags must be an object of strings")
-    try:
-        return GroupConfig(
-            queue,
-            body["name"],
-            GroupMode(body.get("mode", default_mode)),
-            KeyOrder(body.get("key_order", KeyOrder.PARTITION)),
-            StartPosition(body.get("start", StartPosition.EARLIEST)),
-            tags,
-            body.get("ack_timeout"),
-        )
-    except ValueError as e:
-        raise InvalidArgument(str(e)) from e
+    """A group from a body checked against the document (types, enums)."""
+    return GroupConfig(
+        queue,
+        body["name"],
+        GroupMode(body.get("mode", default_mode)),
+        KeyOrder(body.get("key_order", KeyOrder.PARTITION)),
+        StartPosition(body.get("start", StartPosition.EARLIEST)),
+        body.get("tags") or None,
+        body.get("ack_timeout"),
+    )
+
+
+def publication_from_json(
+    body: dict[str, Any], *, queue: str | None, topic: str | None
+) -> Publication:
+    """A publication from a body checked against the document (types, ranges, fields)."""
+    if "payload_b64" in body:
+        if "payload" in body:
+            raise InvalidArgument("give payload or payload_b64, not both")
+        try:
+            payload = base64.b64decode(body["payload_b64"], validate=True)
+        except (binascii.Error, ValueError) as e:
+            raise InvalidArgument(f"payload_b64 is not base64: {e}") from e
+    else:
+        payload = body.get("payload", "").encode()
+    return Publication(
+        payload=payload,
+        key=body.get("key"),
+        properties=body.get("properties") or {},
+        ttl=body.get("ttl"),
+        delay=body.get("delay"),
+        producer="http",
+        dedup_id=body.get("dedup_id"),
+        content_type=body.get("content_type"),
+        queue=queue,
+        topic=topic,
+    )
 
 
 @web.middleware
@@ -148,34 +161,6 @@ def _principal(request: web.Request) -> Principal:
     return request[PRINCIPAL]
 
 
-async def _body(request: web.Request) -> dict[str, Any]:
-    try:
-        body = await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise InvalidArgument(f"the request body is not JSON: {e}") from e
-    if not isinstance(body, dict):
-        raise InvalidArgument("the request body must be a JSON object")
-    return body
-
-
-BROWSE_LIMIT: Final = 1000
-
-
-def _int_param(
-    query: Mapping[str, str], name: str, default: int | None, low: int, high: int | None = None
-) -> int | None:
-    raw = query.get(name)
-    if raw is None:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise InvalidArgument(f"{name} must be an integer") from None
-    if value < low or (high is not None and value > high):
-        raise InvalidArgument(f"{name} must be between {low} and {high or 'any'}")
-    return value
-
-
 def browsed_json(row: dict[str, Any]) -> dict[str, Any]:
     """A browsed kg_messages row as JSON: the payload as text when it is UTF-8, and always
     as base64; properties in their stored form (bytes as {"$b64": ...}, some floats as
@@ -186,23 +171,6 @@ def browsed_json(row: dict[str, Any]) -> dict[str, Any]:
     except UnicodeDecodeError:
         text = None
     return {**row, "payload": text, "payload_b64": base64.b64encode(payload).decode()}
-
-
-def _seconds(body: dict[str, Any], name: str, *, positive: bool) -> float | None:
-    """A publish field in seconds: a finite number, > 0 (``positive``) or >= 0."""
-    value = body.get(name)
-    if value is None:
-        return None
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not math.isfinite(value)
-        or value < 0
-        or (positive and value == 0)
-    ):
-        bound = "> 0" if positive else ">= 0"
-        raise InvalidArgument(f"{name} must be a number of seconds {bound}")
-    return float(value)
 
 
 class AdminServer:
@@ -217,6 +185,7 @@ class AdminServer:
         self.store = store
         # The gateway's bound ports by listener, filled in as its listeners start.
         self._ports = ports if ports is not None else {}
+        self._contract = RequestContract(openapi_document(package_version()))
         app = web.Application(
             middlewares=[_errors, self._authenticate], client_max_size=64 * 1024 * 1024
         )
@@ -333,8 +302,8 @@ class AdminServer:
         return web.json_response(out)
 
     async def _create(self, request: web.Request) -> web.Response:
-        body = await _body(request)
-        exist_ok = bool(body.pop("exist_ok", False))
+        body = await self._contract.body(request)
+        exist_ok = body.pop("exist_ok", False)
         queue = await self.broker.declare(
             _principal(request), queue_from_json(body), exist_ok=exist_ok
         )
@@ -346,7 +315,7 @@ class AdminServer:
         return web.json_response(await queue_summary(self.store, queue))
 
     async def _alter(self, request: web.Request) -> web.Response:
-        changes = queue_settings(await _body(request))
+        changes = queue_settings(await self._contract.body(request))
         self.broker.access.check_admin(_principal(request))
         queue = await self.broker.alter_queue(request.match_info["name"], **changes)
         return web.json_response(queue_json(queue))
@@ -373,8 +342,15 @@ class AdminServer:
         groups = await self.store.list_groups(name)
         return web.json_response([group_json(g) for g in groups])
 
+    def _group_of(self, request: web.Request) -> tuple[str, str]:
+        """The queue and group a route names, the queue looked up first: under a missing
+        queue every group route answers queue-not-found."""
+        name = request.match_info["name"]
+        self.broker.queue(name)
+        return name, request.match_info["group"]
+
     async def _create_group(self, request: web.Request) -> web.Response:
-        body = await _body(request)
+        body = await self._contract.body(request)
         name = request.match_info["name"]
         self.broker.access.check_admin(_principal(request))
         config = group_from_json(name, body, self.broker.default_mode(name))
@@ -382,35 +358,28 @@ class AdminServer:
         return web.json_response(group_json(group), status=201)
 
     async def _delete_group(self, request: web.Request) -> web.Response:
-        name, group = request.match_info["name"], request.match_info["group"]
         self.broker.access.check_admin(_principal(request))
+        name, group = self._group_of(request)
         await self.broker.delete_group(name, group)
         return web.json_response({"deleted": group, "queue": name})
 
     async def _redrive(self, request: web.Request) -> web.Response:
-        body = await _body(request)
-        to, key, limit = body.get("to"), body.get("key"), body.get("limit")
-        if not all(isinstance(v, str | None) for v in (to, key)) or not (
-            limit is None or (type(limit) is int and limit >= 1)
-        ):
-            raise InvalidArgument("redrive takes optional to (str), key (str), limit (int >= 1)")
+        body = await self._contract.body(request)
         result = await group_ops.redrive(
             self.broker,
             self.store,
             _principal(request),
             request.match_info["name"],
-            to=to,
-            key=key,
-            limit=limit,
+            to=body.get("to"),
+            key=body.get("key"),
+            limit=body.get("limit"),
         )
         return web.json_response(result)
 
     async def _reset_group(self, request: web.Request) -> web.Response:
-        name, group = request.match_info["name"], request.match_info["group"]
-        body = await _body(request)
-        if not isinstance(body.get("to"), str) or not isinstance(body.get("force", False), bool):
-            raise InvalidArgument('a reset needs "to" (a string) and an optional "force" (bool)')
+        body = await self._contract.body(request)
         self.broker.access.check_admin(_principal(request))
+        name, group = self._group_of(request)
         target = ResetPosition.parse(body["to"])
         positions = await group_ops.reset_group(
             self.broker, self.store, name, group, target, force=body.get("force", False)
@@ -420,12 +389,10 @@ class AdminServer:
         )
 
     async def _release_key(self, request: web.Request) -> web.Response:
-        name, group = request.match_info["name"], request.match_info["group"]
-        key = request.match_info["key"]
-        body = await _body(request) if request.can_read_body else {}
-        if not isinstance(body.get("skip", False), bool):
-            raise InvalidArgument('a release takes an optional "skip" (bool)')
+        body = await self._contract.body(request) if request.can_read_body else {}
         self.broker.access.check_admin(_principal(request))
+        name, group = self._group_of(request)
+        key = request.match_info["key"]
         skip = body.get("skip", False)
         partitions = await group_ops.release_key(
             self.broker, self.store, name, group, key, skip=skip
@@ -436,47 +403,22 @@ class AdminServer:
 
     async def _browse(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
-        self.broker.queue(name)
+        queue = self.broker.queue(name)
         self.broker.access.authorize(_principal(request), "consume", name)
-        query = request.query
-        partition = _int_param(query, "partition", None, 0)
-        rows = await self.store.browse(
-            name,
-            partition=partition,
-            from_seq=_int_param(query, "from_seq", 0, 0) or 0,
-            limit=_int_param(query, "limit", 100, 1, BROWSE_LIMIT) or 100,
-        )
+        partition = self._contract.query_int(request, "partition")
+        if partition is not None and partition >= queue.slots:
+            raise InvalidArgument(f"partition {partition} out of range 0..{queue.slots - 1}")
+        from_seq = self._contract.query_int(request, "from_seq")
+        limit = self._contract.query_int(request, "limit")
+        assert from_seq is not None and limit is not None  # both have documented defaults
+        rows = await self.store.browse(name, partition=partition, from_seq=from_seq, limit=limit)
         return web.json_response([browsed_json(row) for row in rows])
 
     async def _publish(
         self, request: web.Request, *, queue: str | None = None, topic: str | None = None
     ) -> web.Response:
-        body = await _body(request)
-        if "payload_b64" in body:
-            try:
-                payload = base64.b64decode(body["payload_b64"], validate=True)
-            except (binascii.Error, TypeError, ValueError) as e:
-                raise InvalidArgument(f"payload_b64 is not base64: {e}") from e
-        else:
-            payload = str(body.get("payload", "")).encode()
-        properties = body.get("properties") or {}
-        if not isinstance(properties, dict):
-            raise InvalidArgument("properties must be an object")
-        dedup_id = body.get("dedup_id")
-        if dedup_id is not None and not isinstance(dedup_id, str):
-            raise InvalidArgument("dedup_id must be a string")
-        publication = Publication(
-            payload=payload,
-            key=body.get("key"),
-            properties=properties,
-            ttl=_seconds(body, "ttl", positive=True),
-            delay=_seconds(body, "delay", positive=False),
-            producer="http",
-            dedup_id=dedup_id,
-            content_type=body.get("content_type"),
-            queue=queue,
-            topic=topic,
-        )
+        body = await self._contract.body(request)
+        publication = publication_from_json(body, queue=queue, topic=topic)
         receipt = await self.broker.publish(_principal(request), publication)
         return web.json_response(
             {"message_ids": list(receipt.message_ids), "queues": list(receipt.queues)},

@@ -1,5 +1,7 @@
 """The admin API's OpenAPI 3.1 document, served at ``/api/openapi.json``.
 
+The server checks every request body and query parameter against this document
+(``gateway/http_input.py``), so what it says a request may hold is what is accepted.
 Queue settings come from the settings table (``core.settings``), so a new setting appears
 here without a second list to keep. ``tests/integration/test_openapi.py`` checks
 that every route the server has is documented (and nothing more), and runs schemathesis
@@ -12,6 +14,7 @@ from importlib import metadata
 from typing import Any, Final
 
 from core.settings import QUEUE_SETTINGS
+from gateway.http_input import INT64_MAX
 
 _JSON_TYPES: Final = {int: "integer", float: "number", bool: "boolean", str: "string"}
 
@@ -48,6 +51,9 @@ def _ok(description: str, schema: dict[str, Any] | None = None, status: str = "2
     return {status: body}
 
 
+# Most messages one browse call returns (the CLI pages through more).
+BROWSE_LIMIT: Final = 1000
+
 _ERROR: Final = {"$ref": "#/components/responses/Error"}
 _OBJECT: Final = {"type": "object"}
 _NAME: Final = {"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}
@@ -58,10 +64,12 @@ def _op(summary: str, responses: dict[str, Any], **extra: Any) -> dict[str, Any]
     return {"summary": summary, "responses": {**responses, **errors}, **extra}
 
 
-def _query(name: str, description: str) -> dict[str, Any]:
-    schema = {"type": "integer", "minimum": 1 if name == "limit" else 0}
-    if name == "limit":
-        schema["maximum"] = 1000
+def _query(
+    name: str, description: str, default: int | None, low: int = 0, high: int = INT64_MAX
+) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "integer", "minimum": low, "maximum": high}
+    if default is not None:
+        schema["default"] = default
     return {"name": name, "in": "query", "schema": schema, "description": description}
 
 
@@ -88,25 +96,39 @@ def openapi_document(version: str) -> dict[str, Any]:
             "key_order": {"enum": ["partition", "strict"]},
             "start": {"enum": ["earliest", "latest"]},
             "tags": {"type": "object", "additionalProperties": {"type": "string"}},
-            "ack_timeout": {"type": ["number", "null"]},
+            "ack_timeout": {
+                "type": ["number", "null"],
+                "exclusiveMinimum": 0,
+                "description": "seconds a delivery may stay unacked before it is redelivered",
+            },
         },
         "additionalProperties": False,
     }
     message = {
         "type": "object",
         "properties": {
-            "payload": {"type": "string", "description": "UTF-8 text payload"},
-            "payload_b64": {"type": "string", "description": "base64 payload (binary)"},
+            "payload": {
+                "type": "string",
+                "description": "the payload as text, stored as UTF-8 (default empty); not "
+                "with payload_b64",
+            },
+            "payload_b64": {"type": "string", "description": "the payload in base64 (binary)"},
             "key": {"type": ["string", "null"]},
             "properties": {"type": "object"},
-            "ttl": {"type": ["number", "null"], "description": "seconds until it expires"},
+            "ttl": {
+                "type": ["number", "null"],
+                "exclusiveMinimum": 0,
+                "description": "seconds until it expires",
+            },
             "delay": {
                 "type": ["number", "null"],
+                "minimum": 0,
                 "description": "seconds before it may be delivered (scheduled delivery)",
             },
             "dedup_id": {"type": ["string", "null"]},
             "content_type": {"type": ["string", "null"]},
         },
+        "additionalProperties": False,
     }
     receipt = {
         "type": "object",
@@ -122,7 +144,10 @@ def openapi_document(version: str) -> dict[str, Any]:
             "title": "keygate admin API",
             "version": version,
             "description": "Queues, groups, partitions and flows of a keygate gateway. "
-            "Errors are JSON objects with a stable `error` code and a `message`.",
+            "Errors are JSON objects with a stable `error` code and a `message`. A request "
+            "that does not match this document (a wrong JSON type, a number out of range, an "
+            "unknown field, text that is not valid Unicode) is refused with 400 "
+            "`invalid-argument` naming the field.",
         },
         "components": {
             "responses": {
@@ -171,7 +196,9 @@ def openapi_document(version: str) -> dict[str, Any]:
                 "patch": _op(
                     "Alter settings (admin)",
                     _ok("The queue", queue),
-                    **_body({"type": "object", "properties": settings}),
+                    **_body(
+                        {"type": "object", "properties": settings, "additionalProperties": False}
+                    ),
                 ),
                 "delete": _op("Delete the queue (admin)", _ok("Deleted", _OBJECT)),
             },
@@ -192,6 +219,7 @@ def openapi_document(version: str) -> dict[str, Any]:
                                 "key": {"type": ["string", "null"]},
                                 "limit": {"type": ["integer", "null"], "minimum": 1},
                             },
+                            "additionalProperties": False,
                         }
                     ),
                 ),
@@ -232,6 +260,7 @@ def openapi_document(version: str) -> dict[str, Any]:
                                 },
                                 "force": {"type": "boolean"},
                             },
+                            "additionalProperties": False,
                         }
                     ),
                 ),
@@ -247,7 +276,13 @@ def openapi_document(version: str) -> dict[str, Any]:
                     "park_key): from its oldest held message, or with skip its messages "
                     "stored until now are dead-lettered first",
                     _ok("The partitions the key was parked in", _OBJECT),
-                    **_body({"type": "object", "properties": {"skip": {"type": "boolean"}}}),
+                    **_body(
+                        {
+                            "type": "object",
+                            "properties": {"skip": {"type": "boolean"}},
+                            "additionalProperties": False,
+                        }
+                    ),
                 ),
             },
             "/api/queues/{name}/messages": {
@@ -256,9 +291,9 @@ def openapi_document(version: str) -> dict[str, Any]:
                     "Browse stored messages without consuming them (needs consume)",
                     _ok("Messages in (partition, seq) order", {"type": "array", "items": _OBJECT}),
                     parameters=[
-                        _query("partition", "only this partition"),
-                        _query("from_seq", "first seq to show (default 0)"),
-                        _query("limit", "most messages (default 100, at most 1000)"),
+                        _query("partition", "only this partition (0 to the queue's last)", None),
+                        _query("from_seq", "first seq to show", 0),
+                        _query("limit", "most messages", 100, 1, BROWSE_LIMIT),
                     ],
                 ),
                 "post": _op(
