@@ -168,14 +168,15 @@ def redrive_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def parse_tags(pairs: list[str] | None) -> dict[str, str]:
-    tags = {}
+def name_values(flag: str, pairs: list[str] | None) -> dict[str, str]:
+    """The NAME=VALUE arguments of a repeatable ``flag`` (--tag, --property) as a dict."""
+    out = {}
     for pair in pairs or []:
         name, sep, value = pair.partition("=")
         if not sep:
-            raise CliError(f"--tag takes NAME=VALUE, got {pair!r}")
-        tags[name] = value
-    return tags
+            raise CliError(f"{flag} takes NAME=VALUE, got {pair!r}")
+        out[name] = value
+    return out
 
 
 def group_command(args: argparse.Namespace) -> int:
@@ -183,7 +184,7 @@ def group_command(args: argparse.Namespace) -> int:
     if args.action == "create":
         if not args.name:
             raise CliError("group create needs QUEUE and NAME")
-        body: dict[str, Any] = {"name": args.name, "tags": parse_tags(args.tag)}
+        body: dict[str, Any] = {"name": args.name, "tags": name_values("--tag", args.tag)}
         for field_name in ("mode", "key_order", "start", "ack_timeout"):
             if (value := getattr(args, field_name)) is not None:
                 body[field_name] = value
@@ -238,7 +239,7 @@ def inspect_command(args: argparse.Namespace) -> int:
 
 
 def publish_command(args: argparse.Namespace) -> int:
-    props = dict(p.split("=", 1) for p in args.property or [])
+    props = name_values("--property", args.property)
     body: dict[str, Any] = {"payload": args.payload, "key": args.key, "properties": props}
     for name in ("delay", "ttl", "dedup_id"):
         if (value := getattr(args, name)) is not None:

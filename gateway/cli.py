@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from core.errors import KeygateError
+from core.ingress import MAX_WINDOW
 from core.model import GroupMode, KeyOrder, StartPosition
 from core.settings import QUEUE_SETTINGS
 from gateway import logs
@@ -37,7 +38,7 @@ from gateway.admin_commands import (
     group_command,
     inspect_command,
     key_command,
-    parse_tags,
+    name_values,
     publish_command,
     queue_command,
     redrive_command,
@@ -107,12 +108,16 @@ def _group_flags(parser: argparse.ArgumentParser) -> None:
 def _consume(args: argparse.Namespace) -> int:
     from gateway.client import BlockingClient
 
-    with BlockingClient(args.server, username=args.user, password=args.password) as client:
+    try:
+        client = BlockingClient(args.server, username=args.user, password=args.password)
+    except (OSError, TimeoutError) as e:
+        raise CliError(f"cannot reach the gateway at {args.server}: {e}") from e
+    with client:
         consumer = client.subscribe(
             args.queue,
             group=args.group,
             window=args.window,
-            tags=parse_tags(args.tag) or None,
+            tags=name_values("--tag", args.tag) or None,
             mode=args.mode,
             key_order=args.key_order,
             start=args.start,
@@ -196,6 +201,23 @@ def _healthcheck(args: argparse.Namespace) -> int:
     raise CliError("no HTTP or HTTPS listener on a fixed port to probe")
 
 
+def _int_from(low: int, high: int | None = None) -> Callable[[str], int]:
+    """An argparse type: an integer from ``low`` (to ``high``); anything else is a usage
+    error naming the flag (exit 2), as a value that is not an integer already was."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+        if value < low or (high is not None and value > high):
+            bound = f"at least {low}" if high is None else f"between {low} and {high}"
+            raise argparse.ArgumentTypeError(f"must be {bound}")
+        return value
+
+    return parse
+
+
 def _credentials(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--user",
@@ -267,11 +289,17 @@ def build_parser() -> argparse.ArgumentParser:
     _admin_api(queue)
     _queue_flags(queue)
     browse = queue.add_argument_group("browse")
-    browse.add_argument("--partition", type=int, help="browse only this partition")
+    browse.add_argument("--partition", type=_int_from(0), help="browse only this partition")
     browse.add_argument(
-        "--from-seq", dest="from_seq", type=int, default=0, help="first seq to show (default 0)"
+        "--from-seq",
+        dest="from_seq",
+        type=_int_from(0),
+        default=0,
+        help="first seq to show (default 0)",
     )
-    browse.add_argument("--limit", type=int, default=100, help="most messages (default 100)")
+    browse.add_argument(
+        "--limit", type=_int_from(1), default=100, help="most messages (default 100)"
+    )
     browse.add_argument("--json", action="store_true", help="print the messages as JSON")
     queue.set_defaults(func=queue_command)
 
@@ -322,7 +350,7 @@ def build_parser() -> argparse.ArgumentParser:
     dlq.add_argument("action", choices=["redrive"], help="what to do")
     dlq.add_argument("dlq", help="the dead-letter queue, e.g. orders.dlq")
     dlq.add_argument("--to", help="target queue (default: each letter's original queue)")
-    dlq.add_argument("--limit", type=int, help="move at most this many (default: all)")
+    dlq.add_argument("--limit", type=_int_from(1), help="move at most this many (default: all)")
     dlq.add_argument("--where", metavar="key=VALUE", help="only the letters of this key")
     _admin_api(dlq)
     dlq.set_defaults(func=redrive_command)
@@ -366,9 +394,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _credentials(consume)
     consume.add_argument(
-        "--window", type=int, default=100, help="most delivered-unacked messages (default 100)"
+        "--window",
+        type=_int_from(1, MAX_WINDOW),
+        default=100,
+        help="most delivered-unacked messages (default 100)",
     )
-    consume.add_argument("--count", type=int, default=0, help="stop after N (0 = until idle)")
+    consume.add_argument(
+        "--count", type=_int_from(0), default=0, help="stop after N (0 = until idle)"
+    )
     consume.add_argument("--timeout", type=float, default=5.0, help="stop when idle this long")
     _group_flags(consume)
     consume.set_defaults(func=_consume)

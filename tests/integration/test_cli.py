@@ -182,6 +182,42 @@ def test_admin_commands_explain_an_unreachable_gateway() -> None:
     assert "cannot reach the gateway's admin API" in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("args", "code", "error"),
+    [
+        (["publish", "q", "x", "--property", "noequals"], 1, "--property takes NAME=VALUE"),
+        (
+            ["consume", "q", "--group", "g", "--server", "keygate://127.0.0.1:1"],
+            1,
+            "cannot reach the gateway at keygate://127.0.0.1:1",
+        ),
+        (["consume", "q", "--group", "g", "--window", "-5"], 2, "between 1 and 2147483647"),
+        (["consume", "q", "--group", "g", "--window", str(2**31)], 2, "between 1 and 2147483647"),
+        (["dlq", "redrive", "q.dlq", "--limit", "0"], 2, "argument --limit: must be at least 1"),
+        (["dlq", "redrive", "q.dlq", "--limit", "-1"], 2, "argument --limit: must be at least 1"),
+        (["queue", "browse", "q", "--limit", "0"], 2, "argument --limit: must be at least 1"),
+        (["queue", "browse", "q", "--partition", "-1"], 2, "--partition: must be at least 0"),
+    ],
+)
+def test_bad_arguments_are_refused_in_one_line_without_a_traceback(
+    args: list[str], code: int, error: str
+) -> None:
+    url = [] if args[0] == "consume" else ["--url=http://127.0.0.1:9"]  # never reached
+    result = _run(*args, *url)
+    assert result.returncode == code, result.stderr
+    assert error in result.stderr and "Traceback" not in result.stderr
+    if code == 1:
+        assert result.stderr.count("\n") == 1, result.stderr
+
+
+def test_key_release_under_a_missing_queue_says_the_queue_is_missing(
+    served: dict[str, int],
+) -> None:
+    result = _run("key", "release", "nosuch", "g", "k", f"--url=http://127.0.0.1:{served['http']}")
+    assert result.returncode == 1
+    assert "queue-not-found" in result.stderr
+
+
 def test_demo_runs_and_verifies(tmp_path: Path) -> None:
     result = subprocess.run(
         [*KEYGATE, "demo", "--messages", "400"],
