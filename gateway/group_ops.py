@@ -11,7 +11,7 @@ import functools
 import logging
 from typing import TYPE_CHECKING, Final
 
-from core.errors import Conflict
+from core.errors import Conflict, InvalidArgument
 from core.model import ResetPosition
 from gateway.ids import new_message_id
 from protocols.sink import Principal
@@ -122,6 +122,9 @@ async def redrive(
     Refused (Conflict) while consumers are bound to the dead-letter queue; its groups
     are unloaded and kept from loading meanwhile, so none delivers a moved letter."""
     broker.access.check_admin(principal)
+    if key is not None and "\x00" in key:
+        # No stored key holds one (core.ingress), and PostgreSQL's text cannot compare it.
+        raise InvalidArgument("key contains a NUL character")
     broker.queue(dlq)
     if to is not None:
         broker.queue(to)

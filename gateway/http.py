@@ -58,6 +58,7 @@ from core.model import (
     QueueConfig,
     ResetPosition,
     StartPosition,
+    validate_name,
 )
 from core.settings import queue_settings
 from gateway import group_ops
@@ -317,7 +318,8 @@ class AdminServer:
     async def _alter(self, request: web.Request) -> web.Response:
         changes = queue_settings(await self._contract.body(request))
         self.broker.access.check_admin(_principal(request))
-        queue = await self.broker.alter_queue(request.match_info["name"], **changes)
+        name = self.broker.queue(request.match_info["name"]).name
+        queue = await self.broker.alter_queue(name, **changes)
         return web.json_response(queue_json(queue))
 
     async def _delete(self, request: web.Request) -> web.Response:
@@ -344,10 +346,11 @@ class AdminServer:
 
     def _group_of(self, request: web.Request) -> tuple[str, str]:
         """The queue and group a route names, the queue looked up first: under a missing
-        queue every group route answers queue-not-found."""
+        queue every group route answers queue-not-found, and a group name no group can
+        have is invalid-argument before it reaches the database."""
         name = request.match_info["name"]
         self.broker.queue(name)
-        return name, request.match_info["group"]
+        return name, validate_name("group", request.match_info["group"])
 
     async def _create_group(self, request: web.Request) -> web.Response:
         body = await self._contract.body(request)
