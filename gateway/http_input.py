@@ -12,10 +12,9 @@ Every JSON body is held to what keygate can store before its schema is checked: 
 proper (``NaN`` and ``Infinity`` are refused; a number too large for a float, such as
 ``1e400``, too), integers in the signed 64-bit range, and text that is valid Unicode (a
 lone surrogate such as ``"\\ud800"`` cannot be encoded as UTF-8), in values and in
-field names. The schema part understands what the document uses: ``type`` (one or a
-list), ``enum``, ``minimum``, ``exclusiveMinimum``, ``maximum``, ``properties``,
-``required``, ``additionalProperties`` (``false`` refuses unknown fields, a schema checks
-their values) and ``items``.
+field names. The schemas are checked by ``jsonschema`` (OpenAPI 3.1's schemas are JSON
+Schema 2020-12), the most relevant violation reported with a fixed reason of ours that
+names the field and never echoes the value.
 
 What a schema cannot say is checked where the knowledge is: a partition below the
 queue's partition count (the handler), queue settings' ranges (``QueueConfig``), message
@@ -26,10 +25,12 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
-from typing import Any, Final
+from collections.abc import Mapping, Sequence
+from typing import Any, Final, cast
 
 from aiohttp import web
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import ValidationError, best_match
 
 from core.errors import InvalidArgument
 
@@ -44,25 +45,6 @@ _ARTICLES: Final = {
     "object": "an object",
     "array": "an array",
 }
-
-
-def _is(value: object, kind: str) -> bool:
-    match kind:
-        case "string":
-            return isinstance(value, str)
-        case "integer":
-            return isinstance(value, int) and not isinstance(value, bool)
-        case "number":
-            return isinstance(value, int | float) and not isinstance(value, bool)
-        case "boolean":
-            return isinstance(value, bool)
-        case "null":
-            return value is None
-        case "object":
-            return isinstance(value, dict)
-        case "array":
-            return isinstance(value, list)
-    raise ValueError(f"unknown JSON type {kind!r} in the OpenAPI document")
 
 
 def _field(where: str, name: object) -> str:
@@ -92,56 +74,57 @@ def _storable(value: object, where: str) -> None:
             _storable(item, _field(where, name))
 
 
-def _range(where: str, schema: Mapping[str, Any]) -> str:
-    low, high = schema.get("minimum"), schema.get("maximum")
-    if "exclusiveMinimum" in schema:
-        return f"{where} must be greater than {schema['exclusiveMinimum']}"
-    if low is not None and high is not None:
-        return f"{where} must be between {low} and {high}"
-    return (
-        f"{where} must be at least {low}" if low is not None else f"{where} must be at most {high}"
-    )
+def _where(path: Sequence[object]) -> str:
+    """A field's name as errors give it: ``tags.color``, ``items[2]``."""
+    where = ""
+    for step in path:
+        where += f"[{step}]" if isinstance(step, int) else f"{'.' if where else ''}{step}"
+    return where
 
 
-def check(value: object, schema: Mapping[str, Any], where: str) -> None:
-    """InvalidArgument naming ``where`` unless ``value`` matches ``schema``."""
-    kinds = schema.get("type")
-    if kinds is not None:
-        allowed = [kinds] if isinstance(kinds, str) else list(kinds)
-        if not any(_is(value, kind) for kind in allowed):
-            raise InvalidArgument(f"{where} must be {' or '.join(_ARTICLES[k] for k in allowed)}")
-    if "enum" in schema and value not in schema["enum"]:
-        raise InvalidArgument(f"{where} must be one of: {', '.join(map(str, schema['enum']))}")
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        low, high = schema.get("minimum"), schema.get("maximum")
-        above = schema.get("exclusiveMinimum")
-        if (
-            (low is not None and value < low)
-            or (high is not None and value > high)
-            or (above is not None and value <= above)
-        ):
-            raise InvalidArgument(_range(where, schema))
-    if isinstance(value, dict):
-        _check_object(value, schema, where)
-    if isinstance(value, list) and "items" in schema:
-        for i, item in enumerate(value):
-            check(item, schema["items"], f"{where}[{i}]")
+def _reason(error: ValidationError) -> str:
+    """The fixed reason for a schema violation, naming the field (never the value)."""
+    where = _where(error.absolute_path)
+    schema, kind = error.schema, error.validator
+    if not isinstance(schema, Mapping):  # a boolean schema: ``false`` takes nothing
+        return f"{where} is not allowed"
+    match kind:
+        case "type":
+            kinds = [schema["type"]] if isinstance(schema["type"], str) else schema["type"]
+            return f"{where} must be {' or '.join(_ARTICLES[k] for k in kinds)}"
+        case "enum":
+            return f"{where} must be one of: {', '.join(map(str, schema['enum']))}"
+        case "minimum" | "maximum" | "exclusiveMinimum":
+            low, high = schema.get("minimum"), schema.get("maximum")
+            if "exclusiveMinimum" in schema:
+                return f"{where} must be greater than {schema['exclusiveMinimum']}"
+            if low is not None and high is not None:
+                return f"{where} must be between {low} and {high}"
+            return (
+                f"{where} must be at least {low}"
+                if low is not None
+                else f"{where} must be at most {high}"
+            )
+        case "required":
+            instance = cast(dict[str, Any], error.instance)
+            missing = [name for name in schema["required"] if name not in instance]
+            return f"{'.'.join(filter(None, (where, missing[0])))} is required"
+        case "additionalProperties":
+            unknown = sorted(
+                set(cast(dict[str, Any], error.instance)) - set(schema.get("properties", {}))
+            )
+            return f"unknown fields{' in ' + where if where else ''}: {', '.join(unknown)}"
+    return f"{where or 'the request body'} does not match the API document ({kind})"
 
 
-def _check_object(value: dict[str, Any], schema: Mapping[str, Any], where: str) -> None:
-    missing = [name for name in schema.get("required", ()) if name not in value]
-    if missing:
-        raise InvalidArgument(f"{_field(where, missing[0])} is required")
-    properties = schema.get("properties", {})
-    others = schema.get("additionalProperties", True)
-    unknown = sorted(name for name in value if name not in properties)
-    if unknown and others is False:
-        raise InvalidArgument(
-            f"unknown fields{' in ' + where if where else ''}: {', '.join(unknown)}"
-        )
-    for name, item in value.items():
-        item_schema = properties.get(name, others if isinstance(others, dict) else {})
-        check(item, item_schema, _field(where, name))
+def _check(validator: Draft202012Validator, value: object, where: str = "") -> None:
+    """InvalidArgument naming the field unless ``value`` matches the validator's schema
+    (``where``: the name of ``value`` itself, for a query parameter)."""
+    error = best_match(validator.iter_errors(value))
+    if error is not None:
+        if where:
+            error.path.appendleft(where)
+        raise InvalidArgument(_reason(error))
 
 
 def _no_constant(name: str) -> object:
@@ -152,8 +135,8 @@ class RequestContract:
     """The request bodies and query parameters of every operation in the document."""
 
     def __init__(self, document: Mapping[str, Any]) -> None:
-        self._bodies: dict[tuple[str, str], Mapping[str, Any]] = {}
-        self._queries: dict[tuple[str, str], dict[str, Mapping[str, Any]]] = {}
+        self._bodies: dict[tuple[str, str], Draft202012Validator] = {}
+        self._queries: dict[tuple[str, str], dict[str, Draft202012Validator]] = {}
         for path, operations in document["paths"].items():
             for method, operation in operations.items():
                 if method == "parameters":
@@ -161,9 +144,9 @@ class RequestContract:
                 at = (path, method.upper())
                 content = operation.get("requestBody", {}).get("content", {})
                 if "application/json" in content:
-                    self._bodies[at] = content["application/json"]["schema"]
+                    self._bodies[at] = Draft202012Validator(content["application/json"]["schema"])
                 self._queries[at] = {
-                    p["name"]: p["schema"]
+                    p["name"]: Draft202012Validator(p["schema"])
                     for p in operation.get("parameters", ())
                     if p["in"] == "query"
                 }
@@ -181,22 +164,23 @@ class RequestContract:
         if not isinstance(body, dict):
             raise InvalidArgument("the request body must be a JSON object")
         _storable(body, "")
-        check(body, self._bodies[self._route(request)], "")
+        _check(self._bodies[self._route(request)], body)
         return body
 
     def query_int(self, request: web.Request, name: str) -> int | None:
         """Query parameter ``name`` as an integer in its documented range; its documented
         default (or None) when absent."""
-        schema = self._queries[self._route(request)][name]
+        validator = self._queries[self._route(request)][name]
         raw = request.query.get(name)
         if raw is None:
-            return schema.get("default")
+            default: int | None = cast(Mapping[str, Any], validator.schema).get("default")
+            return default
         try:
             value = int(raw)
         except ValueError:
             raise InvalidArgument(f"{name} must be an integer") from None
-        check(value, schema, name)
+        _check(validator, value, name)
         return value
 
 
-__all__ = ["INT64_MAX", "RequestContract", "check"]
+__all__ = ["INT64_MAX", "RequestContract"]
