@@ -267,13 +267,21 @@ class ServerConnection:
                 self.receive_timeout = max(cx, sy) * HEARTBEAT_TOLERANCE / 1000.0
         self._send_frame(Frame("CONNECTED", tuple(headers)))
 
-    def message(self, subscription: str, delivery: Deliver) -> None:
+    def message(self, subscription: str, serial: int, delivery: Deliver) -> bool:
         """Send one delivery to ``subscription`` as a MESSAGE frame (remembered for its
-        ACK); raises, sending nothing, when the frame cannot carry it."""
+        ACK); False, sending nothing, when the subscription is gone (``Subscriptions.
+        message``); raises, sending nothing, when the frame cannot carry it."""
         frame = self.subscriptions.message(
-            subscription, delivery.message, delivery.delivery_count, delivery.redelivered
+            subscription,
+            serial,
+            delivery.message,
+            delivery.delivery_count,
+            delivery.redelivered,
         )
+        if frame is None:
+            return False
         self._send_frame(frame)
+        return True
 
     def receipt(self, receipt_id: str) -> None:
         self._send_frame(Frame("RECEIPT", (("receipt-id", receipt_id),)))

@@ -54,7 +54,8 @@ class Disconnect:
 
 @dataclass(frozen=True, slots=True)
 class Subscribe:
-    """SUBSCRIBE to ``/queue/NAME``: bind a flow of ``group`` (DESIGN.md §5b)."""
+    """SUBSCRIBE to ``/queue/NAME``: bind a flow of ``group`` (DESIGN.md §5b). ``serial``
+    tells this subscription from a later one of the same id on the connection."""
 
     subscription: str
     queue: str
@@ -62,6 +63,7 @@ class Subscribe:
     ack: str  # one of ACK_MODES
     prefetch: int | None
     receipt: str | None
+    serial: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -91,14 +91,18 @@ class _Subscriber:
     The group runtime pushes deliveries here; each becomes a MESSAGE frame in the
     connection's outbox. ``ack:auto`` deliveries are acked once the socket took them
     (``Outbox``), so the window bounds what a slow reader holds. A delivery the frame
-    cannot carry is handed back (dead-lettered as undeliverable). When the queue is
+    cannot carry is handed back (dead-lettered as undeliverable). One that arrives after
+    the client's UNSUBSCRIBE was read, before the worker unbound the flow, is not written
+    and not handed back: the unbind returns it for redelivery, as for any closed flow,
+    and a message it does not hold is not acked. When the queue is
     deleted the connection gets an ERROR and ends, as a STOMP server reports a failed
     subscription.
     """
 
-    def __init__(self, session: Session, subscription: str, auto: bool) -> None:
+    def __init__(self, session: Session, subscription: str, serial: int, auto: bool) -> None:
         self.session = session
         self.subscription = subscription
+        self.serial = serial
         self.auto = auto
         self.flow_id = ""
 
@@ -108,7 +112,8 @@ class _Subscriber:
         conn = self.session.conn
         for delivery in deliveries:
             try:
-                conn.message(self.subscription, delivery)
+                if not conn.message(self.subscription, self.serial, delivery):
+                    continue
             except (KeygateError, ValueError):
                 failed.append(delivery)
                 continue
@@ -275,7 +280,7 @@ class Session:
         return True
 
     async def _subscribe(self, op: Subscribe) -> None:
-        subscriber = _Subscriber(self, op.subscription, auto=op.ack == "auto")
+        subscriber = _Subscriber(self, op.subscription, op.serial, auto=op.ack == "auto")
         result = await self.sink.bind(
             self.principal,
             BindRequest(

@@ -17,6 +17,7 @@ A NACK always names one message (retry with the queue's backoff).
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -37,6 +38,7 @@ MAX_PREFETCH: Final = 2**31 - 1
 
 @dataclass(slots=True)
 class _Subscription:
+    serial: int
     queue: str
     ack: str
     # ack id -> (partition, seq) of messages sent and not settled yet.
@@ -62,6 +64,7 @@ class Subscriptions:
 
     def __init__(self) -> None:
         self._subs: dict[str, _Subscription] = {}
+        self._serials = itertools.count(1)
 
     def __len__(self) -> int:
         return len(self._subs)
@@ -91,8 +94,10 @@ class Subscriptions:
                 receipt_id=receipt,
             )
         group = frame.header(GROUP_HEADER) or DEFAULT_GROUP
-        self._subs[subscription] = _Subscription(queue, ack)
-        return Subscribe(subscription, queue, group, ack, _prefetch(frame, receipt), receipt)
+        prefetch = _prefetch(frame, receipt)
+        serial = next(self._serials)
+        self._subs[subscription] = _Subscription(serial, queue, ack)
+        return Subscribe(subscription, queue, group, ack, prefetch, receipt, serial)
 
     def unsubscribe(self, frame: Frame) -> Unsubscribe:
         receipt = frame.header("receipt")
@@ -137,10 +142,19 @@ class Subscriptions:
         )
 
     def message(
-        self, subscription: str, message: Message, delivery_count: int, redelivered: bool
-    ) -> Frame:
-        """The MESSAGE frame for a delivery; remembered for its ACK unless ``auto``."""
-        sub = self._subs[subscription]
+        self,
+        subscription: str,
+        serial: int,
+        message: Message,
+        delivery_count: int,
+        redelivered: bool,
+    ) -> Frame | None:
+        """The MESSAGE frame for a delivery to subscription ``serial``, remembered for its
+        ACK unless ``auto``; None when that subscription is gone (UNSUBSCRIBE read, the
+        flow not unbound yet): its unbind returns the message for redelivery."""
+        sub = self._subs.get(subscription)
+        if sub is None or sub.serial != serial:
+            return None
         if sub.ack != "auto":
             sub.unacked[message.message_id] = (message.partition, message.seq)
         headers: list[tuple[str, str]] = [

@@ -250,11 +250,11 @@ def test_subscribe_then_ack_become_consume_events() -> None:
             ("receipt", "r"),
         ),
     )
-    assert subscribe == Subscribe("s1", "q", "billing", "client-individual", None, "r")
+    assert subscribe == Subscribe("s1", "q", "billing", "client-individual", None, "r", 1)
     message = Message(
         message_id="m1", queue="q", partition=3, seq=9, key="k", payload=b"hi", publish_time=1.0
     )
-    conn.message("s1", Deliver("f", message, 2, True))
+    conn.message("s1", 1, Deliver("f", message, 2, True))
     sent = decode(conn.data_to_send())
     assert sent.command == "MESSAGE"
     assert sent.header("x-partition") == "3" and sent.header("redelivered") == "true"

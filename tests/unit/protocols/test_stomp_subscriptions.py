@@ -76,7 +76,8 @@ def test_a_bad_subscribe_is_a_protocol_error(headers: dict[str, str]) -> None:
 
 def test_a_message_frame_carries_position_count_key_and_published_headers() -> None:
     subs = _subscribed("client-individual")
-    frame = subs.message("s1", _message(7, partition=3), delivery_count=2, redelivered=True)
+    frame = subs.message("s1", 1, _message(7, partition=3), delivery_count=2, redelivered=True)
+    assert frame is not None
     headers = frame.header_map()
     assert frame.command == "MESSAGE" and frame.body == b"hello"
     assert headers["subscription"] == "s1" and headers["ack"] == "m3-7"
@@ -92,8 +93,8 @@ def test_a_message_frame_carries_position_count_key_and_published_headers() -> N
 
 def test_auto_ack_messages_need_no_ack() -> None:
     subs = _subscribed("auto")
-    frame = subs.message("s1", _message(1), 1, False)
-    assert frame.header("ack") is None
+    frame = subs.message("s1", 1, _message(1), 1, False)
+    assert frame is not None and frame.header("ack") is None
     with pytest.raises(InvalidFrame):
         subs.settle(_frame("ACK", id="m0-1"), Version.V1_2)
 
@@ -101,7 +102,7 @@ def test_auto_ack_messages_need_no_ack() -> None:
 def test_client_individual_ack_settles_exactly_the_message_once() -> None:
     subs = _subscribed("client-individual")
     for seq in (1, 2):
-        subs.message("s1", _message(seq), 1, False)
+        subs.message("s1", 1, _message(seq), 1, False)
     settle = subs.settle(_frame("ACK", id="m0-2", receipt="r"), Version.V1_2)
     assert (settle.message_id, settle.ack, settle.cumulative, settle.receipt) == (
         "m0-2",
@@ -117,8 +118,8 @@ def test_client_individual_ack_settles_exactly_the_message_once() -> None:
 def test_client_ack_is_cumulative_within_the_partition_only() -> None:
     subs = _subscribed("client")
     for seq in (1, 2, 3):
-        subs.message("s1", _message(seq, partition=0), 1, False)
-    subs.message("s1", _message(1, partition=1), 1, False)
+        subs.message("s1", 1, _message(seq, partition=0), 1, False)
+    subs.message("s1", 1, _message(1, partition=1), 1, False)
     settle = subs.settle(_frame("ACK", id="m0-2"), Version.V1_2)
     assert (settle.partition, settle.seq, settle.cumulative) == (0, 2, True)
     with pytest.raises(InvalidFrame):
@@ -129,17 +130,27 @@ def test_client_ack_is_cumulative_within_the_partition_only() -> None:
 
 def test_stomp_1_1_and_1_0_acks_name_the_message_id() -> None:
     subs = _subscribed("client-individual")
-    subs.message("s1", _message(1), 1, False)
-    subs.message("s1", _message(2), 1, False)
+    subs.message("s1", 1, _message(1), 1, False)
+    subs.message("s1", 1, _message(2), 1, False)
     assert subs.settle(_frame("ACK", message_id="m0-1", subscription="s1"), Version.V1_1).seq == 1
     assert subs.settle(_frame("ACK", message_id="m0-2"), Version.V1_0).seq == 2
     with pytest.raises(InvalidFrame):
         subs.settle(_frame("ACK", message_id="m0-1", subscription="other"), Version.V1_1)
 
 
+def test_a_delivery_to_a_removed_or_replaced_subscription_makes_no_frame() -> None:
+    subs = _subscribed("client-individual")
+    subs.unsubscribe(_frame("UNSUBSCRIBE", id="s1"))
+    assert subs.message("s1", 1, _message(1), 1, False) is None
+    again = subs.subscribe(_frame("SUBSCRIBE", id="s1", destination="/queue/orders", ack="client"))
+    assert again.serial != 1
+    assert subs.message("s1", 1, _message(2), 1, False) is None  # the old subscription's
+    assert subs.message("s1", again.serial, _message(3), 1, False) is not None
+
+
 def test_unsubscribe_forgets_the_subscription_and_its_unacked_messages() -> None:
     subs = _subscribed("client")
-    subs.message("s1", _message(1), 1, False)
+    subs.message("s1", 1, _message(1), 1, False)
     assert subs.unsubscribe(_frame("UNSUBSCRIBE", id="s1")).subscription == "s1"
     assert len(subs) == 0
     with pytest.raises(InvalidFrame):
