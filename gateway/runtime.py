@@ -25,8 +25,10 @@ A storage failure while persisting is retried with a capped backoff; delivery pa
 meanwhile rather than sending something whose count is not durable. A message that cannot
 be read back (``store.read_for_delivery``) or encoded for its flow (``FlowOutput.deliver``
 returns it) goes back to the machine, which dead-letters it as ``undeliverable``: one
-message never stops its partition. Any other error in a step is logged and the executor
-goes on (a group's executor never dies of one step). Fenced is not retried: a gateway
+message never stops its partition. A flow output that raises (a bug in its protocol) is
+unbound and ended (``gateway.handout``), so what it held is redelivered and the step's other
+flows still get theirs. Any other error in a step is logged and the executor goes on (a
+group's executor never dies of one step). Fenced is not retried: a gateway
 that lost the lease writes nothing more, and stops.
 """
 
@@ -56,10 +58,11 @@ from core.actions import (
     RecordDispatch,
     RetryScheduled,
 )
-from core.errors import Fenced, KeygateError
+from core.errors import Fenced, KeygateError, Unavailable
 from core.group import GroupMachine
 from core.model import AckMode, GroupConfig, Message, QueueConfig
 from core.partition import GroupStatus
+from gateway.handout import hand_out
 from protocols.sink import FlowOutput
 from storage.interfaces import GroupStore
 
@@ -411,26 +414,20 @@ class GroupRuntime:
         self._hooks.dead_lettered(name, group, len(letters) + sum(map(len, moved)))
 
     def _send(self, sends: list[Deliver | PartitionsChanged]) -> None:
-        run: list[Deliver] = []
-        for item in sends:
-            if isinstance(item, Deliver) and (not run or run[-1].flow_id == item.flow_id):
-                run.append(item)
-                continue
-            self._flush_run(run)
-            run = []
-            if isinstance(item, Deliver):
-                run.append(item)
-            elif (output := self.outputs.get(item.flow_id)) is not None:
-                output.partitions_changed(item.partitions)
-        self._flush_run(run)
-
-    def _flush_run(self, run: list[Deliver]) -> None:
-        if run and (output := self.outputs.get(run[0].flow_id)) is not None:
-            failed = output.deliver(run)
-            sent = [d for d in run if d not in failed] if failed else run
-            self._hooks.delivered(self.queue.name, self.group.name, sent)
-            if failed:
-                self.undeliverable(run[0].flow_id, [d.message.message_id for d in failed])
+        name, group = self.queue.name, self.group.name
+        done = hand_out(sends, self.outputs, self._log, f"{name}/{group}")
+        if done.sent:
+            self._hooks.delivered(name, group, done.sent)
+        for flow_id, message_ids in done.undeliverable.items():
+            self.undeliverable(flow_id, message_ids)
+        for flow_id, output in done.broken.items():
+            # Its protocol cannot be trusted with the flow any more: end it as a lost
+            # connection would be (partitions kept through the rebalance delay).
+            self.unbind(flow_id)
+            try:
+                output.terminate(Unavailable("internal server error"))
+            except Exception:
+                self._log.exception("group %s/%s: ending flow %s failed", name, group, flow_id)
 
     async def _persist(self, write: Callable[[], Awaitable[object]]) -> None:
         delay = 0.05

@@ -69,7 +69,9 @@ class FlowOutput(Protocol):
         """Tell the consumer its partition set changed."""
 
     def terminate(self, error: KeygateError) -> None:
-        """The group went away (queue deleted): end the flow with this error."""
+        """The group ended the flow (its queue was deleted, or this output raised in
+        ``deliver``/``partitions_changed`` and the flow was unbound): end it with this
+        error."""
 
 
 @dataclass(frozen=True, slots=True)

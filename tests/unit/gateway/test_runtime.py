@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from core import actions
-from core.errors import KeygateError
+from core.errors import KeygateError, Unavailable
 from core.group import GroupMachine
 from core.model import AckMode, DeadLetterReason, GroupConfig, Message, QueueConfig
 from gateway import runtime as runtime_module
@@ -171,28 +171,28 @@ async def test_an_unreadable_stored_message_is_dead_lettered_and_its_partition_m
     await rt.close()
 
 
-async def test_an_unexpected_error_in_a_step_is_logged_and_the_group_keeps_delivering(
+async def test_an_output_that_raises_is_ended_and_unbound_and_the_other_flows_are_served(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
+    """A bug in one consumer's protocol must not cost the other consumers their deliveries
+    of the same step, nor leave its messages in flight: its flow is unbound (what it held
+    goes back for redelivery) and its output ended, as a lost connection would be."""
     store = RecordingStore()
-    rt = await _runtime(store)
-    out = Output(store)
-    rt.bind("f", "c", 10, AckMode.CLIENT, None, out)
-    await rt.flush()
-    real = out.deliver
-    calls = 0
+    rt = await _runtime(store, partitions=2, rebalance_delay=0.0)
+    broken, healthy = Output(store), Output(store)
+    ended: list[KeygateError] = []
 
-    def deliver_failing_once(deliveries: Sequence[actions.Deliver]) -> list[actions.Deliver]:
-        nonlocal calls
-        calls += 1
-        if calls == 1:
-            raise RuntimeError("a bug")
-        return real(deliveries)
+    def deliver_failing(deliveries: Sequence[actions.Deliver]) -> list[actions.Deliver]:
+        raise RuntimeError("a bug")
 
-    out.deliver = deliver_failing_once  # type: ignore[method-assign]
-    await _append(store, 1)
-    await eventually(lambda: calls == 1)
-    await _append(store, 2)
-    await eventually(lambda: [d.message.seq for d in out.got] == [2])
-    assert "a step failed (deliveries at (partition, seq) [(0, 1)])" in caplog.text
+    broken.deliver = deliver_failing  # type: ignore[method-assign]
+    broken.terminate = ended.append  # type: ignore[method-assign]
+    rt.bind("broken", "c1", 10, AckMode.CLIENT, None, broken)
+    rt.bind("healthy", "c2", 10, AckMode.CLIENT, None, healthy)
+    await eventually(lambda: [len(f.partitions) for f in rt.status().flows] == [1, 1])
+    await store.append([Message(f"m{p}", "q", p, 0, "k", b"x") for p in (0, 1)], now=0.0)
+    await eventually(lambda: sorted(d.message.partition for d in healthy.got) == [0, 1])
+    assert sum(d.redelivered for d in healthy.got) == 1  # the one the broken flow held
+    assert [e.code for e in ended] == [Unavailable.code]
+    assert "q/g: the output of flow broken failed" in caplog.text
     await rt.close()
