@@ -74,15 +74,12 @@ class Unsubscribe:
 
 @dataclass(frozen=True, slots=True)
 class Settle:
-    """An ACK or NACK resolved to what it settles. ``cumulative``: every message of the
-    subscription in ``partition`` up to ``seq`` (ack mode ``client``)."""
+    """An ACK or NACK resolved to the messages it settles: one, or for a cumulative ACK
+    (ack mode ``client``) the messages of its partition sent up to it."""
 
     subscription: str
-    message_id: str
-    partition: int
-    seq: int
+    message_ids: tuple[str, ...]
     ack: bool
-    cumulative: bool
     receipt: str | None
 
 

@@ -308,13 +308,7 @@ class Session:
         flow_id = self.flows.get(op.subscription)
         if flow_id is None:
             return  # unsubscribed meanwhile: its messages went back for redelivery
-        event: settles.Settle
-        if not op.ack:
-            event = settles.Nack((op.message_id,))
-        elif op.cumulative:
-            event = settles.AckCumulative(op.partition, op.seq)
-        else:
-            event = settles.Ack((op.message_id,))
+        event = settles.Ack(op.message_ids) if op.ack else settles.Nack(op.message_ids)
         self.sink.settle(self.principal, flow_id, event)
 
     async def _receipt(self, receipt: str | None) -> None:

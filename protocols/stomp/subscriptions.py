@@ -1,18 +1,22 @@
 """The consuming half of a STOMP connection, sans-IO: SUBSCRIBE, UNSUBSCRIBE, ACK and NACK
 frames in, events out; deliveries in, MESSAGE frames out (docs/protocols/stomp.md).
 
-How it works. ``Subscriptions`` remembers each subscription (its id, queue and ack mode)
-and every message it sent that still waits for an ACK, under the ack id the client will
-send back: the ``ack`` header in 1.2, the ``message-id`` (with ``subscription``) in 1.0
-and 1.1 — keygate uses the message id for both. An ACK or NACK is resolved to the
-subscription and message it names and handed on as a ``Settle``; an ack id it does not
-know is a protocol error, as ActiveMQ and RabbitMQ treat it.
+How it works. ``Subscriptions`` remembers each subscription (its id, a serial unique on
+the connection, queue and ack mode) and every message it sent that still waits for an
+ACK, in the order sent (a redelivery goes last). The client names a delivery by the
+``ack`` header in 1.2 — ``<serial>:<message id>``, so the same message delivered to two
+subscriptions of the connection has two ack ids — and by ``message-id`` plus
+``subscription`` in 1.1 (1.0 has no ``subscription``: the first subscription holding the
+message). An ACK or NACK is resolved to the subscription and messages it settles and
+handed on as a ``Settle``; an ack id it does not know is a protocol error, as ActiveMQ and
+RabbitMQ treat it.
 
 Ack modes: ``auto`` settles a message when it is written (nothing to ACK);
 ``client-individual`` settles exactly the message named; ``client`` is cumulative, as the
-spec says, but per partition — keygate's order is per partition, so "everything up to this
-message" means the messages of this subscription in the same partition up to its seq.
-A NACK always names one message (retry with the queue's backoff).
+spec says ("the message and all messages sent to the subscription before it"), but per
+partition — keygate's order is per partition, so it settles the messages of this
+subscription in the named message's partition sent up to it, not a later redelivery of
+an earlier one. A NACK always names one message (retry with the queue's backoff).
 """
 
 from __future__ import annotations
@@ -41,8 +45,8 @@ class _Subscription:
     serial: int
     queue: str
     ack: str
-    # ack id -> (partition, seq) of messages sent and not settled yet.
-    unacked: dict[str, tuple[int, int]] = field(default_factory=dict)
+    # message id -> partition of the messages sent and not settled yet, in send order.
+    unacked: dict[str, int] = field(default_factory=dict)
 
 
 def _prefetch(frame: Frame, receipt: str | None) -> int | None:
@@ -112,33 +116,40 @@ class Subscriptions:
 
     def settle(self, frame: Frame, version: Version) -> Settle:
         """Resolve an ACK or NACK frame (protocol error for an unknown ack id)."""
-        receipt = frame.header("receipt")
+        name, sub, message_id = self._find(frame, version)
+        if frame.command == "ACK" and sub.ack == "client":
+            partition = sub.unacked[message_id]
+            settled: list[str] = []
+            for sent, sent_partition in sub.unacked.items():
+                if sent_partition == partition:
+                    settled.append(sent)
+                if sent == message_id:
+                    break
+        else:
+            settled = [message_id]
+        for sent in settled:
+            del sub.unacked[sent]
+        return Settle(name, tuple(settled), frame.command == "ACK", frame.header("receipt"))
+
+    def _find(self, frame: Frame, version: Version) -> tuple[str, _Subscription, str]:
+        """The subscription and message an ACK or NACK names, still unacked."""
         if version is Version.V1_2:
             ack_id = frame.header("id")
-            candidates = list(self._subs.items())
+            serial, _, message_id = (ack_id or "").partition(":")
+            candidates = [(n, s) for n, s in self._subs.items() if str(s.serial) == serial]
         else:
-            ack_id = frame.header("message-id")
+            ack_id = message_id = frame.header("message-id") or ""
             named = frame.header("subscription")
             candidates = [(s, self._subs[s]) for s in (named,) if s in self._subs]
             if named is None:  # STOMP 1.0 has no subscription header
                 candidates = list(self._subs.items())
         for name, sub in candidates:
-            if ack_id is not None and ack_id in sub.unacked:
-                partition, seq = sub.unacked[ack_id]
-                cumulative = frame.command == "ACK" and sub.ack == "client"
-                if cumulative:
-                    for other, (p, s) in list(sub.unacked.items()):
-                        if p == partition and s <= seq:
-                            del sub.unacked[other]
-                else:
-                    del sub.unacked[ack_id]
-                return Settle(
-                    name, ack_id, partition, seq, frame.command == "ACK", cumulative, receipt
-                )
+            if message_id in sub.unacked:
+                return name, sub, message_id
         raise InvalidFrame(
             f"{frame.command} of unknown message {ack_id!r}: it was never delivered, is "
             "already settled, or belongs to another subscription",
-            receipt_id=receipt,
+            receipt_id=frame.header("receipt"),
         )
 
     def message(
@@ -156,14 +167,16 @@ class Subscriptions:
         if sub is None or sub.serial != serial:
             return None
         if sub.ack != "auto":
-            sub.unacked[message.message_id] = (message.partition, message.seq)
+            # A message sent again (a redelivery) is the last one sent.
+            sub.unacked.pop(message.message_id, None)
+            sub.unacked[message.message_id] = message.partition
         headers: list[tuple[str, str]] = [
             ("subscription", subscription),
             ("message-id", message.message_id),
             ("destination", QUEUE_PREFIX + message.queue),
         ]
         if sub.ack != "auto":
-            headers.append(("ack", message.message_id))
+            headers.append(("ack", f"{sub.serial}:{message.message_id}"))
         headers += [
             ("redelivered", "true" if redelivered else "false"),
             ("x-delivery-count", str(delivery_count)),

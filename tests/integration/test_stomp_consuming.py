@@ -17,7 +17,7 @@ from core.model import Publication
 from gateway.client import Client
 from gateway.server import Gateway
 from protocols.sink import Principal, Receipt
-from protocols.stomp import Frame
+from protocols.stomp import Frame, Version
 from tests.integration.conftest import native_url
 from tests.integration.sqlcheck import declare
 from tests.support.stomp_raw import RawClient, raw
@@ -32,8 +32,8 @@ async def _publish(gateway: Gateway, queue: str, count: int) -> list[str]:
         return [await client.publish(queue, b"m%d" % i) for i in range(count)]
 
 
-def _in_flight(gateway: Gateway, queue: str) -> int:
-    (runtime,) = gateway.broker.runtimes(queue)
+def _in_flight(gateway: Gateway, queue: str, group: str = "default") -> int:
+    (runtime,) = [rt for rt in gateway.broker.runtimes(queue) if rt.group.name == group]
     return sum(p.in_flight for p in runtime.status().partitions)
 
 
@@ -56,7 +56,7 @@ async def _consumer(
 
 
 async def _call(client: RawClient, command: str, *headers: tuple[str, str]) -> None:
-    """Send a frame asking a receipt; return once it came (MESSAGEs meanwhile are kept)."""
+    """Send a frame asking a receipt and wait for it (no MESSAGE may come meanwhile)."""
     await client.send(command, *headers, ("receipt", command))
     frame = await _next(client, "RECEIPT", "ERROR")
     assert frame.command == "RECEIPT", frame
@@ -110,3 +110,69 @@ async def test_deliveries_racing_an_unsubscribe_go_back_and_reach_the_next_consu
     assert [m.body for m in got] == [b"m%d" % i for i in range(5)]
     assert {m.header("redelivered") for m in got} == {"true"}
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+async def test_an_ack_id_names_one_delivery_when_two_subscriptions_got_the_message(
+    gateway: Gateway,
+) -> None:
+    await declare(gateway, "twice", partitions=1)
+    async with raw(gateway.ports["stomp"]) as client:
+        await client.connect()
+        for group in ("a", "b"):
+            await _call(
+                client,
+                "SUBSCRIBE",
+                ("destination", "/queue/twice"),
+                ("id", group),
+                ("ack", "client-individual"),
+                ("x-group", group),
+            )
+        await _publish(gateway, "twice", 1)
+        got = {m.header("subscription"): m for m in await _messages(client, 2)}
+        assert got["a"].header("ack") != got["b"].header("ack")
+        await _call(client, "ACK", ("id", got["b"].header("ack") or ""))
+        await eventually(lambda: _in_flight(gateway, "twice", "b") == 0)
+        assert _in_flight(gateway, "twice", "a") == 1
+        await _call(client, "ACK", ("id", got["a"].header("ack") or ""))
+        await eventually(lambda: _in_flight(gateway, "twice", "a") == 0)
+
+
+async def test_stomp_1_1_acks_by_message_id_and_subscription(gateway: Gateway) -> None:
+    await declare(gateway, "named", partitions=1)
+    async with raw(gateway.ports["stomp"]) as client:
+        client.codec.version = Version.V1_1
+        await client.send("CONNECT", ("accept-version", "1.1"), ("host", "h"))
+        assert (await _next(client, "CONNECTED")).header("version") == "1.1"
+        for group in ("a", "b"):
+            await _call(
+                client,
+                "SUBSCRIBE",
+                ("destination", "/queue/named"),
+                ("id", group),
+                ("ack", "client-individual"),
+                ("x-group", group),
+            )
+        (message_id,) = await _publish(gateway, "named", 1)
+        await _messages(client, 2)
+        await _call(client, "ACK", ("message-id", message_id), ("subscription", "b"))
+        await eventually(lambda: _in_flight(gateway, "named", "b") == 0)
+        assert _in_flight(gateway, "named", "a") == 1
+
+
+async def test_a_cumulative_ack_leaves_a_redelivery_sent_after_the_acked_message(
+    gateway: Gateway,
+) -> None:
+    """STOMP 1.2: ``ack:client`` acknowledges the message and those sent to the
+    subscription *before* it; m0's redelivery came after m2, so ACK m2 leaves it."""
+    await declare(gateway, "cumulative", partitions=1, backoff_initial=0.0)
+    await _publish(gateway, "cumulative", 3)
+    async with _consumer(gateway, "cumulative", "client") as client:
+        m0, _, m2 = await _messages(client, 3)
+        await _call(client, "NACK", ("id", m0.header("ack") or ""))
+        (again,) = await _messages(client, 1)
+        assert (again.body, again.header("redelivered")) == (b"m0", "true")
+        await _call(client, "ACK", ("id", m2.header("ack") or ""))
+        assert _in_flight(gateway, "cumulative") == 1
+        await _call(client, "NACK", ("id", again.header("ack") or ""))
+        (third,) = await _messages(client, 1)
+        assert (third.body, third.header("x-delivery-count")) == (b"m0", "3")

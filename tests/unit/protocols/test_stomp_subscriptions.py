@@ -80,7 +80,7 @@ def test_a_message_frame_carries_position_count_key_and_published_headers() -> N
     assert frame is not None
     headers = frame.header_map()
     assert frame.command == "MESSAGE" and frame.body == b"hello"
-    assert headers["subscription"] == "s1" and headers["ack"] == "m3-7"
+    assert headers["subscription"] == "s1" and headers["ack"] == "1:m3-7"
     assert (headers["x-partition"], headers["x-seq"], headers["x-delivery-count"]) == (
         "3",
         "7",
@@ -96,23 +96,18 @@ def test_auto_ack_messages_need_no_ack() -> None:
     frame = subs.message("s1", 1, _message(1), 1, False)
     assert frame is not None and frame.header("ack") is None
     with pytest.raises(InvalidFrame):
-        subs.settle(_frame("ACK", id="m0-1"), Version.V1_2)
+        subs.settle(_frame("ACK", id="1:m0-1"), Version.V1_2)
 
 
 def test_client_individual_ack_settles_exactly_the_message_once() -> None:
     subs = _subscribed("client-individual")
     for seq in (1, 2):
         subs.message("s1", 1, _message(seq), 1, False)
-    settle = subs.settle(_frame("ACK", id="m0-2", receipt="r"), Version.V1_2)
-    assert (settle.message_id, settle.ack, settle.cumulative, settle.receipt) == (
-        "m0-2",
-        True,
-        False,
-        "r",
-    )
+    settle = subs.settle(_frame("ACK", id="1:m0-2", receipt="r"), Version.V1_2)
+    assert (settle.message_ids, settle.ack, settle.receipt) == (("m0-2",), True, "r")
     with pytest.raises(InvalidFrame):
-        subs.settle(_frame("ACK", id="m0-2"), Version.V1_2)
-    assert subs.settle(_frame("NACK", id="m0-1"), Version.V1_2).ack is False
+        subs.settle(_frame("ACK", id="1:m0-2"), Version.V1_2)
+    assert subs.settle(_frame("NACK", id="1:m0-1"), Version.V1_2).ack is False
 
 
 def test_client_ack_is_cumulative_within_the_partition_only() -> None:
@@ -120,20 +115,44 @@ def test_client_ack_is_cumulative_within_the_partition_only() -> None:
     for seq in (1, 2, 3):
         subs.message("s1", 1, _message(seq, partition=0), 1, False)
     subs.message("s1", 1, _message(1, partition=1), 1, False)
-    settle = subs.settle(_frame("ACK", id="m0-2"), Version.V1_2)
-    assert (settle.partition, settle.seq, settle.cumulative) == (0, 2, True)
+    settle = subs.settle(_frame("ACK", id="1:m0-2"), Version.V1_2)
+    assert settle.message_ids == ("m0-1", "m0-2")
     with pytest.raises(InvalidFrame):
-        subs.settle(_frame("ACK", id="m0-1"), Version.V1_2)  # covered by the cumulative ack
-    assert subs.settle(_frame("ACK", id="m1-1"), Version.V1_2).partition == 1
-    assert subs.settle(_frame("ACK", id="m0-3"), Version.V1_2).seq == 3
+        subs.settle(_frame("ACK", id="1:m0-1"), Version.V1_2)  # covered by the cumulative ack
+    assert subs.settle(_frame("ACK", id="1:m1-1"), Version.V1_2).message_ids == ("m1-1",)
+    assert subs.settle(_frame("ACK", id="1:m0-3"), Version.V1_2).message_ids == ("m0-3",)
+
+
+def test_a_cumulative_ack_covers_what_was_sent_before_not_lower_seqs_sent_later() -> None:
+    subs = _subscribed("client")
+    for seq in (1, 2, 3):
+        subs.message("s1", 1, _message(seq), 1, False)
+    subs.settle(_frame("NACK", id="1:m0-1"), Version.V1_2)
+    subs.message("s1", 1, _message(1), 2, True)  # the redelivery comes after m0-3
+    assert subs.settle(_frame("ACK", id="1:m0-3"), Version.V1_2).message_ids == ("m0-2", "m0-3")
+    assert subs.settle(_frame("NACK", id="1:m0-1"), Version.V1_2).message_ids == ("m0-1",)
+
+
+def test_two_subscriptions_holding_one_message_have_their_own_ack_ids() -> None:
+    subs = _subscribed("client-individual")
+    subs.subscribe(_frame("SUBSCRIBE", id="s2", destination="/queue/orders", ack="client"))
+    first = subs.message("s1", 1, _message(1), 1, False)
+    second = subs.message("s2", 2, _message(1), 1, False)
+    assert first is not None and second is not None
+    assert (first.header("ack"), second.header("ack")) == ("1:m0-1", "2:m0-1")
+    assert subs.settle(_frame("ACK", id="2:m0-1"), Version.V1_2).subscription == "s2"
+    assert subs.settle(_frame("ACK", id="1:m0-1"), Version.V1_2).subscription == "s1"
+    with pytest.raises(InvalidFrame):
+        subs.settle(_frame("ACK", id="m0-1"), Version.V1_2)  # a message id is not an ack id
 
 
 def test_stomp_1_1_and_1_0_acks_name_the_message_id() -> None:
     subs = _subscribed("client-individual")
     subs.message("s1", 1, _message(1), 1, False)
     subs.message("s1", 1, _message(2), 1, False)
-    assert subs.settle(_frame("ACK", message_id="m0-1", subscription="s1"), Version.V1_1).seq == 1
-    assert subs.settle(_frame("ACK", message_id="m0-2"), Version.V1_0).seq == 2
+    acked = subs.settle(_frame("ACK", message_id="m0-1", subscription="s1"), Version.V1_1)
+    assert acked.message_ids == ("m0-1",)
+    assert subs.settle(_frame("ACK", message_id="m0-2"), Version.V1_0).message_ids == ("m0-2",)
     with pytest.raises(InvalidFrame):
         subs.settle(_frame("ACK", message_id="m0-1", subscription="other"), Version.V1_1)
 
@@ -154,6 +173,6 @@ def test_unsubscribe_forgets_the_subscription_and_its_unacked_messages() -> None
     assert subs.unsubscribe(_frame("UNSUBSCRIBE", id="s1")).subscription == "s1"
     assert len(subs) == 0
     with pytest.raises(InvalidFrame):
-        subs.settle(_frame("ACK", id="m0-1"), Version.V1_2)
+        subs.settle(_frame("ACK", id="1:m0-1"), Version.V1_2)
     with pytest.raises(InvalidFrame):
         subs.unsubscribe(_frame("UNSUBSCRIBE", id="s1"))
