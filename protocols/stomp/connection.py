@@ -9,9 +9,11 @@ for is committed, ``error`` for any failure (the connection is then closed, as S
 after an ERROR frame); their frames accumulate in ``data_to_send()``, as the MQTT and AMQP
 connections' do. ``HEARTBEAT`` is the idle line.
 
-Transactions live here: BEGIN opens a buffer, transactional SENDs go into it, COMMIT hands
-the whole buffer to the caller as one ``Commit`` (stored with ``Sink.publish_many``, one
-SQL transaction), ABORT and DISCONNECT drop it.
+Transactions live here: BEGIN opens a buffer, transactional SENDs, ACKs and NACKs go into
+it (an ACK or NACK must name an unacked delivery when it arrives), COMMIT hands the whole
+buffer to the caller as one ``Commit``: the SENDs to store with ``Sink.publish_many`` (one
+SQL transaction), the ACKs and NACKs resolved then, in order. ABORT and DISCONNECT drop
+it: its deliveries stay unacked, for the client to ACK again.
 
 Consuming: SUBSCRIBE, UNSUBSCRIBE, ACK and NACK become ``Subscribe``, ``Unsubscribe`` and
 ``Settle`` events through ``subscriptions`` (protocols.stomp.subscriptions); ``message``
@@ -20,6 +22,7 @@ encodes a delivery as a MESSAGE frame.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Final
 
@@ -101,6 +104,12 @@ def _heartbeat(frame: Frame, version: Version) -> tuple[int, int]:
     return parts[0], parts[1]
 
 
+@dataclass(slots=True)
+class _Transaction:
+    publications: list[Publication] = field(default_factory=list)
+    settles: list[Frame] = field(default_factory=list)  # ACK and NACK frames
+
+
 class ServerConnection:
     """One client connection's protocol state. No I/O: see ``protocols.stomp.listener``."""
 
@@ -128,7 +137,7 @@ class ServerConnection:
         self.receive_timeout: float | None = None
         self._client_heartbeat = (0, 0)
         self._client_id: str | None = None
-        self._transactions: dict[str, list[Publication]] = {}
+        self._transactions: dict[str, _Transaction] = {}
         self._transaction_bytes = 0
         self.subscriptions = Subscriptions()
         self._out = bytearray()
@@ -168,7 +177,7 @@ class ServerConnection:
         if frame.command == "UNSUBSCRIBE":
             return self.subscriptions.unsubscribe(frame)
         if frame.command in ("ACK", "NACK"):
-            return self.subscriptions.settle(frame, self.version)
+            return self._settle(frame, receipt)
         if frame.command in ("CONNECT", "STOMP"):
             return self._connect(frame)
         if frame.command == "DISCONNECT":
@@ -189,12 +198,37 @@ class ServerConnection:
                 raise TransactionTooLarge(
                     f"more than {MAX_OPEN_TRANSACTIONS} open transactions", receipt_id=receipt
                 )
-            self._transactions[transaction] = []
+            self._transactions[transaction] = _Transaction()
             return ReceiptRequest(receipt) if receipt is not None else None
-        publications = self._end_transaction(transaction, receipt)
+        ended = self._end_transaction(transaction, receipt)
         if frame.command == "COMMIT":
-            return Commit(transaction, tuple(publications), receipt)
+            settles = tuple(self.subscriptions.settle(f, self.version) for f in ended.settles)
+            return Commit(transaction, tuple(ended.publications), receipt, settles)
         return ReceiptRequest(receipt) if receipt is not None else None
+
+    def _settle(self, frame: Frame, receipt: str | None) -> Event | None:
+        transaction = frame.header("transaction")
+        if transaction is None:
+            return self.subscriptions.settle(frame, self.version)
+        self.subscriptions.check(frame, self.version)
+        self._buffer(transaction, receipt).settles.append(frame)
+        return ReceiptRequest(receipt) if receipt is not None else None
+
+    def _buffer(self, transaction: str, receipt: str | None) -> _Transaction:
+        """The open transaction a frame joins, with room for one more frame."""
+        buffered = self._transactions.get(transaction)
+        if buffered is None:
+            raise InvalidFrame(f"unknown transaction {transaction!r}", receipt_id=receipt)
+        if (
+            len(buffered.publications) + len(buffered.settles) >= MAX_TRANSACTION_MESSAGES
+            or self._transaction_bytes > MAX_TRANSACTION_BYTES
+        ):
+            raise TransactionTooLarge(
+                f"transactions may buffer up to {MAX_TRANSACTION_MESSAGES} frames and "
+                f"{MAX_TRANSACTION_BYTES} bytes per connection",
+                receipt_id=receipt,
+            )
+        return buffered
 
     def _connect(self, frame: Frame) -> Connect:
         version = _negotiate(frame)
@@ -218,28 +252,16 @@ class ServerConnection:
         transaction = frame.header("transaction")
         if transaction is None:
             return Publish(publication, receipt)
-        buffered = self._transactions.get(transaction)
-        if buffered is None:
-            raise InvalidFrame(f"unknown transaction {transaction!r}", receipt_id=receipt)
         self._transaction_bytes += len(publication.payload)
-        if (
-            len(buffered) >= MAX_TRANSACTION_MESSAGES
-            or self._transaction_bytes > MAX_TRANSACTION_BYTES
-        ):
-            raise TransactionTooLarge(
-                f"transactions may buffer up to {MAX_TRANSACTION_MESSAGES} messages and "
-                f"{MAX_TRANSACTION_BYTES} bytes per connection",
-                receipt_id=receipt,
-            )
-        buffered.append(publication)
+        self._buffer(transaction, receipt).publications.append(publication)
         return ReceiptRequest(receipt) if receipt is not None else None
 
-    def _end_transaction(self, transaction: str, receipt: str | None) -> list[Publication]:
-        publications = self._transactions.pop(transaction, None)
-        if publications is None:
+    def _end_transaction(self, transaction: str, receipt: str | None) -> _Transaction:
+        ended = self._transactions.pop(transaction, None)
+        if ended is None:
             raise InvalidFrame(f"unknown transaction {transaction!r}", receipt_id=receipt)
-        self._transaction_bytes -= sum(len(p.payload) for p in publications)
-        return publications
+        self._transaction_bytes -= sum(len(p.payload) for p in ended.publications)
+        return ended
 
     def _drop_transactions(self) -> None:
         self._transactions.clear()

@@ -32,15 +32,6 @@ class Publish:
 
 
 @dataclass(frozen=True, slots=True)
-class Commit:
-    """COMMIT: every SEND of the transaction, in order, to be stored atomically."""
-
-    transaction: str
-    publications: tuple[Publication, ...]
-    receipt: str | None
-
-
-@dataclass(frozen=True, slots=True)
 class ReceiptRequest:
     """A frame with nothing to store (BEGIN, ABORT, a transactional SEND) asked a receipt."""
 
@@ -81,6 +72,17 @@ class Settle:
     message_ids: tuple[str, ...]
     ack: bool
     receipt: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Commit:
+    """COMMIT: every SEND of the transaction, in order, to be stored atomically, then its
+    ACKs and NACKs (resolved at COMMIT) to carry out."""
+
+    transaction: str
+    publications: tuple[Publication, ...]
+    receipt: str | None
+    settles: tuple[Settle, ...] = ()
 
 
 Event: TypeAlias = (

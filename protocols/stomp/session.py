@@ -10,7 +10,8 @@ worker, ``run``, takes the events in order:
   never waits for a commit before reading the next frame while the store order is the
   send order. RECEIPTs go out after the call returned, i.e. after commit; if one SEND is
   refused, those before it are stored and receipted and it gets the ERROR;
-- COMMIT is one ``Sink.publish_many`` of the transaction's SENDs (all or none);
+- COMMIT is one ``Sink.publish_many`` of the transaction's SENDs (all or none), then its
+  ACKs and NACKs;
 - SUBSCRIBE binds a flow through the sink with a ``_Subscriber`` as its output,
   UNSUBSCRIBE unbinds it, ACK and NACK settle it (DESIGN.md §5b).
 
@@ -260,6 +261,8 @@ class Session:
         except Exception:
             self._log.exception("stomp %s: COMMIT failed unexpectedly", self._peer)
             return await self._fail(Unavailable("internal server error"), commit.receipt)
+        for settle in commit.settles:
+            self._settle(settle)
         await self._receipt(commit.receipt)
         return True
 

@@ -131,6 +131,11 @@ class Subscriptions:
             del sub.unacked[sent]
         return Settle(name, tuple(settled), frame.command == "ACK", frame.header("receipt"))
 
+    def check(self, frame: Frame, version: Version) -> None:
+        """Raise as ``settle`` would for an unknown ack id, settling nothing (an ACK or
+        NACK inside a transaction is settled at COMMIT)."""
+        self._find(frame, version)
+
     def _find(self, frame: Frame, version: Version) -> tuple[str, _Subscription, str]:
         """The subscription and message an ACK or NACK names, still unacked."""
         if version is Version.V1_2:

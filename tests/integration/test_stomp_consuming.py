@@ -176,3 +176,33 @@ async def test_a_cumulative_ack_leaves_a_redelivery_sent_after_the_acked_message
         await _call(client, "NACK", ("id", again.header("ack") or ""))
         (third,) = await _messages(client, 1)
         assert (third.body, third.header("x-delivery-count")) == (b"m0", "3")
+
+
+async def test_ack_in_a_transaction_applies_at_commit_and_abort_leaves_the_message_unacked(
+    gateway: Gateway,
+) -> None:
+    await declare(gateway, "tx", partitions=1)
+    await _publish(gateway, "tx", 2)
+    async with _consumer(gateway, "tx", "client-individual") as client:
+        m0, m1 = await _messages(client, 2)
+        await _call(client, "BEGIN", ("transaction", "t1"))
+        await _call(client, "ACK", ("id", m0.header("ack") or ""), ("transaction", "t1"))
+        await _call(client, "ABORT", ("transaction", "t1"))
+        assert _in_flight(gateway, "tx") == 2
+        await _call(client, "BEGIN", ("transaction", "t2"))
+        await _call(client, "ACK", ("id", m0.header("ack") or ""), ("transaction", "t2"))
+        await _call(client, "ACK", ("id", m1.header("ack") or ""), ("transaction", "t2"))
+        assert _in_flight(gateway, "tx") == 2
+        await _call(client, "COMMIT", ("transaction", "t2"))
+        assert _in_flight(gateway, "tx") == 0
+
+
+async def test_an_ack_naming_an_unknown_transaction_is_an_error(gateway: Gateway) -> None:
+    await declare(gateway, "notx", partitions=1)
+    await _publish(gateway, "notx", 1)
+    async with _consumer(gateway, "notx", "client-individual") as client:
+        (m0,) = await _messages(client, 1)
+        await client.send("ACK", ("id", m0.header("ack") or ""), ("transaction", "nope"))
+        error = await _next(client, "ERROR")
+        assert error.header("message") == "invalid frame"
+        assert b"unknown transaction" in error.body
