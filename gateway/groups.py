@@ -124,7 +124,13 @@ class Groups:
         self._flows[flow_id] = BoundFlow(runtime, principal)
 
     def flow(self, flow_id: str) -> BoundFlow | None:
-        return self._flows.get(flow_id)
+        """The bound flow; None once its runtime unbound it (a broken output,
+        gateway.handout), which is then forgotten here too."""
+        bound = self._flows.get(flow_id)
+        if bound is not None and flow_id not in bound.runtime.outputs:
+            del self._flows[flow_id]
+            return None
+        return bound
 
     def remove_flow(self, flow_id: str) -> None:
         self._flows.pop(flow_id, None)
