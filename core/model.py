@@ -60,6 +60,18 @@ DEAD_LETTER_PROPERTIES: Final = frozenset(
         FIRST_DELIVERY_TIME,
     }
 )
+# The per-delivery headers the gateway adds over AMQP and STOMP (DESIGN.md §5b).
+PARTITION_HEADER: Final = "x-partition"
+SEQ_HEADER: Final = "x-seq"
+
+
+def delivery_header(name: str, properties: Mapping[str, object]) -> str:
+    """The name a per-delivery header (``x-delivery-count``, ``x-partition`` ...) goes out
+    under: its own, or ``x-keygate-<rest>`` when the message carries a property of that
+    name, which is the message's and wins (a dead letter's ``x-delivery-count`` is its
+    original queue's, DESIGN.md §4)."""
+    return "x-keygate-" + name[2:] if name in properties else name
+
 
 # Queue and group names: letters, digits and . _ - ; 1 to 200 characters; not starting with
 # a dot so that "<queue>.dlq" is always derived, never ambiguous with a hidden name.

@@ -32,7 +32,16 @@ from typing import Any, Final
 from pamqp import commands
 
 from core.frozen import bare
-from core.model import DELIVERY_COUNT, GROUP_ID_PROPERTY, Message, PropertyValue, Publication
+from core.model import (
+    DELIVERY_COUNT,
+    GROUP_ID_PROPERTY,
+    PARTITION_HEADER,
+    SEQ_HEADER,
+    Message,
+    PropertyValue,
+    Publication,
+    delivery_header,
+)
 from core.schedule import DELAY_HEADER, delay_seconds
 from protocols._limits import parse_decimal
 from protocols.amqp.codec import Properties
@@ -51,13 +60,7 @@ APP_ID: Final = "amqp.app_id"
 
 # The gateway's per-delivery headers (DESIGN.md §5b) and where each goes when the message
 # carries a property of that name.
-PARTITION_HEADER: Final = "x-partition"
-SEQ_HEADER: Final = "x-seq"
 MESSAGE_ID_HEADER: Final = "x-message-id"  # keygate's id (kg_messages.message_id)
-_GATEWAY_HEADERS: Final = tuple(
-    (name, "x-keygate-" + name[2:])
-    for name in (PARTITION_HEADER, SEQ_HEADER, DELIVERY_COUNT, MESSAGE_ID_HEADER)
-)
 # Message fields that are basic properties, and the header each goes in when it is longer
 # than one holds (keygate takes up to 1,024 bytes, core.ingress).
 _TEXT_FIELDS: Final = (
@@ -189,9 +192,13 @@ def delivery_properties(message: Message, delivery_count: int) -> Properties:
         dedup_id = message.dedup_id
         fields["message_id"] = dedup_id if _short_text(dedup_id) else message.message_id
     fields.setdefault("delivery_mode", 2)  # every keygate message is durable
-    gateway = (message.partition, message.seq, delivery_count, message.message_id)
-    for (name, moved), value in zip(_GATEWAY_HEADERS, gateway, strict=True):
-        headers[moved if name in headers else name] = value
+    for name, value in (
+        (PARTITION_HEADER, message.partition),
+        (SEQ_HEADER, message.seq),
+        (DELIVERY_COUNT, delivery_count),
+        (MESSAGE_ID_HEADER, message.message_id),
+    ):
+        headers[delivery_header(name, headers)] = value
     if message.key is not None:
         headers.setdefault(GROUP_ID_PROPERTY, message.key)
     for attribute, name in _TEXT_FIELDS:

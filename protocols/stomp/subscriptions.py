@@ -25,7 +25,14 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Final
 
-from core.model import GROUP_ID_PROPERTY, Message
+from core.model import (
+    DELIVERY_COUNT,
+    GROUP_ID_PROPERTY,
+    PARTITION_HEADER,
+    SEQ_HEADER,
+    Message,
+    delivery_header,
+)
 from protocols._limits import parse_decimal
 from protocols.stomp.errors import InvalidFrame
 from protocols.stomp.events import Settle, Subscribe, Unsubscribe
@@ -182,11 +189,15 @@ class Subscriptions:
         ]
         if sub.ack != "auto":
             headers.append(("ack", f"{sub.serial}:{message.message_id}"))
+        headers.append(("redelivered", "true" if redelivered else "false"))
+        properties = message.properties
         headers += [
-            ("redelivered", "true" if redelivered else "false"),
-            ("x-delivery-count", str(delivery_count)),
-            ("x-partition", str(message.partition)),
-            ("x-seq", str(message.seq)),
+            (delivery_header(name, properties), str(value))
+            for name, value in (
+                (DELIVERY_COUNT, delivery_count),
+                (PARTITION_HEADER, message.partition),
+                (SEQ_HEADER, message.seq),
+            )
         ]
         if message.key is not None:
             headers.append((GROUP_ID_PROPERTY, message.key))

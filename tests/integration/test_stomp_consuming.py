@@ -206,3 +206,24 @@ async def test_an_ack_naming_an_unknown_transaction_is_an_error(gateway: Gateway
         error = await _next(client, "ERROR")
         assert error.header("message") == "invalid frame"
         assert b"unknown transaction" in error.body
+
+
+async def test_a_dead_letter_s_consumer_sees_the_original_delivery_count(gateway: Gateway) -> None:
+    """A property the message carries reaches the consumer unchanged: a dead letter's
+    x-delivery-count is its original queue's (DESIGN.md §4), the gateway's own per-delivery
+    value goes under x-keygate-delivery-count (as over AMQP)."""
+    await declare(gateway, "poison", partitions=1, max_deliveries=2, backoff_initial=0.05)
+    async with Client(native_url(gateway)) as client:
+        await client.publish("poison", b"bad", key="a", properties={"x-seq": "mine"})
+    async with _consumer(gateway, "poison", "client-individual") as consumer:
+        for count in ("1", "2"):
+            [message] = await _messages(consumer, 1)
+            assert message.header("x-delivery-count") == count
+            assert (message.header("x-seq"), message.header("x-keygate-seq")) == ("mine", "1")
+            await _call(consumer, "NACK", ("id", message.header("ack") or ""))
+    async with _consumer(gateway, "poison.dlq", "client-individual") as dlq:
+        [letter] = await _messages(dlq, 1)
+    assert letter.body == b"bad"
+    assert letter.header("x-delivery-count") == "2"  # max_deliveries
+    assert letter.header("x-keygate-delivery-count") == "1"
+    assert letter.header("x-original-queue") == "poison"
