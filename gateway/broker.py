@@ -302,8 +302,11 @@ class Broker(Publishing, ProtocolState):
             tags,
             request.ack_timeout,
         )
-        runtime = await self.groups.load(wanted)
+        await self.groups.load(wanted)  # creates the group: its lease is in its row
         await self.groups.lease(queue, group)  # GroupLeased while a Spark job holds it
+        # Again, with the lease ours: housekeeping may have closed the runtime meanwhile,
+        # giving the group up (Groups.renew_leases); then it is loaded afresh from SQL.
+        runtime = await self.groups.load(wanted)
         actual = runtime.group
         _check_settings(actual, request, tags)
         flow_id = uuid.uuid4().hex

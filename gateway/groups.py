@@ -5,7 +5,9 @@ first use — a bind, a key release — from its stored state, under a lock per 
 bind racing a reset or a redrive loads the group after it, never before. Every bound flow
 is remembered with its runtime and the principal that bound it: ``Broker.settle`` checks
 ownership against it. The native group lease (which keeps a Spark job off a group that
-gateway consumers use) is held while a group has flows and renewed by housekeeping.
+gateway consumers use) is held while a group has flows and renewed by housekeeping; a
+group left without flows is closed (its state written) and only then given up, so that
+what a Spark job commits next is what the next native bind starts from.
 """
 
 from __future__ import annotations
@@ -154,14 +156,21 @@ class Groups:
             await self._store.release_group_lease(queue, group, self.lease_owner)
 
     async def renew_leases(self) -> None:
-        """Renew the native lease of every group with bound flows; release the others."""
+        """Renew the native lease of every group with bound flows; give the others up,
+        their runtime closed first (its final state written while the lease is still
+        held): a Spark job may take the group next and move it in SQL, so the next native
+        bind loads it from there rather than from a runtime kept in memory."""
         for key in sorted(self._leased):
-            runtime = self._runtimes.get(key)
-            if runtime is not None and runtime.outputs:
-                await self._store.acquire_group_lease(
-                    *key, "native", self.lease_owner, ttl=GROUP_LEASE_TTL, now=self._clock()
-                )
-            else:
+            async with self.lock(*key):
+                runtime = self._runtimes.get(key)
+                if runtime is not None and runtime.outputs:
+                    await self._store.acquire_group_lease(
+                        *key, "native", self.lease_owner, ttl=GROUP_LEASE_TTL, now=self._clock()
+                    )
+                    continue
+                if runtime is not None:
+                    self.unload(*key)
+                    await runtime.close()
                 await self.release_lease(*key)
 
     async def close(self) -> None:
