@@ -406,8 +406,9 @@ class AdminServer:
 
     async def _browse(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
-        queue = self.broker.queue(name)
+        # Permission first: a user without it learns nothing of which queues exist.
         self.broker.access.authorize(_principal(request), "consume", name)
+        queue = self.broker.queue(name)
         partition = self._contract.query_int(request, "partition")
         if partition is not None and partition >= queue.slots:
             raise InvalidArgument(f"partition {partition} out of range 0..{queue.slots - 1}")

@@ -52,10 +52,7 @@ class Publishing:
     def blocked(self) -> bool:
         return self._store.appends_pending > MAX_PENDING_APPENDS
 
-    def _route(self, publication: Publication, topic: str | None) -> tuple[QueueConfig, ...]:
-        if topic is None:
-            assert publication.queue is not None
-            return (self.queue(publication.queue),)
+    def _route(self, topic: str) -> tuple[QueueConfig, ...]:
         queues = self._routes.get(topic)
         if queues is None:
             names = self._index.match(topic)
@@ -69,12 +66,18 @@ class Publishing:
     def _messages(
         self, principal: Principal, publication: Publication, now: float
     ) -> list[Message]:
-        out = []
         validate_publication(publication)
-        topic = None if publication.topic is None else normalize_topic(publication.topic)
-        for queue in self._route(publication, topic):
+        publisher = principal.username
+        if publication.topic is None:
+            assert publication.queue is not None
+            # Permission before the lookup: no one learns which queues exist by publishing.
+            self.access.authorize(principal, "publish", publication.queue)
+            return [build_message(self.queue(publication.queue), publication, publisher, now, None)]
+        topic = normalize_topic(publication.topic)
+        out = []
+        for queue in self._route(topic):
             self.access.authorize(principal, "publish", queue.name)
-            out.append(build_message(queue, publication, principal.username, now, topic))
+            out.append(build_message(queue, publication, publisher, now, topic))
         return out
 
     async def publish(

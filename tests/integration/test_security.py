@@ -220,8 +220,10 @@ async def test_a_user_without_permissions_is_refused_on_every_protocol_and_the_h
     ports = gateway.ports
     try:
         async with Client(native_url(gateway), username="eve", password="eve-pw") as eve:
-            with pytest.raises(PermissionDenied):
-                await eve.publish("orders", b"x")
+            # A queue that exists and one that does not answer alike: no existence oracle.
+            for queue in ("orders", "no-such-queue"):
+                with pytest.raises(PermissionDenied):
+                    await eve.publish(queue, b"x")
             with pytest.raises(PermissionDenied):
                 await eve.subscribe("orders", group="stolen")
             with pytest.raises(PermissionDenied):
@@ -251,8 +253,10 @@ async def test_a_user_without_permissions_is_refused_on_every_protocol_and_the_h
             for path in ("/api/queues/orders", "/api/queues/orders/inspect", "/metrics"):
                 assert (await http.get(base + path)).status == 403, path
             assert (await http.post(f"{base}/api/queues/orders/purge")).status == 403
-            sent = await http.post(f"{base}/api/queues/orders/messages", json={"payload": "x"})
-            assert sent.status == 403
+            for queue in ("orders", "no-such-queue"):
+                url = f"{base}/api/queues/{queue}/messages"
+                assert (await http.post(url, json={"payload": "x"})).status == 403, queue
+                assert (await http.get(url)).status == 403, queue
         async with Client(native_url(gateway), username="alice", password="alice-pw") as alice:
             consumer = await alice.subscribe("orders", group="g")
             assert (await consumer.receive(timeout=WAIT)).payload == b"for alice"
