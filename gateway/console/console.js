@@ -1,7 +1,9 @@
 // keygate console: polls the admin API and redraws. Text goes in with textContent only.
 "use strict";
 
-const POLL_MS = Number(new URLSearchParams(location.search).get("interval") || 1000);
+// ?interval=MS, at least 100 ms; anything else (not a number, 0, negative) is the default.
+const ASKED_MS = Number(new URLSearchParams(location.search).get("interval"));
+const POLL_MS = Number.isFinite(ASKED_MS) && ASKED_MS > 0 ? Math.max(100, ASKED_MS) : 1000;
 
 function el(tag, attrs, ...children) {
   const node = document.createElement(tag);

@@ -111,6 +111,16 @@ async def test_console_shows_unbound_partitions_during_the_rebalance_delay_then_
     await a_client.close()
 
 
+async def test_a_refresh_period_that_is_not_one_is_the_default(
+    sqlite_gateway: Gateway, browser: Any
+) -> None:
+    """?interval=abc or 0 used to poll the API as fast as the browser could."""
+    base = f"http://127.0.0.1:{sqlite_gateway.ports['http']}/"
+    for asked, used in (("abc", 1000), ("0", 1000), ("-5", 1000), ("20", 100), ("250", 250)):
+        await asyncio.to_thread(browser.get, f"{base}?interval={asked}")
+        assert await asyncio.to_thread(browser.execute_script, "return POLL_MS") == used, asked
+
+
 async def test_console_page_and_assets_are_served_from_the_package(sqlite_gateway: Gateway) -> None:
     import aiohttp
 
