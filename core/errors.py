@@ -15,6 +15,7 @@ code their wire needs.
     ├── AlreadyExists              409  queue exists with different settings
     ├── Conflict                   409  e.g. group mode/tag mismatch on bind
     │   └── GroupLeased                 the group is held by a Spark job / native flows
+    │       └── LeaseLost               a Spark job's lease was taken over while it ran
     ├── PublishRejected            the message was refused, nothing stored
     │   ├── InvalidMessage         400  a field ingress validation refuses (core.ingress)
     │   ├── MessageTooLarge        413
@@ -96,6 +97,12 @@ class Conflict(KeygateError):
 
 class GroupLeased(Conflict):
     code = "group-leased"
+
+
+class LeaseLost(GroupLeased):
+    """A Spark job found, when settling, that its group lease had been taken over since it
+    took it (it ran past its lease timeout); it settled nothing. Never sent on a wire, so
+    it keeps its parent's code."""
 
 
 class PublishRejected(KeygateError):
@@ -189,6 +196,7 @@ __all__ = [
     "InvalidMessage",
     "KeyNotParked",
     "KeygateError",
+    "LeaseLost",
     "MessageTooLarge",
     "NoRoute",
     "NotFound",

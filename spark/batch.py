@@ -15,11 +15,12 @@ How it works:
    it raise are isolated by re-running it on halves (spark/isolate.py); they count as
    failed, with the exception's type as their dead-letter reason. If it raises on every
    row, nothing is written and the exception is raised.
-4. In one transaction: successes acked (committed seq over contiguous successes, ranges
-   above it for the rest); each failure's delivery count + 1 in ``kg_deliveries`` (first
-   delivery time kept, due again after the queue's backoff); a failure whose count
-   reaches the queue's ``max_deliveries`` is copied to the dead-letter queue with its
-   ``x-`` properties and settled.
+4. In one transaction, first proving the lease taken in 1. was never lost (otherwise
+   LeaseLost, nothing settled: spark.lease.keep): successes acked (committed seq over
+   contiguous successes, ranges above it for the rest); each failure's delivery count + 1
+   in ``kg_deliveries`` (first delivery time kept, due again after the queue's backoff);
+   a failure whose count reaches the queue's ``max_deliveries`` is copied to the
+   dead-letter queue with its ``x-`` properties and settled.
 5. Release the lease.
 
 Dead letters get seq = the DLQ partition's last seq + 1 inside the transaction (the
@@ -330,7 +331,8 @@ def consume_batch(
     settled. When it raises on every row (or the runs are spent), its exception is raised
     and nothing is committed. ``fn`` is not called when the backlog is empty.
     ``lease_timeout`` must exceed fn's run time (isolation runs included): the lease is
-    renewed only when the batch is settled.
+    renewed only when the batch is settled, and if another consumer took the group after
+    it lapsed, LeaseLost is raised and nothing is settled.
     """
     if max_messages is not None and max_messages < 1:
         raise InvalidArgument("max_messages must be >= 1 or None")
@@ -405,7 +407,8 @@ def _run(
     outcome = run_isolated(df, fn, isolation_runs)
     now = time.time()
     with engine.begin() as conn:
-        lease.acquire(conn, queue, group, owner, lease_timeout, now)
+        # The lease taken before fn, or LeaseLost and nothing settled (spark.lease.keep).
+        lease.keep(conn, queue, group, owner, lease_timeout, now)
         failures = _failures(conn, queue, group, outcome, start, end, states, now)
         nacked, dead, moved = _settle(conn, config, group, states, start, end, failures, now)
     committed.update(moved)

@@ -11,6 +11,14 @@ commits nothing, takes no lease and only checks for native holders.
 The update is conditional (free, expired, or already ours: ``storage.statements.lease_free``,
 the gateway's definition too), so two jobs racing for the group cannot both win: the
 loser's UPDATE matches no row.
+
+Taking a lease and keeping it are different: a job that has taken the lease renews it
+with ``keep``, which proves the lease is still the one it took instead of taking a free
+one again. The owner id is that proof: every job's id is new (``new_owner``), and whoever
+takes the lease in between writes its own id there, which stays until it releases the
+lease (the row then names nobody). So a row that still names this job was never held by
+anyone else, even if it expired meanwhile; any other row means the group was lost and may
+have been consumed by another holder (``LeaseLost``).
 """
 
 from __future__ import annotations
@@ -22,10 +30,10 @@ from typing import Final
 
 import sqlalchemy as sa
 
-from core.errors import GroupLeased
+from core.errors import GroupLeased, LeaseLost
 from core.model import FlowState
-from storage.schema import kg_flows
-from storage.statements import lease_holder, release_lease, take_lease
+from storage.schema import kg_flows, kg_groups
+from storage.statements import group_is, lease_holder, release_lease, take_lease
 
 # Waiting for a lease to lapse: allow for clock skew between the two jobs' machines.
 _EXPIRY_MARGIN: Final = 0.5
@@ -38,14 +46,20 @@ def new_owner(role: str) -> str:
     return f"{role}@{socket.gethostname()}/{uuid.uuid4().hex[:12]}"
 
 
+def _running_flows(conn: sa.Connection, queue: str, group: str) -> int:
+    f = kg_flows
+    return int(
+        conn.execute(
+            sa.select(sa.func.count()).where(
+                f.c.queue == queue, f.c.group_name == group, f.c.state == FlowState.RUNNING.value
+            )
+        ).scalar_one()
+    )
+
+
 def refuse_native_holders(conn: sa.Connection, queue: str, group: str, now: float) -> None:
     """GroupLeased when native flows are bound to the group or hold its lease."""
-    f = kg_flows
-    running = conn.execute(
-        sa.select(sa.func.count()).where(
-            f.c.queue == queue, f.c.group_name == group, f.c.state == FlowState.RUNNING.value
-        )
-    ).scalar_one()
+    running = _running_flows(conn, queue, group)
     if running:
         raise GroupLeased(
             f"group {group!r} of {queue!r} has {running} running native flow(s); "
@@ -77,6 +91,35 @@ def acquire(
         f"group {group!r} of {queue!r} is held by {holder.lease_kind} consumer "
         f"{holder.lease_owner!r} until {holder.lease_expires}; stop that job or wait "
         "for its lease to expire"
+    )
+
+
+def keep(conn: sa.Connection, queue: str, group: str, owner: str, ttl: float, now: float) -> None:
+    """Renew the lease ``owner`` took (``acquire``) if it never lost it; LeaseLost when the
+    row names another holder or nobody, or native flows are bound to the group. Called
+    first in the transaction that settles or commits, which LeaseLost then rolls back."""
+    g = kg_groups
+    kept = conn.execute(
+        sa.update(g)
+        .where(group_is(queue, group), g.c.lease_kind == SPARK, g.c.lease_owner == owner)
+        .values(lease_expires=now + ttl)
+    )
+    running = _running_flows(conn, queue, group)
+    if kept.rowcount == 1 and not running:
+        return
+    holder = conn.execute(lease_holder(queue, group)).first()
+    if holder is None:
+        now_held = "the group was deleted"
+    elif holder.lease_owner is not None and holder.lease_owner != owner:
+        now_held = f"it is held by {holder.lease_kind} consumer {holder.lease_owner!r}"
+    elif running:
+        now_held = f"{running} native flow(s) are bound to the group"
+    else:
+        now_held = "another holder took it and released it"
+    raise LeaseLost(
+        f"{owner} lost its lease of group {group!r} of {queue!r} ({now_held}): it ran "
+        f"longer than its lease timeout ({ttl:g} s), so other consumers may have consumed "
+        "the group meanwhile; nothing was settled or committed"
     )
 
 
@@ -116,6 +159,7 @@ __all__ = [
     "SPARK",
     "acquire",
     "acquire_waiting",
+    "keep",
     "new_owner",
     "refuse_native_holders",
     "release",

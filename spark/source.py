@@ -2,10 +2,11 @@
 
 Planning (``partitions``, offsets, commits) runs on the driver and talks to SQL through
 engines created lazily and never pickled; ``read`` runs on executors with its own
-connection (spark.reader). A streaming query holds the group's Spark lease (spark.lease)
-from its first offset request, renewed as it plans and commits. The lease is not taken
-when the reader is built: PySpark also builds stream readers in worker processes that
-only ``read``. PySpark never calls ``stop`` when a query ends; the listener that
+connection (spark.reader). A streaming query takes the group's Spark lease (spark.lease)
+on its first offset request and keeps it as it plans and commits: a renewal that finds
+the lease lost (taken over after it lapsed) raises LeaseLost and the query fails. The
+lease is not taken when the reader is built: PySpark also builds stream readers in worker
+processes that only ``read``. PySpark never calls ``stop`` when a query ends; the listener that
 ``spark.register`` adds releases a stopped query's lease (spark.stopping), and without it
 the lease lapses after ``leaseTimeout`` (a restart waits for it, spark.lease).
 ``commit(end)`` is idempotent and monotonic (spark.db.commit_through).
@@ -85,8 +86,10 @@ class _Planner:
             # Renewing is a write: not on every poll of an idle stream.
             with self.engine.begin() as conn:
                 ensure_group(conn, o.queue, o.group, now)
-            lease.acquire_waiting(self.engine, o.queue, o.group, owner, o.lease_timeout)
+                if self._renewed > -math.inf:
+                    lease.keep(conn, o.queue, o.group, owner, o.lease_timeout, now)
             if self._renewed == -math.inf:
+                lease.acquire_waiting(self.engine, o.queue, o.group, owner, o.lease_timeout)
                 stopping.claim(o.url, o.queue, o.group, owner)
             self._renewed = time.time()
         with self.engine.begin() as conn:
@@ -205,9 +208,11 @@ class KeygateStreamReader(_Planner, DataSourceStreamReader, SupportsTriggerAvail
     def commit(self, end: dict[str, Any]) -> None:
         o, now = self.options, time.time()
         with self.engine.begin() as conn:
-            lease.acquire(conn, o.queue, o.group, self.owner, o.lease_timeout, now)
             if self._renewed == -math.inf:
+                lease.acquire(conn, o.queue, o.group, self.owner, o.lease_timeout, now)
                 stopping.claim(o.url, o.queue, o.group, self.owner)
+            else:
+                lease.keep(conn, o.queue, o.group, self.owner, o.lease_timeout, now)
             self._renewed = now
             commit_through(conn, o.queue, o.group, _offsets(end), now)
 

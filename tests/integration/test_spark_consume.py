@@ -5,6 +5,7 @@ Every test runs on SQLite and, when KEYGATE_TEST_POSTGRES_URL answers, on Postgr
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -17,7 +18,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.functions import udf
 
 import spark
-from core.errors import InvalidArgument
+from core.errors import InvalidArgument, LeaseLost
 from core.model import (
     DEAD_LETTER_REASON,
     DELIVERY_COUNT,
@@ -26,7 +27,14 @@ from core.model import (
     ORIGINAL_SEQ,
 )
 from storage.schema import kg_deliveries, kg_group_offsets
-from tests.support.spark import execute, offsets, read, seed, spark_session  # noqa: F401
+from tests.support.spark import (  # noqa: F401
+    bind_natively,
+    execute,
+    offsets,
+    read,
+    seed,
+    spark_session,
+)
 
 pytestmark = pytest.mark.spark
 
@@ -174,3 +182,24 @@ def test_consume_batch_respects_max_messages_and_rejects_unknown_ids(
     with pytest.raises(InvalidArgument, match="not in this batch"):
         spark.consume_batch(session, db_url, "orders", "g", lambda df: ["no-such-id"])
     assert sum(offsets(db_url, "orders", "g").values()) == 8
+
+
+def test_a_batch_that_lost_its_lease_to_native_consumers_settles_nothing(
+    session: SparkSession, db_url: str
+) -> None:
+    seed(db_url, "orders", 14)
+    failing = "key-1"
+
+    def outlive_the_lease(df: DataFrame) -> list[str]:
+        bad = [row.message_id for row in df.where(df.key == failing).collect()]
+        # fn runs past lease_timeout: a native consumer takes the group meanwhile, consumes
+        # all of it and leaves (the gateway releases its lease).
+        asyncio.run(bind_natively(db_url, "orders", "billing", receive=14))
+        return bad
+
+    with pytest.raises(LeaseLost, match=r"lost its lease.*nothing was settled"):
+        spark.consume_batch(
+            session, db_url, "orders", "billing", outlive_the_lease, lease_timeout=1
+        )
+    assert sum(offsets(db_url, "orders", "billing").values()) == 14  # the native acks
+    assert execute(db_url, sa.select(kg_deliveries)) == []  # no nack recorded by Spark

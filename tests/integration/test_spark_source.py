@@ -19,21 +19,18 @@ pytest.importorskip("pyspark")
 from pyspark.sql import DataFrame, SparkSession
 
 import spark
-from core.errors import GroupLeased
+from core.errors import GroupLeased, LeaseLost
 from core.keys import partition_for
 from core.model import (
     DEAD_LETTER_REASON,
     ORIGINAL_SEQ,
     GroupConfig,
 )
-from gateway.client import Client
 from spark.options import parse_options
 from spark.source import KeygateStreamReader
 from storage import open_store
 from storage.schema import kg_flows, kg_group_offsets, kg_groups, kg_messages
-from tests.integration.conftest import native_url, start_gateway
-from tests.support.spark import KEYS, execute, offsets, read, seed, spark_session  # noqa: F401
-from tests.support.wait import eventually
+from tests.support.spark import KEYS, bind_natively, execute, offsets, read, seed, spark_session  # noqa: F401
 
 pytestmark = pytest.mark.spark
 
@@ -150,26 +147,7 @@ def test_a_stopped_streams_group_is_free_within_seconds(
     )
     assert execute(db_url, holder)[0].lease_kind == "spark"
     query.stop()  # leaseTimeout is 60 s: only the listener can free it this soon
-    asyncio.run(bind_natively_within_seconds(db_url, "orders", "etl"))
-
-
-async def bind_natively_within_seconds(url: str, queue: str, group: str) -> None:
-    """A native SDK consumer binds ``group`` within 10 s (GroupLeased until then)."""
-    gateway = await start_gateway(url)
-    try:
-        async with Client(native_url(gateway)) as client:
-
-            async def bound() -> bool:
-                try:
-                    consumer = await client.subscribe(queue, group=group)
-                except GroupLeased:
-                    return False
-                await consumer.close()
-                return True
-
-            await eventually(bound, timeout=10)
-    finally:
-        await gateway.stop()
+    asyncio.run(bind_natively(db_url, "orders", "etl"))
 
 
 def test_max_offsets_per_trigger_bounds_every_micro_batch(
@@ -241,6 +219,20 @@ def test_stream_commit_is_idempotent_monotonic_and_folds_acked_ranges(db_url: st
         stream.commit({"0": 20})
         row = execute(db_url, sa.select(o.c.committed_seq, o.c.acked_above, o.c.dispatched_seq))[0]
         assert (row.committed_seq, row.acked_above, row.dispatched_seq) == (20, [], 20)
+    finally:
+        stream.stop()
+
+
+def test_a_stream_that_lost_its_lease_commits_nothing(db_url: str) -> None:
+    seed(db_url, "orders", 10, partitions=1)
+    stream = KeygateStreamReader(parse_options({**options_map(db_url), "leaseTimeout": "1"}))
+    try:
+        assert stream.initialOffset() == {"0": 0}
+        # A batch outlives the lease: a native consumer binds the group and leaves.
+        asyncio.run(bind_natively(db_url, "orders", "etl"))
+        with pytest.raises(LeaseLost, match="lost its lease"):
+            stream.commit({"0": 10})
+        assert offsets(db_url, "orders", "etl") == {0: 0}
     finally:
         stream.stop()
 

@@ -1,5 +1,6 @@
 """Shared by the Spark integration tests: one local[2] SparkSession for the test
-session (starting one costs ~10 s), seeding through the store, and SQL helpers."""
+session (starting one costs ~10 s), seeding through the store, SQL helpers, and a native
+consumer that takes a group once Spark lets it go."""
 
 from __future__ import annotations
 
@@ -16,11 +17,16 @@ import sqlalchemy as sa
 from pyspark.sql import DataFrame, SparkSession
 
 import spark
+from core.errors import GroupLeased
 from core.keys import partition_for
 from core.model import Message, QueueConfig
+from gateway.client import Client
 from spark.db import write_engine
 from storage import open_store
 from storage.schema import kg_group_offsets
+from tests.integration.conftest import native_url, start_gateway
+from tests.support.consume import take
+from tests.support.wait import eventually
 
 # Spread over the 3 partitions of the test queues: partitions 2, 1, 0, 2, 1, 0, 2.
 KEYS = ["key-0", "key-1", "key-13", "key-3", "key-2", "key-22", "key-7"]
@@ -106,4 +112,26 @@ def execute(url: str, statement: sa.Executable) -> list[sa.Row[Any]]:
         engine.dispose()
 
 
-__all__ = ["KEYS", "execute", "offsets", "read", "seed", "spark_session"]
+async def bind_natively(
+    url: str, queue: str, group: str, *, receive: int = 0, timeout: float = 10
+) -> None:
+    """A native SDK consumer binds ``group`` within ``timeout`` seconds (GroupLeased until
+    then), receives and acknowledges ``receive`` messages, and leaves."""
+    gateway = await start_gateway(url)
+    try:
+        async with Client(native_url(gateway)) as client:
+
+            async def bound() -> Any:
+                try:
+                    return await client.subscribe(queue, group=group)
+                except GroupLeased:
+                    return None
+
+            consumer = await eventually(bound, timeout=timeout)
+            await take(consumer, receive)
+            await consumer.close()
+    finally:
+        await gateway.stop()
+
+
+__all__ = ["KEYS", "bind_natively", "execute", "offsets", "read", "seed", "spark_session"]
