@@ -26,6 +26,7 @@ from core.model import (
     ORIGINAL_QUEUE,
     ORIGINAL_SEQ,
 )
+from spark.db import ensure_group, write_engine
 from storage.schema import kg_deliveries, kg_group_offsets
 from tests.support.spark import (  # noqa: F401
     bind_natively,
@@ -182,6 +183,24 @@ def test_consume_batch_respects_max_messages_and_rejects_unknown_ids(
     with pytest.raises(InvalidArgument, match="not in this batch"):
         spark.consume_batch(session, db_url, "orders", "g", lambda df: ["no-such-id"])
     assert sum(offsets(db_url, "orders", "g").values()) == 8
+
+
+def test_messages_acked_before_the_batch_are_neither_shown_nor_counted(
+    session: SparkSession, db_url: str
+) -> None:
+    seed(db_url, "orders", 8, partitions=1)
+    engine = write_engine(db_url)
+    with engine.begin() as conn:
+        ensure_group(conn, "orders", "billing", time.time())
+    engine.dispose()
+    o = kg_group_offsets  # a native consumer acked 2, 3 and 5 individually
+    execute(db_url, sa.update(o).values(acked_above=[[2, 3], [5, 5]], acked_count=3))
+    seen: list[int] = []
+    result = spark.consume_batch(
+        session, db_url, "orders", "billing", lambda df: seen.extend(r.seq for r in df.collect())
+    )
+    assert sorted(seen) == [1, 4, 6, 7, 8]
+    assert (result.read, result.acked, result.committed) == (5, 5, {0: 8})
 
 
 def test_a_batch_that_lost_its_lease_to_native_consumers_settles_nothing(
