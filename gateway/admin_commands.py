@@ -221,6 +221,9 @@ def status_command(args: argparse.Namespace) -> int:
         return 0
     print(f"gateway {data['name']}: {data['role']}")
     print(f"keygate {data['version']}, Python {data['python']}, database {data['database']}")
+    if data["role"] == "standby":
+        print("waiting for the active gateway's lease to lapse; protocol ports closed")
+        return 0
     print(f"{data['queues']} queues, {data['groups_loaded']} consumer groups loaded")
     _print_table(
         [{"listener": name, "port": port} for name, port in sorted(data["listeners"].items())],

@@ -195,7 +195,7 @@ class Gateway:
         try:
             http_port = self.config.port("http")
             if http_port is not None:
-                standby = StandbyHealth(self.config.name)
+                standby = StandbyHealth(self.config.name, self.store.engine.dialect.name)
                 try:
                     await standby.start(self.config.host, http_port, ssl_context(self.config))
                 except OSError as e:
@@ -250,10 +250,20 @@ class Gateway:
             self.config.name, self.holder, ttl=self.config.lease_ttl, epoch=epoch
         )
 
+    async def _try_acquire(self) -> int | None:
+        """``_acquire`` for a standby, which must outlive what a database does meanwhile:
+        unreachable for a while (a restart), or the lease row held past the lock timeout
+        by the old active's last write. Either is logged and tried again at the next poll."""
+        try:
+            return await self._acquire()
+        except KeygateError as e:
+            log.warning("standby: taking the gateway lease failed: %s; trying again", e)
+            return None
+
     async def _become_active(self) -> None:
         assert self.store is not None
         announced = False
-        while (epoch := await self._acquire()) is None:
+        while (epoch := await self._try_acquire()) is None:
             if not announced:
                 log.info(
                     "standby: gateway %r is active elsewhere; taking over when its lease lapses",
@@ -334,6 +344,18 @@ class Gateway:
         self._listeners.clear()
         if self.ports:
             _remove_ports_file(self.config.ports_file)
+        if not self.lost_lease:
+            await self._close_storage()
+            return
+        # Nothing can commit any more; when the database does not answer at all (the link
+        # is gone) closing it would wait as long: give it lease_ttl, then leave it.
+        try:
+            async with asyncio.timeout(self.config.lease_ttl):
+                await self._close_storage()
+        except TimeoutError:
+            log.error("the database did not answer within lease_ttl: stopping without it")
+
+    async def _close_storage(self) -> None:
         if self._housekeeping is not None:
             await self._housekeeping.stop()
         if self.broker is not None:

@@ -1,6 +1,8 @@
 """What a standby gateway serves while it waits for the gateway lease: ``GET /healthz`` on
 the admin HTTP port, answering 503 with its role, so that load balancers and probes tell
-the standby from the active gateway (whose ``/healthz`` answers 200 ``"role": "active"``).
+the standby from the active gateway (whose ``/healthz`` answers 200 ``"role": "active"``),
+and ``GET /api/status`` (200: its name, role, version and database), so that ``keygate
+status`` says what it is.
 
 The protocol ports of a standby stay closed: a client that lists every gateway's address
 is refused at once by the standby and moves on to the next (docs/operations.md).
@@ -8,18 +10,22 @@ is refused at once by the standby and moves on to the next (docs/operations.md).
 
 from __future__ import annotations
 
+import platform
 import ssl
 
 from aiohttp import web
 
+from gateway.openapi import package_version
+
 
 class StandbyHealth:
-    """The standby's admin port: only ``/healthz``."""
+    """The standby's admin port: ``/healthz`` and ``/api/status``."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, database: str) -> None:
         self.name = name
+        self._database = database
         app = web.Application()
-        app.add_routes([web.get("/healthz", self._health)])
+        app.add_routes([web.get("/healthz", self._health), web.get("/api/status", self._status)])
         self._runner = web.AppRunner(app, access_log=None)
 
     async def start(self, host: str, port: int, ssl_context: ssl.SSLContext | None) -> int:
@@ -34,6 +40,17 @@ class StandbyHealth:
     async def _health(self, request: web.Request) -> web.Response:
         body = {"status": "standby", "role": "standby", "gateway": self.name}
         return web.json_response(body, status=503)
+
+    async def _status(self, request: web.Request) -> web.Response:
+        return web.json_response(
+            {
+                "name": self.name,
+                "role": "standby",
+                "version": package_version(),
+                "python": platform.python_version(),
+                "database": self._database,
+            }
+        )
 
 
 __all__ = ["StandbyHealth"]

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import threading
 import time
 from contextlib import AbstractContextManager, ExitStack
@@ -35,7 +34,7 @@ from tests.support.publishers import (
     sequence,
     stomp_publisher,
 )
-from tests.support.serve import serve
+from tests.support.serve import serve, unused_port
 from tests.support.wait import eventually
 
 pytestmark = pytest.mark.postgres
@@ -99,13 +98,6 @@ async def test_a_frozen_active_gateway_confirms_nothing_after_the_takeover_and_e
                 await _drain(consumer, delivered, confirmed)
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-    return port
-
-
 async def _health(port: int) -> tuple[int, str] | None:
     """(HTTP status, role) of a gateway's /healthz; None while nothing listens."""
     try:
@@ -138,7 +130,7 @@ async def test_every_client_follows_the_standby_after_the_active_gateway_is_kill
     keep their order, and every client goes on through the new active gateway."""
     monkeypatch.setenv("KEYGATE_LEASE_TTL", LEASE_TTL)
     protocols = ("native", "mqtt", "amqp", "stomp", "http")
-    ports = {name: {p: _free_port() for p in protocols} for name in ("a", "b")}
+    ports = {name: {p: unused_port() for p in protocols} for name in ("a", "b")}
 
     def gateway(name: str) -> AbstractContextManager[tuple[Popen[bytes], dict[str, int], Path]]:
         flags = [f"--{p}-port={port}" for p, port in ports[name].items()]

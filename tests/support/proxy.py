@@ -4,6 +4,8 @@
 an RST, as after a router or NAT failure) and refuses new connections — each is accepted
 and reset at once — until ``restore()``. ``refused`` counts the connections refused, so
 a test can wait until a client has tried to come back before letting it through.
+``freeze()`` is the silent failure instead (a black hole): nothing more is forwarded
+either way and new connections are accepted and left hanging, until ``restore()``.
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ class TcpProxy:
         self._writers: set[asyncio.StreamWriter] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._refusing = False
+        self._flowing = asyncio.Event()
+        self._flowing.set()
+        self._held: list[asyncio.StreamWriter] = []
         self.refused = 0
         self.port = 0
 
@@ -46,6 +51,7 @@ class TcpProxy:
     async def __aexit__(self, *exc: object) -> None:
         assert self._server is not None
         self._server.close()
+        self._writers.update(self._held)
         self._reset_all()
         for task in list(self._tasks):
             task.cancel()
@@ -61,8 +67,13 @@ class TcpProxy:
         self._refusing = True
         self._reset_all()
 
+    def freeze(self) -> None:
+        """Forward nothing more and leave new connections hanging until ``restore()``."""
+        self._flowing.clear()
+
     def restore(self) -> None:
         self._refusing = False
+        self._flowing.set()
 
     def _reset_all(self) -> None:
         for writer in list(self._writers):
@@ -73,6 +84,9 @@ class TcpProxy:
         if self._refusing:
             self.refused += 1
             _reset(writer)
+            return
+        if not self._flowing.is_set():
+            self._held.append(writer)  # accepted, never answered
             return
         try:
             up_reader, up_writer = await asyncio.open_connection(*self._target)
@@ -88,6 +102,7 @@ class TcpProxy:
     async def _pipe(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
         try:
             while data := await src.read(_CHUNK):
+                await self._flowing.wait()
                 dst.write(data)
                 await dst.drain()
         except (ConnectionError, OSError):

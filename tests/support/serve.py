@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import random
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -13,6 +15,23 @@ from pathlib import Path
 
 KEYGATE = [sys.executable, "-m", "gateway.cli"]
 ALL_PORTS_FREE = [f"--{name}-port=0" for name in ("native", "mqtt", "amqp", "stomp", "http")]
+
+
+def unused_port() -> int:
+    """A free port for a gateway that must be told its port before it starts (a standby
+    opens its ports only when it takes over). Taken below the kernel's ephemeral range:
+    a port the kernel handed out itself could be given again to some client's outgoing
+    connection before the gateway binds it (which happened under load)."""
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as ranges:
+        ephemeral_low = int(ranges.read().split()[0])
+    while True:
+        port = random.randrange(10_000, ephemeral_low)
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
 
 
 @contextmanager
