@@ -325,17 +325,17 @@ class TransportInfo(Protocol):
 
 def peer_identity(transport: TransportInfo) -> tuple[str | None, str | None]:
     """The peer's IP address and, on TLS with a verified client certificate, its subject
-    common name: the ``peer`` and ``certificate_user`` of ``Sink.authenticate``."""
+    common name: the ``peer`` and ``certificate_user`` of ``Sink.authenticate``. A subject
+    with more than one common name names no one (``/CN=meter-17/CN=admin`` must not pass
+    for either)."""
     address = transport.get_extra_info("peername")
     peer = str(address[0]) if isinstance(address, tuple) and address else None
     certificate = transport.get_extra_info("peercert")
-    common_name = None
+    names = []
     if certificate:  # only a certificate the handshake verified against the CA is here
         for rdn in certificate.get("subject", ()):
-            for key, value in rdn:
-                if key == "commonName":
-                    common_name = str(value)
-    return peer, common_name
+            names += [str(value) for key, value in rdn if key == "commonName"]
+    return peer, names[0] if len(names) == 1 else None
 
 
 class Listener(Protocol):

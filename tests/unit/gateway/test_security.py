@@ -17,6 +17,7 @@ from gateway.security import (
     hash_password,
     is_loopback,
 )
+from protocols.sink import peer_identity
 from tests.support.security import password_hash
 
 
@@ -206,3 +207,19 @@ async def test_a_successful_check_is_remembered_and_a_wrong_password_is_not() ->
         now[0] += 301.0  # the memo expires
         await auth.authenticate("alice", "s3cret", peer="::1", certificate_user=None)
         assert calls == ["s3cret", "s3cret!", "s3cret"]
+
+
+class _Transport:
+    def __init__(self, subject: tuple[tuple[tuple[str, str], ...], ...]) -> None:
+        self._extra = {"peername": ("192.0.2.7", 5000), "peercert": {"subject": subject}}
+
+    def get_extra_info(self, name: str) -> object:
+        return self._extra.get(name)
+
+
+def test_a_certificate_subject_with_two_common_names_names_no_user() -> None:
+    """/CN=meter-0017/CN=admin, signed by the trusted CA, logged in as admin (the last CN)."""
+    one = _Transport(((("countryName", "DE"),), (("commonName", "meter-0017"),)))
+    two = _Transport(((("commonName", "meter-0017"),), (("commonName", "admin"),)))
+    assert peer_identity(one) == ("192.0.2.7", "meter-0017")
+    assert peer_identity(two) == ("192.0.2.7", None)
