@@ -123,7 +123,8 @@ def is_loopback(peer: str | None) -> bool:
 class LoginThrottle:
     """Failed logins per peer address: after ``limit`` failures within ``window`` seconds
     each further failure blocks the address for twice as long as the last (1 s, 2 s, 4 s
-    ... up to ``max_delay``); a login attempt while blocked is refused unchecked."""
+    ... up to ``max_delay``); a login attempt while blocked is refused unchecked, and so is
+    one that was being checked when the address got blocked (guesses sent in parallel)."""
 
     limit: int = 5
     window: float = 60.0
@@ -132,9 +133,13 @@ class LoginThrottle:
     _failures: dict[str, deque[float]] = field(default_factory=dict)
     _blocked_until: dict[str, float] = field(default_factory=dict)
 
-    def check(self, peer: str | None, now: float) -> None:
+    def blocked(self, peer: str | None, now: float) -> bool:
         until = self._blocked_until.get(peer or "")
-        if until is not None and now < until:
+        return until is not None and now < until
+
+    def check(self, peer: str | None, now: float) -> None:
+        if self.blocked(peer, now):
+            until = self._blocked_until[peer or ""]
             raise AuthenticationFailed(
                 f"too many failed logins from {peer}; retry in {until - now:.0f}s"
             )
@@ -209,12 +214,23 @@ class Authenticator:
                 f"anonymous access is allowed from loopback only, not from {peer} "
                 "(configure users, or set allow_anonymous = true)"
             )
-        if await self._check(username or "", password or ""):
+        if not username and not password:
+            # Nothing guessed (a browser's first request): refused, not a failed login.
+            raise AuthenticationFailed("a user name and password are required")
+        matched = await self._check(username or "", password or "", peer)
+        # Blocked meanwhile by guesses sent in parallel: refused, whatever the password.
+        self.throttle.check(peer, self._clock())
+        if matched:
             return username
         self.throttle.failed(peer, self._clock())
         raise AuthenticationFailed("bad username or password")
 
-    async def _check(self, username: str, password: str) -> bool:
+    def _matches(self, expected: PasswordHash, password: str, peer: str | None) -> bool:
+        """On a worker thread: the hash, unless the address got blocked while this waited
+        for a thread (a burst of guesses costs no more hashes once it is blocked)."""
+        return not self.throttle.blocked(peer, self._clock()) and expected.matches(password)
+
+    async def _check(self, username: str, password: str, peer: str | None) -> bool:
         plain = self._plain.get(username)
         if plain is not None:
             return hmac.compare_digest(plain.encode(), password.encode())
@@ -226,7 +242,7 @@ class Authenticator:
             return True
         expected = stored if stored is not None else _DUMMY
         # Off the event loop: one scrypt takes tens of milliseconds.
-        matched = await asyncio.to_thread(expected.matches, password)
+        matched = await asyncio.to_thread(self._matches, expected, password, peer)
         if matched and stored is not None:
             self._verified[memo] = now + VERIFIED_TTL
             self._verified.move_to_end(memo)

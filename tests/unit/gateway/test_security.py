@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -113,6 +114,43 @@ async def test_a_hashed_password_logs_in_and_anything_else_does_not() -> None:
     for username, password in [("alice", "wrong"), ("bob", "s3cret"), (None, None)]:
         with pytest.raises(AuthenticationFailed):
             await auth.authenticate(username, password, peer="::1", certificate_user=None)
+
+
+async def test_guesses_sent_in_parallel_are_throttled_like_guesses_in_a_row(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each guess used to be checked against the block before its hash and counted after
+    it, so a burst sent at once was all checked and the right password, last, got in."""
+    auth = _authenticator({"alice": password_hash("s3cret")})
+    hashed = []
+    matches = PasswordHash.matches
+
+    def counting(self: PasswordHash, password: str) -> bool:
+        hashed.append(password)
+        return matches(self, password)
+
+    monkeypatch.setattr(PasswordHash, "matches", counting)
+    guesses = [f"guess-{i}" for i in range(40)] + ["s3cret"]
+    outcomes = await asyncio.gather(
+        *(
+            auth.authenticate("alice", guess, peer="192.0.2.9", certificate_user=None)
+            for guess in guesses
+        ),
+        return_exceptions=True,
+    )
+    assert isinstance(outcomes[-1], AuthenticationFailed)  # blocked by then
+    assert len(hashed) < len(guesses)  # once blocked, the rest cost no hash
+    # Another address is not affected.
+    assert await auth.authenticate("alice", "s3cret", peer="192.0.2.10", certificate_user=None)
+
+
+async def test_a_request_without_credentials_is_not_a_failed_login() -> None:
+    """A browser's first console request carries none: five of them blocked the address."""
+    auth = _authenticator({"alice": password_hash("s3cret")})
+    for _ in range(10):
+        with pytest.raises(AuthenticationFailed, match="required"):
+            await auth.authenticate(None, None, peer="192.0.2.11", certificate_user=None)
+    assert await auth.authenticate("alice", "s3cret", peer="192.0.2.11", certificate_user=None)
 
 
 async def test_a_certificate_names_its_user_directly_or_through_the_mapping() -> None:
