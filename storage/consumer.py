@@ -75,19 +75,21 @@ _UNPARK: Final = sa.delete(_k).where(
 
 
 def dead_letter_copy(
-    letter: DeadLetter, group: str, dlq: str, partition: int, seq: int, now: float
+    letter: DeadLetter, group: str | None, dlq: str, partition: int, seq: int, now: float
 ) -> Message:
-    """The message as appended to the dead-letter queue, with its x- properties."""
+    """The message as appended to the dead-letter queue, with its x- properties (no
+    ``x-original-group`` for a message no group held: expired before any existed)."""
     original = letter.message
     properties: dict[str, PropertyValue] = {
         **original.properties,
         DEAD_LETTER_REASON: letter.reason.value,
         ORIGINAL_QUEUE: original.queue,
-        ORIGINAL_GROUP: group,
         ORIGINAL_PARTITION: original.partition,
         ORIGINAL_SEQ: original.seq,
         DELIVERY_COUNT: letter.delivery_count,
     }
+    if group is not None:
+        properties[ORIGINAL_GROUP] = group
     if letter.first_delivery_time is not None:
         properties[FIRST_DELIVERY_TIME] = letter.first_delivery_time
     # A dead letter is kept for inspection: no schedule, no expiry.

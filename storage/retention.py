@@ -33,7 +33,12 @@ from typing import Any, Final
 
 import sqlalchemy as sa
 
-from storage.base import StoreBase
+from core.actions import DeadLetter
+from core.model import DeadLetterReason, Message
+from storage.admin import AdminOps
+from storage.base import Allocation
+from storage.codec import salvage_message
+from storage.consumer import dead_letter_copy
 from storage.schema import kg_dedup, kg_group_offsets, kg_groups, kg_messages, kg_queues
 from storage.statements import per_dialect
 
@@ -159,7 +164,7 @@ def delete_into(conn: sa.Connection, *, spans: list[Span], deleted: Deleted) -> 
         total[1] += size
 
 
-class RetentionOps(StoreBase):
+class RetentionOps(AdminOps):
     # (queue, partition) -> seq up to which retention already deleted.
     _retained: dict[tuple[str, int], int]
     # SQLite: chunks that ride in append transactions; None on PostgreSQL, whose appends
@@ -258,28 +263,71 @@ class RetentionOps(StoreBase):
         return deleted
 
     async def _expire(self, sweep: list[str], now: float) -> int:
-        """Delete expired messages of the queues in ``sweep`` and expired dedup records."""
+        """Delete expired messages of the queues in ``sweep`` — dead-lettering them first
+        where the queue asks for it (``dead_letter_expired``) — and expired dedup records."""
         d = kg_dedup
         expiring: Deleted = {}
         for queue in sweep:
-            expire = functools.partial(self._expire_some, queue, now=now, deleted=expiring)
-            while await self.write(expire, durable=False):
-                pass
+            config = self.queues.get(queue)
+            dlq = config.dlq_name if config is not None and config.dead_letter_expired else None
+            if config is not None and dlq is not None:
+                async with self.transaction() as conn:
+                    for created in await self._ensure_dlq(conn, config):
+                        self._remember(created)
+            while True:
+                letters: list[tuple[Allocation, list[Message]]] = []
+                expire = functools.partial(
+                    self._expire_some, queue, dlq, now=now, deleted=expiring, letters=letters
+                )
+                async with self.seq_lock:  # seqs of the dead-letter queue's copies
+                    more = await self.write(expire, durable=False)
+                    for allocation, copies in letters:
+                        self.committed(allocation, copies)
+                if not more:
+                    break
         forget = sa.delete(d).where(d.c.expires_at <= now)
         await self.write(lambda conn: conn.execute(forget), durable=False)
         return self._forget_depth(expiring)
 
     def _expire_some(
-        self, queue: str, conn: sa.Connection, *, now: float, deleted: Deleted
+        self,
+        queue: str,
+        dlq: str | None,
+        conn: sa.Connection,
+        *,
+        now: float,
+        deleted: Deleted,
+        letters: list[tuple[Allocation, list[Message]]],
     ) -> bool:
         """Delete up to RETENTION_CHUNK expired messages of ``queue`` (``expired_messages``),
-        oldest expiry first; True if there may be more. Read in expiry order through the
-        expiry index, so the sweep costs what it deletes, not the size of the table."""
+        oldest expiry first, appending their dead-letter copies to ``dlq`` first (reason
+        expired; into ``letters``, for the caches after COMMIT); True if there may be more.
+        Read in expiry order through the expiry index, so the sweep costs what it deletes,
+        not the size of the table."""
         m = kg_messages
         rows = conn.execute(expired_messages(queue, now)).all()
         if rows:
             keys = [(name, partition, seq) for name, partition, seq, _ in rows]
-            conn.execute(sa.delete(m).where(sa.tuple_(m.c.queue, m.c.partition, m.c.seq).in_(keys)))
+            where = sa.tuple_(m.c.queue, m.c.partition, m.c.seq).in_(keys)
+            if dlq is not None:
+                found = conn.execute(sa.select(m).where(where).order_by(m.c.expire_at))
+                expired = [salvage_message(row)[0] for row in found.mappings()]
+                allocation = self.lock_heads(conn, [(dlq, 0)])
+                copies = [
+                    dead_letter_copy(
+                        DeadLetter(message, DeadLetterReason.EXPIRED, 0, None),
+                        None,
+                        dlq,
+                        0,
+                        allocation.next(dlq, 0),
+                        now,
+                    )
+                    for message in expired
+                ]
+                self.insert_messages(conn, copies)
+                self.write_heads(conn, allocation)
+                letters.append((allocation, copies))
+            conn.execute(sa.delete(m).where(where))
             total = deleted.setdefault(queue, [0, 0])
             total[0] += len(rows)
             total[1] += sum(size for *_, size in rows)

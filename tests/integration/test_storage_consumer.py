@@ -435,6 +435,32 @@ async def test_a_queue_without_groups_keeps_messages_until_they_expire(
     assert [m.seq for m in await store.read("events", 0, 0, 10)] == [1]
 
 
+async def test_a_queue_without_groups_dead_letters_what_expires_when_it_asks_for_it(
+    store: SqlStore, make_message: MessageFactory
+) -> None:
+    """DESIGN.md §4: expired messages are dead-lettered if the queue asks for it — also
+    before any group exists (the sweep used to delete them without a trace)."""
+    await store.create_queue(QueueConfig("events", partitions=2, dead_letter_expired=True))
+    await store.append(
+        [
+            make_message("events", 1, payload=b"late", expire_at=NOW + 10, properties={"n": 1}),
+            make_message("events", 0, payload=b"kept"),
+        ],
+        now=NOW,
+    )
+    assert await store.retention(now=NOW + 10) == 1
+    [letter] = await store.read("events.dlq", 0, 0, 10)
+    assert letter.payload == b"late"
+    assert letter.properties["n"] == 1
+    assert letter.properties[DEAD_LETTER_REASON] == "expired"
+    assert letter.properties[ORIGINAL_QUEUE] == "events"
+    assert letter.properties[ORIGINAL_PARTITION] == 1
+    assert ORIGINAL_GROUP not in letter.properties  # there was none
+    assert letter.expire_at is None
+    assert await store.depth("events") == (1, (await store.read("events", 0, 0, 1))[0].size)
+    assert (await store.depth("events.dlq"))[0] == 1
+
+
 async def test_the_expiry_sweep_deletes_more_than_one_chunk(
     store: SqlStore, make_message: MessageFactory
 ) -> None:
