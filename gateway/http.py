@@ -49,7 +49,7 @@ from typing import Any, Final
 
 from aiohttp import web
 
-from core.errors import AuthenticationFailed, InvalidArgument, KeygateError
+from core.errors import AuthenticationFailed, InvalidArgument, KeygateError, PermissionDenied
 from core.model import (
     GroupConfig,
     GroupMode,
@@ -156,6 +156,23 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
 
 
 PRINCIPAL: Final = web.RequestKey("principal", Principal)
+_SAFE_METHODS: Final = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+@web.middleware
+async def _same_origin(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Refuse a request that changes something when a browser may have sent it from
+    another site (cross-site request forgery: a browser attaches the HTTP Basic
+    credentials it cached for the console): one whose Origin is not this server, or whose
+    body is not JSON (a form or text/plain body is what a cross-site page can send without
+    asking). The CLI and other programs send neither an Origin nor another body type."""
+    if request.method not in _SAFE_METHODS:
+        origin = request.headers.get("Origin")
+        if origin is not None and origin != f"{request.scheme}://{request.host}":
+            raise PermissionDenied("cross-site requests may not change anything")
+        if request.can_read_body and request.content_type != "application/json":
+            raise InvalidArgument("a request body must be application/json")
+    return await handler(request)
 
 
 def _principal(request: web.Request) -> Principal:
@@ -188,7 +205,8 @@ class AdminServer:
         self._ports = ports if ports is not None else {}
         self._contract = RequestContract(openapi_document(package_version()))
         app = web.Application(
-            middlewares=[_errors, self._authenticate], client_max_size=64 * 1024 * 1024
+            middlewares=[_errors, _same_origin, self._authenticate],
+            client_max_size=64 * 1024 * 1024,
         )
         app.add_routes(
             [

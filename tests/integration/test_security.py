@@ -440,3 +440,37 @@ async def test_another_user_cannot_take_a_clients_reserved_partitions_by_its_nam
         assert await asyncio.to_thread(_bind_as, port, "alice", held) == held
     finally:
         await gateway.stop()
+
+
+async def test_the_admin_api_refuses_what_another_site_could_send_with_cached_credentials(
+    sqlite_url: str,
+) -> None:
+    """A browser attaches the Basic credentials it cached for the console to a form POST
+    from any page: a purge with a foreign Origin, or a JSON body sent as text/plain, was
+    carried out. Same-origin and program requests (no Origin, JSON) still work."""
+    gateway = await _users_gateway(sqlite_url)
+    base = f"http://127.0.0.1:{gateway.ports['http']}"
+    try:
+        async with aiohttp.ClientSession(headers=_basic("alice", "alice-pw")) as http:
+            forged = await http.post(
+                f"{base}/api/queues/orders/purge",
+                data={"x": "1"},
+                headers={"Origin": "http://evil.example"},
+            )
+            assert forged.status == 403
+            as_text = await http.post(
+                f"{base}/api/queues/orders/groups",
+                data='{"name": "planted"}',
+                headers={"Content-Type": "text/plain"},
+            )
+            assert as_text.status == 400
+            groups = await (await http.get(f"{base}/api/queues/orders/groups")).json()
+            assert [g["name"] for g in groups] == []
+            assert (await (await http.get(f"{base}/api/queues/orders")).json())["depth"] == 1
+            same = await http.post(
+                f"{base}/api/queues/orders/groups", json={"name": "ops"}, headers={"Origin": base}
+            )
+            assert same.status == 201
+            assert (await http.post(f"{base}/api/queues/orders/purge")).status == 200
+    finally:
+        await gateway.stop()
