@@ -286,8 +286,8 @@ class Broker(Publishing, ProtocolState):
         if self._closing:
             raise Unavailable("the gateway is shutting down")
         queue, group = request.queue, request.group
+        self.access.authorize(principal, "consume", queue)  # first: no existence oracle
         config = self.queue(queue)
-        self.access.authorize(principal, "consume", queue)
         window = config.window if request.window is None else request.window
         if window < 1:
             raise InvalidArgument("window must be >= 1")

@@ -17,7 +17,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Final
 
-from core.errors import KeygateError, NoRoute, StorageError, Unavailable
+from core.errors import KeygateError, NoRoute, PermissionDenied, StorageError, Unavailable
 from core.ingress import validate_publication
 from core.model import Message, Publication, QueueConfig
 from core.topics import SubscriptionIndex, normalize_topic
@@ -76,7 +76,9 @@ class Publishing:
         topic = normalize_topic(publication.topic)
         out = []
         for queue in self._route(topic):
-            self.access.authorize(principal, "publish", queue.name)
+            if not self.access.allows(principal, "publish", queue.name):
+                # Named by the topic: which queues subscribe to it is not the publisher's.
+                raise PermissionDenied(f"{publisher!r} may not publish on topic {topic!r}")
             out.append(build_message(queue, publication, publisher, now, topic))
         return out
 

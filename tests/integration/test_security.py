@@ -224,8 +224,13 @@ async def test_a_user_without_permissions_is_refused_on_every_protocol_and_the_h
             for queue in ("orders", "no-such-queue"):
                 with pytest.raises(PermissionDenied):
                     await eve.publish(queue, b"x")
-            with pytest.raises(PermissionDenied):
-                await eve.subscribe("orders", group="stolen")
+                with pytest.raises(PermissionDenied):
+                    await eve.subscribe(queue, group="stolen")
+            # A topic refused names the topic, not the queues subscribed to it.
+            with pytest.raises(PermissionDenied) as refused:
+                await eve.publish_topic("orders/eu", b"x")
+            assert "orders/eu" in refused.value.message
+            assert "queue" not in refused.value.message
             with pytest.raises(PermissionDenied):
                 await eve.declare_queue("orders", partitions=1)
         mqtt = Paho("127.0.0.1", ports["mqtt"], "eve-device", "eve")
