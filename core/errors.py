@@ -99,6 +99,12 @@ class GroupLeased(Conflict):
     code = "group-leased"
 
 
+class GroupLimitReached(Conflict):
+    """A bind would create a group beyond the queue's ``max_groups_per_queue``."""
+
+    code = "group-limit"
+
+
 class LeaseLost(GroupLeased):
     """A Spark job found, when settling, that its group lease had been taken over since it
     took it (it ran past its lease timeout); it settled nothing. Never sent on a wire, so

@@ -115,6 +115,10 @@ class GatewayConfig:
     # Limits (docs/operations.md, "Connection limits"): what one client can make the gateway hold.
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     max_connections_per_user: int = DEFAULT_MAX_CONNECTIONS_PER_USER
+    # Groups a queue may have for a bind to create another (each is permanent and holds
+    # back the queue's retention); an admin's `keygate group create` may go beyond it.
+    # 0 = no limit.
+    max_groups_per_queue: int = 1000
     login_timeout: float = DEFAULT_LOGIN_TIMEOUT
     max_login_frame: int = DEFAULT_MAX_LOGIN_FRAME
     max_unconfirmed_bytes: int = DEFAULT_MAX_UNCONFIRMED_BYTES

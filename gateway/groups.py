@@ -74,7 +74,9 @@ class Groups:
         async with self.lock(*key):
             runtime = self._runtimes.get(key)
             if runtime is None:
-                group, snapshot = await self._store.create_group(wanted, exist_ok=True)
+                group, snapshot = await self._store.create_group(
+                    wanted, exist_ok=True, limit=self._config.max_groups_per_queue
+                )
                 queue = self._queue_of(wanted.queue)
                 machine = GroupMachine(
                     queue,

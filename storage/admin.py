@@ -12,7 +12,13 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from core import topics
 from core.actions import DeliveryRecord, GroupSnapshot, ParkedKey, PartitionSnapshot
-from core.errors import AlreadyExists, GroupNotFound, InvalidArgument, QueueNotFound
+from core.errors import (
+    AlreadyExists,
+    GroupLimitReached,
+    GroupNotFound,
+    InvalidArgument,
+    QueueNotFound,
+)
 from core.model import GroupConfig, QueueConfig, ResetKind, ResetPosition
 from storage.base import StoreBase, read_queues
 from storage.codec import decode_ranges, group_from_row, group_row, queue_row
@@ -250,9 +256,10 @@ class AdminOps(StoreBase):
             await self.alter_queue(queue, subscriptions=remaining)
 
     async def create_group(
-        self, config: GroupConfig, *, exist_ok: bool = True
+        self, config: GroupConfig, *, exist_ok: bool = True, limit: int = 0
     ) -> tuple[GroupConfig, GroupSnapshot]:
-        """Create the group (or return the stored one when ``exist_ok``) and its offsets.
+        """Create the group (or return the stored one when ``exist_ok``) and its offsets;
+        GroupLimitReached when the queue has ``limit`` groups already (0: no limit).
 
         ``earliest`` starts before the oldest retained message, ``latest`` at the head.
         """
@@ -266,9 +273,18 @@ class AdminOps(StoreBase):
                 if not exist_ok:
                     raise AlreadyExists(f"group {config.name!r} of {config.queue!r} exists")
             else:
+                if limit and await self._count_groups(conn, config.queue) >= limit:
+                    raise GroupLimitReached(
+                        f"queue {config.queue!r} has {limit} groups, its most "
+                        "(max_groups_per_queue); an administrator may create more"
+                    )
                 await self._insert_group(conn, config, queues[0])
                 stored = config
             return stored, await self._snapshot(conn, config.queue, config.name)
+
+    async def _count_groups(self, conn: AsyncConnection, queue: str) -> int:
+        count = sa.select(sa.func.count()).where(kg_groups.c.queue == queue)
+        return int((await conn.execute(count)).scalar_one())
 
     async def _insert_group(
         self, conn: AsyncConnection, config: GroupConfig, queue: QueueConfig

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from core.errors import Conflict, QueueNotFound
+from core.errors import Conflict, GroupLimitReached, QueueNotFound
 from core.model import GroupConfig, KeyOrder, StartPosition
 from gateway.client import Client, Consumer, ConsumerClosed, Message
 from gateway.inspect import inspect_queue
@@ -384,6 +384,30 @@ async def test_a_window_of_zero_pauses_a_consumer_until_it_is_raised(gateway: Ga
     received = [await consumer.receive(timeout=10) for _ in range(3)]
     assert [m.payload for m in received] == [b"k:0", b"k:1", b"k:2"]
     await client.close()
+
+
+async def test_consumers_cannot_create_more_groups_than_a_queue_may_have(db_url: str) -> None:
+    """Each group a bind creates is permanent (and holds back retention): a consumer could
+    create thousands. Binds stop creating them at max_groups_per_queue."""
+    gateway = await start_gateway(db_url, max_groups_per_queue=2)
+    try:
+        assert gateway.broker is not None
+        client = await _client(gateway, "c")
+        await client.declare_queue("orders", partitions=1)
+        for name in ("a", "b"):
+            await (await client.subscribe("orders", group=name)).close()
+        with pytest.raises(GroupLimitReached, match="max_groups_per_queue"):
+            await client.subscribe("orders", group="c")
+        await (await client.subscribe("orders", group="a")).close()  # existing: fine
+        await gateway.broker.create_group(GroupConfig("orders", "ops"))  # an admin may
+        assert sorted(g.name for g in await gateway.store.list_groups("orders")) == [  # type: ignore[union-attr]
+            "a",
+            "b",
+            "ops",
+        ]
+        await client.close()
+    finally:
+        await gateway.stop()
 
 
 async def test_deleting_a_queue_ends_only_its_consumers(gateway: Gateway) -> None:
