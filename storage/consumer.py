@@ -45,7 +45,7 @@ from core.model import (
 )
 from core.partition import has_tags
 from storage.admin import AdminOps
-from storage.base import Allocation
+from storage.base import Allocation, StoreBase
 from storage.batcher import GroupCommitter
 from storage.codec import salvage_message
 from storage.schema import (
@@ -103,6 +103,26 @@ def dead_letter_copy(
         deliver_at=None,
         expire_at=None,
     )
+
+
+def append_dead_letters(
+    conn: sa.Connection,
+    store: StoreBase,
+    dlq: str,
+    letters: Sequence[DeadLetter],
+    group: str | None,
+    now: float,
+) -> tuple[Allocation, list[Message]]:
+    """Append the copies of ``letters`` to ``dlq`` (its one partition, head locked and
+    written in ``conn``'s transaction); the allocation and copies, for ``store.committed``
+    after COMMIT. A group's dead letters and the expiry sweep's (no group) both go here."""
+    allocation = store.lock_heads(conn, [(dlq, 0)])
+    copies = [
+        dead_letter_copy(letter, group, dlq, 0, allocation.next(dlq, 0), now) for letter in letters
+    ]
+    store.insert_messages(conn, copies)
+    store.write_heads(conn, allocation)
+    return allocation, copies
 
 
 class ConsumerOps(AdminOps):
@@ -231,13 +251,9 @@ class ConsumerOps(AdminOps):
                 copies: list[Message] = []
                 if dlq is not None and letters:
                     created = await self._ensure_dlq(conn, config)
-                    allocation = await conn.run_sync(self.lock_heads, [(dlq, 0)])
-                    copies = [
-                        dead_letter_copy(letter, group, dlq, 0, allocation.next(dlq, 0), now)
-                        for letter in letters
-                    ]
-                    await conn.run_sync(self.insert_messages, copies)
-                    await conn.run_sync(self.write_heads, allocation)
+                    allocation, copies = await conn.run_sync(
+                        append_dead_letters, self, dlq, letters, group, now
+                    )
                 await conn.run_sync(self._write_offsets, queue, group, offsets, retries)
                 await conn.run_sync(self._write_key_changes, queue, group, keys)
             for created_queue in created:

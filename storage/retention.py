@@ -38,7 +38,7 @@ from core.model import DeadLetterReason, Message
 from storage.admin import AdminOps
 from storage.base import Allocation
 from storage.codec import salvage_message
-from storage.consumer import dead_letter_copy
+from storage.consumer import append_dead_letters
 from storage.schema import kg_dedup, kg_group_offsets, kg_groups, kg_messages, kg_queues
 from storage.statements import per_dialect
 
@@ -311,22 +311,11 @@ class RetentionOps(AdminOps):
             where = sa.tuple_(m.c.queue, m.c.partition, m.c.seq).in_(keys)
             if dlq is not None:
                 found = conn.execute(sa.select(m).where(where).order_by(m.c.expire_at))
-                expired = [salvage_message(row)[0] for row in found.mappings()]
-                allocation = self.lock_heads(conn, [(dlq, 0)])
-                copies = [
-                    dead_letter_copy(
-                        DeadLetter(message, DeadLetterReason.EXPIRED, 0, None),
-                        None,
-                        dlq,
-                        0,
-                        allocation.next(dlq, 0),
-                        now,
-                    )
-                    for message in expired
+                expired = [
+                    DeadLetter(salvage_message(row)[0], DeadLetterReason.EXPIRED, 0, None)
+                    for row in found.mappings()
                 ]
-                self.insert_messages(conn, copies)
-                self.write_heads(conn, allocation)
-                letters.append((allocation, copies))
+                letters.append(append_dead_letters(conn, self, dlq, expired, None, now))
             conn.execute(sa.delete(m).where(where))
             total = deleted.setdefault(queue, [0, 0])
             total[0] += len(rows)
