@@ -108,7 +108,7 @@ def _reason(error: ValidationError) -> str:
         case "required":
             instance = cast(dict[str, Any], error.instance)
             missing = [name for name in schema["required"] if name not in instance]
-            return f"{'.'.join(filter(None, (where, missing[0])))} is required"
+            return f"{_field(where, missing[0])} is required"
         case "additionalProperties":
             unknown = sorted(
                 set(cast(dict[str, Any], error.instance)) - set(schema.get("properties", {}))
