@@ -66,6 +66,7 @@ from gateway.broker import Broker
 from gateway.console import STATIC_DIR
 from gateway.http_input import RequestContract
 from gateway.inspect import inspect_queue, queue_summary
+from gateway.logs import quiet_bad_requests
 from gateway.openapi import openapi_document, package_version
 from protocols.sink import Principal, peer_identity
 from storage import SqlStore
@@ -270,6 +271,7 @@ class AdminServer:
         return await handler(request)
 
     async def start(self, host: str, port: int, ssl_context: ssl.SSLContext | None) -> int:
+        quiet_bad_requests()
         await self._runner.setup()
         self._site = web.TCPSite(self._runner, host, port, ssl_context=ssl_context)
         await self._site.start()

@@ -8,6 +8,8 @@ import logging
 import time
 from typing import Any, Final
 
+from aiohttp.http_exceptions import HttpProcessingError
+
 from protocols.sink import Principal
 
 # Attributes every LogRecord has; anything else was passed with ``extra=`` and is kept.
@@ -48,6 +50,36 @@ def flow_fields(
     if client is not None:
         fields["client"] = client
     return fields
+
+
+class _BadRequestLine(logging.Filter):
+    """aiohttp logs a request it cannot parse at ERROR with a traceback whose message
+    quotes the offending bytes: an oversized ``Authorization`` header put the start of a
+    client's Basic credentials in the log, and a storm of bad requests wrote a traceback
+    each. Such a request is the client's error (it is answered 400 and closed), so it
+    becomes one INFO line like the other listeners' protocol errors, naming the kind of
+    error and never the bytes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, HttpProcessingError):
+            peer = record.args[0] if isinstance(record.args, tuple) and record.args else "?"
+            record.msg = "http %s: bad request: %s (%s)"
+            record.args = (peer, type(error).__name__, error.code)
+            record.exc_info = record.exc_text = None
+            record.levelno, record.levelname = logging.INFO, "INFO"
+            return logging.getLogger(record.name).isEnabledFor(logging.INFO)
+        return True
+
+
+_BAD_REQUEST_LINE: Final = _BadRequestLine()
+
+
+def quiet_bad_requests() -> None:
+    """Install the filter above on aiohttp's server logger (once; both HTTP servers)."""
+    server_log = logging.getLogger("aiohttp.server")
+    if _BAD_REQUEST_LINE not in server_log.filters:
+        server_log.addFilter(_BAD_REQUEST_LINE)
 
 
 def configure(level: str, *, as_json: bool) -> None:

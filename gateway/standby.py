@@ -15,6 +15,7 @@ import ssl
 
 from aiohttp import web
 
+from gateway.logs import quiet_bad_requests
 from gateway.openapi import package_version
 
 
@@ -29,6 +30,7 @@ class StandbyHealth:
         self._runner = web.AppRunner(app, access_log=None)
 
     async def start(self, host: str, port: int, ssl_context: ssl.SSLContext | None) -> int:
+        quiet_bad_requests()
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port, ssl_context=ssl_context)
         await site.start()

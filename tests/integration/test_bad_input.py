@@ -4,7 +4,11 @@ closed connection, the gateway keeps serving every protocol, and nothing confirm
 from __future__ import annotations
 
 import asyncio
+import base64
+import logging
 import random
+
+import pytest
 
 from gateway.client import Client
 from gateway.server import Gateway
@@ -82,3 +86,29 @@ async def test_stomp_numbers_too_long_to_parse_get_an_error_and_a_closed_connect
         confirmed = await client.publish("orders", b"after", key="k")
         consumer = await client.subscribe("orders", group="g")
         assert (await consumer.receive(timeout=5)).message_id == confirmed
+
+
+async def test_an_http_request_too_large_to_parse_is_one_log_line_without_its_bytes(
+    gateway: Gateway, caplog: pytest.LogCaptureFixture
+) -> None:
+    """aiohttp logged an oversized header at ERROR with a traceback quoting its start:
+    for an ``Authorization`` header, the start of the client's Basic credentials."""
+    secret = base64.b64encode(b"alice:" + b"hunter2-" * 2000).decode()
+    caplog.set_level(logging.INFO)
+    reader, writer = await asyncio.open_connection("127.0.0.1", gateway.ports["http"])
+    try:
+        writer.write(f"GET /api/status HTTP/1.1\r\nAuthorization: Basic {secret}\r\n\r\n".encode())
+        await writer.drain()
+        async with asyncio.timeout(10):
+            answer = await reader.read()
+    finally:
+        writer.close()
+    assert answer.startswith(b"HTTP/1.0 400") or answer.startswith(b"HTTP/1.1 400"), answer[:80]
+    logged = [r for r in caplog.records if r.name == "aiohttp.server"]
+    assert [r.getMessage() for r in logged] == [
+        "http 127.0.0.1: bad request: LineTooLong (400)"
+    ]
+    assert all(r.levelno == logging.INFO and not r.exc_info for r in logged)
+    assert secret[6:30] not in caplog.text
+    async with Client(native_url(gateway)) as client:  # the gateway serves on
+        await client.declare_queue("orders")
