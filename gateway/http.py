@@ -287,7 +287,14 @@ class AdminServer:
         return web.json_response({"status": "ok", "role": "active"})
 
     async def _status(self, request: web.Request) -> web.Response:
+        """Counts only the queues and groups the caller may monitor: every authenticated
+        user may ask, and the whole gateway's numbers would tell one how many queues
+        others have."""
         config = self.broker.config
+        principal = _principal(request)
+        visible = {
+            q.name for q in self.broker.queues() if self.broker.access.may_monitor(principal, q.name)
+        }
         return web.json_response(
             {
                 "name": config.name,
@@ -296,8 +303,8 @@ class AdminServer:
                 "python": platform.python_version(),
                 "database": self.store.engine.dialect.name,
                 "listeners": dict(self._ports),
-                "queues": len(self.broker.queues()),
-                "groups_loaded": len(self.broker.runtimes()),
+                "queues": len(visible),
+                "groups_loaded": sum(r.queue.name in visible for r in self.broker.runtimes()),
             }
         )
 

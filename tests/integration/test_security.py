@@ -283,6 +283,11 @@ async def test_the_monitor_permission_allows_inspection_but_not_consuming_or_pub
             assert inspected.status == 200
             listed = await (await http.get(f"{base}/api/queues")).json()
             assert [q["name"] for q in listed] == ["orders"]  # not orders.dlq
+            status = await (await http.get(f"{base}/api/status")).json()
+            assert status["queues"] == 1  # orders.dlq exists too, but is not theirs
+        async with aiohttp.ClientSession(headers=_basic("eve", "eve-pw")) as http:
+            status = await (await http.get(f"{base}/api/status")).json()
+            assert (status["role"], status["queues"], status["groups_loaded"]) == ("active", 0, 0)
         passive = await asyncio.to_thread(
             _pika,
             "127.0.0.1",
