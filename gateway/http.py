@@ -293,7 +293,9 @@ class AdminServer:
         config = self.broker.config
         principal = _principal(request)
         visible = {
-            q.name for q in self.broker.queues() if self.broker.access.may_monitor(principal, q.name)
+            q.name
+            for q in self.broker.queues()
+            if self.broker.access.may_monitor(principal, q.name)
         }
         return web.json_response(
             {

@@ -105,9 +105,7 @@ async def test_an_http_request_too_large_to_parse_is_one_log_line_without_its_by
         writer.close()
     assert answer.startswith(b"HTTP/1.0 400") or answer.startswith(b"HTTP/1.1 400"), answer[:80]
     logged = [r for r in caplog.records if r.name == "aiohttp.server"]
-    assert [r.getMessage() for r in logged] == [
-        "http 127.0.0.1: bad request: LineTooLong (400)"
-    ]
+    assert [r.getMessage() for r in logged] == ["http 127.0.0.1: bad request: LineTooLong (400)"]
     assert all(r.levelno == logging.INFO and not r.exc_info for r in logged)
     assert secret[6:30] not in caplog.text
     async with Client(native_url(gateway)) as client:  # the gateway serves on
