@@ -333,6 +333,24 @@ def test_two_flows_of_one_client_each_reclaim_their_own_previous_set() -> None:
     assert d.machine.partitions_of("b") == held["b"]
 
 
+def test_a_rebind_after_a_newcomer_joined_gets_its_set_back_less_what_balance_moves() -> None:
+    """docs/operations.md, Reconnect identity: the newcomer did not take the reserved
+    partitions; the re-bind reclaims them and the same rebalance keeps the group balanced."""
+    d = make(partitions=8)
+    d.bind("a", client="c1")
+    d.bind("b", client="c2")
+    held = d.machine.partitions_of("a")
+    d.call(d.machine.unbind, "a")
+    d.bind("c", client="c3")
+    assert not d.machine.partitions_of("c") & held  # reserved, not given away
+    assert len(d.machine.partitions_of("c")) == 2
+    d.advance(1.0)
+    d.bind("a2", client="c1", previous=held)
+    back = d.machine.partitions_of("a2")
+    assert len(back) == 3 and back < held
+    assert sorted(len(d.machine.partitions_of(f)) for f in ("a2", "b", "c")) == [2, 3, 3]
+
+
 def test_a_restarted_client_without_previous_set_is_treated_as_new() -> None:
     d = make(partitions=2)
     d.bind("a", client="c1")
