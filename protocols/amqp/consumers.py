@@ -57,11 +57,15 @@ class ConsumeRequest:
 
 @dataclass(frozen=True, slots=True)
 class Settled:
-    """Deliveries of one consumer settled with one outcome, in delivery order."""
+    """Deliveries of one consumer settled with one outcome, in delivery order.
+    ``drained``: the consumer is cancelled and these were the last of its deliveries
+    waiting for a settle, so its flow can go. Decided here, when the frame is read: the
+    adapter performs the settles later, after the rest of the read changed this state."""
 
     consumer_tag: str
     outcome: Outcome
     message_ids: tuple[str, ...]
+    drained: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,7 +201,10 @@ class ChannelConsumers:
         for tag in sorted(tags):
             unacked = self._unacked.pop(tag)
             by_consumer.setdefault(unacked.consumer_tag, []).append(unacked.message_id)
-        return [Settled(c, outcome, tuple(ids)) for c, ids in by_consumer.items()]
+        return [
+            Settled(c, outcome, tuple(ids), c not in self.consumers and not self.holds(c))
+            for c, ids in by_consumer.items()
+        ]
 
 
 __all__ = [

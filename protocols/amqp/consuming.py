@@ -90,15 +90,6 @@ class Consuming:
             channel = self._channels[operation.channel]
             self._reply(channel, commands.Basic.CancelOk(operation.consumer_tag))
 
-    def holds(self, channel_number: int, serial: int, consumer_tag: str) -> bool:
-        """Whether the channel holds deliveries of the consumer not yet settled."""
-        channel = self._channels.get(channel_number)
-        return (
-            channel is not None
-            and channel.serial == serial
-            and channel.consumers.holds(consumer_tag)
-        )
-
     def cancel_consumer(self, channel_number: int, serial: int, consumer_tag: str) -> None:
         """The gateway ended a consumer (its queue was deleted): tell a client that
         announced ``consumer_cancel_notify``, as RabbitMQ does."""
@@ -187,7 +178,8 @@ class Consuming:
             if not method.nowait:
                 self._reply(channel, commands.Basic.CancelOk(tag))
             return
-        self._events.append(ev.Cancel(channel.number, channel.serial, method.nowait, tag))
+        holds = channel.consumers.holds(tag)
+        self._events.append(ev.Cancel(channel.number, channel.serial, method.nowait, tag, holds))
 
     def _basic_get(self, channel: Channel, method: commands.Basic.Get) -> None:
         # basic.get has no arguments to name a group: it polls the default one.

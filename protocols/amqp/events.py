@@ -91,9 +91,12 @@ class Consume(ChannelOperation):
 
 @frozen(eq=False)
 class Cancel(ChannelOperation):
-    """basic.cancel of a known consumer: unbind its flow, then ``cancelled``."""
+    """basic.cancel of a known consumer: unbind its flow, then ``cancelled``. ``holds``:
+    deliveries of the consumer waited for a settle when the cancel was read; then the flow
+    is paused instead, and unbound by the settle that ``Settled.drained`` marks."""
 
     consumer_tag: str
+    holds: bool
 
 
 @frozen(eq=False)

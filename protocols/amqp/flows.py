@@ -11,7 +11,10 @@ redelivers the unacked messages, flagged). A basic.cancel unbinds at once when t
 consumer holds nothing unacked; otherwise, as in RabbitMQ, its deliveries stay the
 channel's to settle: the flow is paused (a window of 0: nothing more is sent, and what
 the group had already pushed is dropped and comes back at the unbind) and unbound once
-the last of them is settled, or with the channel.
+the last of them is settled, or with the channel. Whether the consumer held any and which
+settle was its last come with the events (``Cancel.holds``, ``Settled.drained``), decided
+when the connection read the frames: by the time an event is performed the connection has
+read on, maybe the whole tight loop of acks that followed the cancel.
 
 basic.get has no flow of its own in AMQP; keygate gives each (channel, queue) that polls
 one, bound on the first basic.get with a window of one: a getter is a member of the
@@ -61,7 +64,6 @@ class _ConsumerOutput:
     key: _Key
     no_ack: bool
     flow_id: str = ""
-    cancelled: bool = False  # basic.cancel'd; bound, paused, until its deliveries settle
 
     def deliver(self, deliveries: Sequence[Deliver]) -> Sequence[Deliver]:
         channel, serial, tag = self.key
@@ -128,8 +130,7 @@ class ConsumerFlows:
         elif isinstance(op, ev.Cancel):
             key = (op.channel, op.serial, op.consumer_tag)
             output = self.outputs.get(key)
-            if isinstance(output, _ConsumerOutput) and self.connection.holds(*key):
-                output.cancelled = True
+            if isinstance(output, _ConsumerOutput) and op.holds:
                 self.sink.settle(principal, output.flow_id, settles.Credit(0))
             else:
                 self._unbind(principal, key)
@@ -142,8 +143,7 @@ class ConsumerFlows:
                     continue
                 event = _OUTCOMES[settled.outcome](settled.message_ids)
                 self.sink.settle(principal, output.flow_id, event)
-                cancelled = isinstance(output, _ConsumerOutput) and output.cancelled
-                if cancelled and not self.connection.holds(*key):  # its last settle
+                if settled.drained:  # the last settle of a cancelled consumer
                     self._unbind(principal, key)
         else:
             await self._get(principal, op)

@@ -11,6 +11,7 @@ consumer holds; basic.get polls.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import threading
@@ -21,11 +22,12 @@ import aio_pika
 import pika
 import pytest
 
-from gateway.client import Client, Consumer
+from gateway.client import Client, Consumer, Message
 from gateway.logs import JsonFormatter
 from gateway.server import Gateway
 from tests.integration.conftest import native_url
 from tests.integration.sqlcheck import declare
+from tests.support.amqp import pika_channel
 from tests.support.consumers import PikaConsumer, Received, StompConsumer, wait_until
 from tests.support.proxy import TcpProxy
 
@@ -263,6 +265,71 @@ async def test_acks_after_basic_cancel_settle_what_the_cancelled_consumer_held(
         WAIT,
         "all five acked",
     )
+
+
+def _cancel_then_settle(gateway: Gateway, queue: str, answers: str) -> list[bytes]:
+    """pika, prefetch 5: hold five deliveries, basic.cancel, then settle them back to back
+    (no I/O between the calls, so the gateway reads them together), one letter each:
+    a = ack, n = nack(requeue), r = reject(requeue=False). Returns the held bodies once
+    the cancelled consumer's flow is gone."""
+    with pika_channel(gateway, confirm=False) as (connection, channel):
+        channel.basic_qos(prefetch_count=5)
+        held: list[tuple[int, bytes]] = []
+        tag = channel.basic_consume(
+            queue,
+            lambda _, method, __, body: held.append((method.delivery_tag, body)),
+            arguments={"x-group": "g"},
+        )
+        deadline = time.monotonic() + WAIT
+        while len(held) < 5:
+            assert time.monotonic() < deadline, f"{len(held)} of 5 deliveries"
+            connection.process_data_events(time_limit=0.05)
+        channel.basic_cancel(tag)
+        for (delivery_tag, _), answer in zip(held, answers, strict=True):
+            if answer == "a":
+                channel.basic_ack(delivery_tag)
+            elif answer == "n":
+                channel.basic_nack(delivery_tag, requeue=True)
+            else:
+                channel.basic_reject(delivery_tag, requeue=False)
+        wait_until(lambda: _owners(gateway, queue, "g") == [], WAIT, "the cancelled flow gone")
+    return [body for _, body in held]
+
+
+@pytest.mark.parametrize("answers", ["aaaaa", "anara"])
+async def test_settles_sent_back_to_back_after_basic_cancel_all_count(
+    gateway: Gateway, answers: str
+) -> None:
+    """QA's repro: acks (and nacks, rejects) of the held deliveries in a tight loop after
+    basic.cancel. Each counts: the next consumer gets what was never delivered and the
+    nacked ones, nothing acked or rejected again."""
+    queue = f"tight-{answers}"
+    await declare(gateway, queue, partitions=1, rebalance_delay=0.5, backoff_initial=0)
+    await _publish(gateway, queue, 20)
+    held = await asyncio.to_thread(_cancel_then_settle, gateway, queue, answers)
+    nacked = [body for body, answer in zip(held, answers, strict=True) if answer == "n"]
+    rejected = [body for body, answer in zip(held, answers, strict=True) if answer == "r"]
+    never = [f"k{i}:0".encode() for i in range(5, 20)]
+    async with Client(native_url(gateway)) as client:
+        consumer = await client.subscribe(queue, "g", window=100)
+        got: list[Message] = []
+        deadline = time.monotonic() + WAIT
+        while len(got) < len(never) + len(nacked) and time.monotonic() < deadline:
+            with contextlib.suppress(TimeoutError):
+                got.append(await consumer.receive(timeout=0.2))
+                await consumer.acknowledge(got[-1])
+        assert sorted(m.payload for m in got) == sorted(never + nacked)
+        assert sorted(m.payload for m in got if m.redelivered) == sorted(nacked)
+        runtime = gateway.broker.runtimes(queue)[0]
+        await asyncio.to_thread(
+            wait_until,
+            lambda: [p.committed_seq for p in runtime.status().partitions] == [20],
+            WAIT,
+            "all twenty settled",
+        )
+        if rejected:
+            letter = await (await client.subscribe(f"{queue}.dlq", "ops")).receive(timeout=WAIT)
+            assert [letter.payload] == rejected
 
 
 async def test_prefetch_caps_the_unacked_deliveries_of_a_consumer(gateway: Gateway) -> None:

@@ -259,8 +259,8 @@ class MemorySink:
         flow = self.flows.get(flow_id)
         if flow is not None and flow.principal.connection != principal.connection:
             raise PermissionDenied("flow belongs to another connection")
-        if isinstance(event, Credit) and event.window < 1:
-            raise InvalidArgument("window must be >= 1")
+        if isinstance(event, Credit) and event.window < 0:  # as the broker: 0 pauses
+            raise InvalidArgument("window must be >= 0 (0 pauses the flow)")
         if flow is None:
             return
         self.settled.append((flow_id, event))

@@ -71,10 +71,20 @@ def test_no_ack_deliveries_are_not_remembered() -> None:
         channel.settle(commands.Basic.Ack(delivery_tag=tag))
 
 
-def test_a_cancelled_consumers_deliveries_can_still_be_acked() -> None:
+def test_a_cancelled_consumers_deliveries_can_still_be_acked_the_last_drains_it() -> None:
+    channel = _channel("a")
+    first, second = (channel.delivery_tag("a", _message(n)) for n in range(2))
+    assert channel.cancel("a") is not None
+    assert channel.settle(commands.Basic.Ack(delivery_tag=first)) == [
+        Settled("a", Outcome.ACK, ("m0",), drained=False)
+    ]
+    assert channel.settle(commands.Basic.Nack(delivery_tag=second)) == [
+        Settled("a", Outcome.RETRY, ("m1",), drained=True)
+    ]
+
+
+def test_settles_of_a_live_consumer_never_drain_it() -> None:
     channel = _channel("a")
     tag = channel.delivery_tag("a", _message(1))
-    assert channel.cancel("a") is not None
-    assert channel.settle(commands.Basic.Ack(delivery_tag=tag)) == [
-        Settled("a", Outcome.ACK, ("m1",))
-    ]
+    [settled] = channel.settle(commands.Basic.Ack(delivery_tag=tag))
+    assert not settled.drained
