@@ -146,9 +146,13 @@ class ChannelConsumers:
         self.prefetch = method.prefetch_count or None
 
     def consume(self, method: commands.Basic.Consume) -> ConsumeRequest:
-        if method.consumer_tag and method.consumer_tag in self.consumers:
+        """530 for a tag in use, which includes a cancelled consumer whose deliveries are
+        not all settled: its flow is still bound, paused, under that tag until they are."""
+        tag = method.consumer_tag
+        if tag and (tag in self.consumers or self.holds(tag)):
+            held = "" if tag in self.consumers else " (its deliveries are not settled yet)"
             raise AmqpChannelError(
-                ReplyCode.NOT_ALLOWED, f"attempt to reuse consumer tag '{method.consumer_tag}'"
+                ReplyCode.NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'{held}"
             )
         request = consume_request(method, self.prefetch)
         self.consumers[request.consumer_tag] = request

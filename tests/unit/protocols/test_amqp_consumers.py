@@ -83,6 +83,21 @@ def test_a_cancelled_consumers_deliveries_can_still_be_acked_the_last_drains_it(
     ]
 
 
+def test_a_cancelled_consumers_tag_is_reused_only_once_its_deliveries_are_settled() -> None:
+    """A consume under the tag of a cancelled consumer still holding deliveries replaced
+    its flow, which then stayed bound (paused, its partitions held) past the channel."""
+    channel = _channel("a")
+    tag = channel.delivery_tag("a", _message(0))
+    channel.cancel("a")
+    again = commands.Basic.Consume(queue="orders", consumer_tag="a")
+    with pytest.raises(AmqpChannelError) as reused:
+        channel.consume(again)
+    assert reused.value.reply_code == 530
+    assert "not settled yet" in str(reused.value)
+    channel.settle(commands.Basic.Ack(delivery_tag=tag))
+    assert channel.consume(again).consumer_tag == "a"
+
+
 def test_settles_of_a_live_consumer_never_drain_it() -> None:
     channel = _channel("a")
     tag = channel.delivery_tag("a", _message(1))
