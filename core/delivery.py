@@ -351,7 +351,9 @@ class DeliveryBook(Reads, Pump):
         key = sent.message.key
         if key is not None:
             count_down(part.inflight_keys, key)
-            if sent.flow_id == part.handoff_from and part.handoff_keys.get(key):
+            handoff = part.handoffs.get(sent.flow_id) if part.handoffs else None
+            if handoff is not None and handoff.keys.get(key):
+                count_down(handoff.keys, key)
                 count_down(part.handoff_keys, key)
         return sent
 

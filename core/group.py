@@ -327,7 +327,7 @@ class GroupMachine(Membership):
     def next_deadline(self) -> float | None:
         """The earliest time ``tick`` may have something to do (may be early, never late)."""
         times = [res.deadline for res in self._reservations.values()]
-        times += [self._parts[p].handoff_deadline for p in self._paused]
+        times += [h.deadline for p in self._paused for h in self._parts[p].handoffs.values()]
         if self._timers:
             times.append(self._timers[0][0])
         return min(times, default=None)
@@ -380,8 +380,8 @@ class GroupMachine(Membership):
             self._rebalance = True
         for p in sorted(self._paused):
             part = self._parts[p]
-            if part.handoff_deadline <= now:
-                self._end_handoff(part, now)
+            for holder in [h for h, off in part.handoffs.items() if off.deadline <= now]:
+                self._end_handoff(part, holder, now)
         while self._timers and self._timers[0][0] <= now:
             _, kind, p, seq, count = heapq.heappop(self._timers)
             part = self._parts[p]
@@ -401,8 +401,8 @@ class GroupMachine(Membership):
             self._reconcile(now)
         for p in sorted(self._paused):
             part = self._parts[p]
-            if part.handoff_from is None or not part.held[part.handoff_from]:
-                self._end_handoff(part, now)  # the old owner settled all it held
+            for holder in [h for h in part.handoffs if not part.held[h]]:
+                self._end_handoff(part, holder, now)  # it settled all it held
         self._announce()
         self._pump(now)
         self._request_fetches()

@@ -7,6 +7,8 @@ order (exclusive mode: only the active flow), and ``_move`` maps each partition 
 owner. A partition whose old owner still holds unacked messages of it is ``paused``: only
 the keys the old owner holds wait (key-granular handoff) until it settles them or
 max_handoff_time ends, then ``_end_handoff`` returns its leftovers first to the new owner.
+A partition that moves on while it waits (A -> B -> C) keeps one handoff per previous owner
+that still holds messages of it, each with its own keys and deadline.
 ``_announce`` turns what changed into ``AssignmentChanged`` and ``PartitionsChanged``
 actions, once per event and only for real changes.
 """
@@ -19,7 +21,7 @@ from core.actions import AssignmentChanged, GroupSnapshot, PartitionsChanged
 from core.assignment import assign
 from core.delivery import DeliveryBook
 from core.model import GroupConfig, GroupMode, PartitionState, QueueConfig
-from core.partition import BufferUse, Flow, Partition, Reservation
+from core.partition import BufferUse, Flow, Handoff, Partition, Reservation
 
 
 class Membership(DeliveryBook):
@@ -58,7 +60,7 @@ class Membership(DeliveryBook):
             for p in back:
                 part = self._parts[p]
                 part.reserved_by = None
-                self._set_owner(part, flow.flow_id, PartitionState.READY)
+                self._set_owner(part, flow.flow_id, self._owned_state(part, flow.flow_id))
             if not res.partitions:
                 del self._reservations[res.flow_id]
 
@@ -86,55 +88,55 @@ class Membership(DeliveryBook):
     def _move(self, part: Partition, target: str | None, now: float) -> None:
         """Key-granular handoff (DESIGN.md §4): the partition maps to ``target`` at once;
         only the keys the old owner still holds unacked messages of wait, until it settles
-        them or max_handoff_time ends (then they return, first, to the new owner)."""
+        them or max_handoff_time ends (then they return, first, to the new owner). A
+        handoff still pending from an earlier move keeps its keys and its deadline."""
         owner = part.owner
         if target == owner:
             return
-        if part.handoff_from == target:
-            # Moving back to the flow it was leaving: what it holds is its own again.
-            part.handoff_from = None
-            part.handoff_keys.clear()
-            self._paused.discard(part.index)
-        elif part.handoff_from is not None:
-            self._end_handoff(part, now)
-        if (
-            owner is not None
-            and target is not None
-            and part.held[owner]
-            and self._queue.max_handoff_time > 0
-        ):
-            part.handoff_from = owner
-            part.handoff_keys = Counter(
-                sent.message.key
-                for sent in part.inflight.values()
-                if sent.flow_id == owner and sent.message.key is not None
-            )
-            part.handoff_deadline = now + self._queue.max_handoff_time
-            self._paused.add(part.index)
-            self._set_owner(part, target, PartitionState.PAUSED)
-            return
-        self._transfer(part, target, now)
+        if target is not None and target in part.handoffs:
+            # Moving back to a flow it was leaving: what it holds is its own again.
+            self._drop_handoff(part, target)
+        if owner is not None and part.held[owner]:
+            if target is not None and self._queue.max_handoff_time > 0:
+                self._start_handoff(part, owner, now)
+            else:  # no wait: its leftovers go first to the new owner
+                self._return_inflight(part, owner, now)
+        self._set_owner(part, target, self._owned_state(part, target))
 
-    def _end_handoff(self, part: Partition, now: float) -> None:
-        """The old owner's leftovers return for redelivery (first, to the new owner); every
-        key of the partition flows."""
-        old = part.handoff_from
-        part.handoff_from = None
-        part.handoff_keys.clear()
-        self._paused.discard(part.index)
-        if old is not None and part.held[old]:
-            self._return_inflight(part, old, now)
-        if part.state is PartitionState.PAUSED:
+    def _owned_state(self, part: Partition, owner: str | None) -> PartitionState:
+        """The state of a partition mapped to ``owner``: paused while any previous owner's
+        handoff is pending."""
+        if owner is None:
+            return PartitionState.UNASSIGNED
+        return PartitionState.PAUSED if part.handoffs else PartitionState.READY
+
+    def _start_handoff(self, part: Partition, holder: str, now: float) -> None:
+        keys = Counter(
+            sent.message.key
+            for sent in part.inflight.values()
+            if sent.flow_id == holder and sent.message.key is not None
+        )
+        part.handoffs[holder] = Handoff(keys, now + self._queue.max_handoff_time)
+        part.handoff_keys.update(keys)
+        self._paused.add(part.index)
+
+    def _drop_handoff(self, part: Partition, holder: str) -> None:
+        """Forget a previous owner's handoff: its keys no longer wait for it."""
+        handoff = part.handoffs.pop(holder)
+        part.handoff_keys -= handoff.keys
+        if not part.handoffs:
+            self._paused.discard(part.index)
+
+    def _end_handoff(self, part: Partition, holder: str, now: float) -> None:
+        """A previous owner's leftovers return for redelivery (first, to the owner); its
+        keys flow, and with no handoff left every key of the partition does."""
+        self._drop_handoff(part, holder)
+        if part.held[holder]:
+            self._return_inflight(part, holder, now)
+        if not part.handoffs and part.state is PartitionState.PAUSED:
             part.state = PartitionState.READY
             self._touched.add(part.index)
         self._work.add(part.index)
-
-    def _transfer(self, part: Partition, target: str | None, now: float) -> None:
-        """Map the partition to ``target``; the old owner's leftovers go first to it."""
-        if part.owner is not None and part.held[part.owner]:
-            self._return_inflight(part, part.owner, now)
-        state = PartitionState.READY if target is not None else PartitionState.UNASSIGNED
-        self._set_owner(part, target, state)
 
     def _set_owner(self, part: Partition, owner: str | None, state: PartitionState) -> None:
         if (part.owner is None) != (owner is None):

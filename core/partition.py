@@ -95,6 +95,15 @@ class Retry:
 
 
 @dataclass(slots=True)
+class Handoff:
+    """What a partition's previous owner still holds of it after the partition moved on:
+    how many unacked messages of each key (those keys wait), until ``deadline``."""
+
+    keys: Counter[str]
+    deadline: float
+
+
+@dataclass(slots=True)
 class Flow:
     flow_id: str
     client: str
@@ -156,11 +165,11 @@ class Partition:
         self.state = PartitionState.UNASSIGNED
         self.owner: str | None = None
         self.reserved_by: str | None = None
-        # Key-granular handoff: the previous owner, and how many unacked messages of each
-        # key it still holds (those keys wait; the others flow to the new owner).
-        self.handoff_from: str | None = None
+        # Key-granular handoff: each previous owner still holding unacked messages of the
+        # partition (a chain A -> B -> C can leave two), with its keys and deadline; and
+        # their keys summed, which wait (the others flow to the owner).
+        self.handoffs: dict[str, Handoff] = {}
         self.handoff_keys: Counter[str] = Counter()
-        self.handoff_deadline = 0.0
         # (state, flow id) last written through; None forces the first write.
         self.announced: tuple[PartitionState, str | None] | None = None
         self.ledger = AckLedger(snapshot.committed_seq, snapshot.acked_above)

@@ -204,7 +204,7 @@ class GroupMachineRules(RuleBasedStateMachine):
             return
         for part in self.d.machine._parts:
             holders = {sent.flow_id for sent in part.inflight.values()}
-            assert holders <= {part.owner, part.handoff_from}
+            assert holders <= {part.owner, *part.handoffs}
             # Of each key, only one of them holds unacked messages.
             owners: dict[str, set[str]] = defaultdict(set)
             for sent in part.inflight.values():
