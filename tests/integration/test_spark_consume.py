@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -222,3 +223,21 @@ def test_a_batch_that_lost_its_lease_to_native_consumers_settles_nothing(
         )
     assert sum(offsets(db_url, "orders", "billing").values()) == 14  # the native acks
     assert execute(db_url, sa.select(kg_deliveries)) == []  # no nack recorded by Spark
+
+
+def test_the_readmes_spark_example_runs_as_written(
+    session: SparkSession, db_url: str, tmp_path: Path
+) -> None:
+    """QA ran the README's snippet: its ``fn`` returned a count, which consume_batch
+    refuses (fn returns None or the failed ids)."""
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    snippet = readme.split("Spark (the `keygate` source")[1].split("```python\n")[1]
+    snippet = snippet.split("```")[0].replace("sqlite:///keygate.db", db_url)
+    # Spark resolves a relative path against the JVM's directory, not Python's.
+    snippet = snippet.replace('"orders.parquet"', repr(str(tmp_path / "orders.parquet")))
+    seed(db_url, "orders", 12)
+    scope: dict[str, Any] = {"session": session}
+    exec(compile(snippet, "README.md", "exec"), scope)
+    assert scope["df"].count() == 12
+    assert session.read.parquet(str(tmp_path / "orders.parquet")).count() == 12
+    assert spark.consume_batch(session, db_url, "orders", "billing", lambda df: None).read == 0
