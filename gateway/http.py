@@ -44,7 +44,6 @@ import logging
 import platform
 import ssl
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import asdict
 from typing import Any, Final
 
 from aiohttp import web
@@ -65,7 +64,7 @@ from gateway import group_ops
 from gateway.broker import Broker
 from gateway.console import STATIC_DIR
 from gateway.http_input import RequestContract
-from gateway.inspect import inspect_queue, queue_summary
+from gateway.inspect import inspect_queue, queue_json, queue_summary
 from gateway.logs import quiet_bad_requests
 from gateway.openapi import openapi_document, package_version
 from protocols.sink import Principal, peer_identity
@@ -74,13 +73,6 @@ from storage import SqlStore
 log = logging.getLogger("keygate.http")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-def queue_json(queue: QueueConfig) -> dict[str, Any]:
-    data = asdict(queue)
-    data["subscriptions"] = list(queue.subscriptions)
-    data["dead_letter_queue"] = queue.dlq_name
-    return data
 
 
 def queue_from_json(body: dict[str, Any]) -> QueueConfig:

@@ -3,6 +3,7 @@ sees with plain SQL) joined with the live flows of the running state machines.""
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 from core.model import QueueConfig
@@ -10,21 +11,18 @@ from gateway.broker import Broker
 from storage import SqlStore
 
 
+def queue_json(queue: QueueConfig) -> dict[str, Any]:
+    """Every setting of the queue (the API's queue object without its stats)."""
+    data = asdict(queue)
+    data["subscriptions"] = list(queue.subscriptions)
+    data["dead_letter_queue"] = queue.dlq_name
+    return data
+
+
 async def queue_summary(store: SqlStore, queue: QueueConfig) -> dict[str, Any]:
-    stats = await store.queue_stats(queue.name)
-    return {
-        "name": queue.name,
-        "partitions": queue.partitions,
-        "subscriptions": list(queue.subscriptions),
-        "dead_letter_queue": queue.dlq_name,
-        "max_deliveries": queue.max_deliveries,
-        "rebalance_delay": queue.rebalance_delay,
-        "max_handoff_time": queue.max_handoff_time,
-        "ttl": queue.ttl,
-        "window": queue.window,
-        "key_from": queue.key_from,
-        **stats,
-    }
+    """Every setting and the stats: what ``GET /api/queues/{name}`` and ``keygate queue
+    show`` print (the view listed only some settings; the rest were visible in SQL only)."""
+    return {**queue_json(queue), **await store.queue_stats(queue.name)}
 
 
 # kg_key_status columns shown per group (docs/sql.md): the keys not simply flowing.

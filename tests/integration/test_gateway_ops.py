@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import json
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import pytest
 import sqlalchemy as sa
 
 from core.errors import AuthenticationFailed, PermissionDenied
+from core.model import QueueConfig
 from gateway.client import Client
 from gateway.config import Permission
 from gateway.server import Gateway
@@ -117,6 +119,21 @@ async def test_metrics_count_publishes_and_the_admin_api_inspects_queues(
         assert 'keygate_published_total{protocol="http",queue="orders"} 1.0' in metrics
         shown = await (await http.get(f"{base}/api/queues/orders")).json()
         assert shown["depth"] == 1 and shown["partitions"] == 4
+        # Every setting is shown (backoff, on_dead_letter, limits... were SQL-only).
+        tuned = {
+            "name": "tuned",
+            "backoff_initial": 0.7,
+            "on_dead_letter": "park_key",
+            "max_depth_bytes": 4096,
+            "retention": 30.0,
+            "dedup_window": 60.0,
+        }
+        assert (await http.post(f"{base}/api/queues", json=tuned)).status == 201
+        shown = await (await http.get(f"{base}/api/queues/tuned")).json()
+        assert {f.name for f in dataclasses.fields(QueueConfig)} <= shown.keys()
+        assert {k: shown[k] for k in tuned} == tuned
+        listed = await (await http.get(f"{base}/api/queues")).json()
+        assert next(q for q in listed if q["name"] == "tuned")["on_dead_letter"] == "park_key"
 
 
 async def test_the_ports_file_is_replaced_at_start_and_removed_at_stop(
