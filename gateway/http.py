@@ -74,6 +74,11 @@ log = logging.getLogger("keygate.http")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
+# The largest request body (413 beyond): a message of the default 5 MiB maximum fits,
+# base64-encoded, in a JSON publish. It was 64 MiB: a few clients posting that much held
+# a gigabyte and parsed it on the event loop long enough for the gateway to lose its lease.
+MAX_BODY: Final = 8 * 1024 * 1024
+
 
 def queue_from_json(body: dict[str, Any]) -> QueueConfig:
     settings = queue_settings({k: v for k, v in body.items() if k != "name"})
@@ -199,7 +204,7 @@ class AdminServer:
         self._contract = RequestContract(openapi_document(package_version()))
         app = web.Application(
             middlewares=[_errors, _same_origin, self._authenticate],
-            client_max_size=64 * 1024 * 1024,
+            client_max_size=MAX_BODY,
         )
         app.add_routes(
             [

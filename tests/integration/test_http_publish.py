@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import asyncio
+import base64
+import io
 import json
 import subprocess
 import urllib.request
@@ -24,6 +26,9 @@ from tests.support.serve import KEYGATE
 async def sql(db_url: str) -> AsyncIterator[Sql]:
     async with open_sql(db_url) as opened:
         yield opened
+
+
+_JSON = {"Content-Type": "application/json"}
 
 
 def _base(gateway: Gateway) -> str:
@@ -123,3 +128,22 @@ async def test_http_publish_refuses_a_payload_that_is_not_text_and_fields_it_doe
         (400, "unknown fields: colour, correlation_id"),
     ]
     assert await sql.messages("orders") == []
+
+
+async def test_http_publish_takes_a_largest_message_and_refuses_a_larger_body_with_413(
+    gateway: Gateway, sql: Sql
+) -> None:
+    """A 5 MiB message (the default maximum) fits base64-encoded; a body over 8 MiB is
+    refused before it is parsed (64 MiB bodies from a few clients stopped the gateway)."""
+    await declare(gateway, "orders")
+    url = f"{_base(gateway)}/api/queues/orders/messages"
+    largest = base64.b64encode(b"x" * (5 * 1024 * 1024 - 64)).decode()
+    async with aiohttp.ClientSession() as http:
+        body = io.BytesIO(json.dumps({"payload_b64": largest}).encode())
+        async with http.post(url, data=body, headers=_JSON) as response:
+            assert response.status == 201, await response.text()
+        body = io.BytesIO(json.dumps({"payload": "y" * (9 * 1024 * 1024)}).encode())
+        async with http.post(url, data=body, headers=_JSON) as response:
+            assert response.status == 413
+            assert (await response.json())["error"] == "request-entity-too-large"
+    assert len(await sql.messages("orders")) == 1
