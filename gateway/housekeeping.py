@@ -93,7 +93,7 @@ class Housekeeping:
                     await self._write_pending()
                     await broker.groups.renew_leases()
                 elif ticks % PROMPT_RETENTION_TICKS == 0 and await self._filling():
-                    await store.retention(now=self._clock())
+                    await store.retention(now=self._clock(), on_expired=self._expired)
                 if self._hinted or ticks % heads_every == 0:
                     self._hinted = False
                     await broker.check_heads()
@@ -102,9 +102,18 @@ class Housekeeping:
 
     async def _retain(self, spread: float) -> None:
         try:
-            await self.store.retention(now=self._clock(), spread=spread)
+            await self.store.retention(now=self._clock(), spread=spread, on_expired=self._expired)
         except KeygateError as e:
             log.warning("retention failed: %s", e)
+
+    def _expired(self, queue: str, count: int, dead_lettered: bool) -> None:
+        """Expired messages of a queue without groups: counted as a group counts its own,
+        under the group label ``""``."""
+        metrics = self.broker.metrics
+        if dead_lettered:
+            metrics.dead_lettered.labels(queue, "").inc(count)
+        else:
+            metrics.dropped.labels(queue, "", "expired").inc(count)
 
     async def _filling(self) -> bool:
         """Whether a queue with max_depth is at least half full."""

@@ -28,6 +28,7 @@ import contextlib
 import functools
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -60,6 +61,8 @@ RIDE_WAIT: Final = 0.05
 Deleted = dict[str, list[int]]  # queue -> [messages, bytes]
 # (queue, partition, seq after which, seq up to which): one partition's span to delete.
 Span = tuple[str, int, int, int]
+# Told of a groupless queue's expired messages: (queue, how many, dead-lettered or dropped).
+Expired = Callable[[str, int, bool], None]
 
 # A chunk of several spans travels as one JSON document (storage.statements.json_rows),
 # so that building and compiling the statement costs the same however many partitions
@@ -171,7 +174,9 @@ class RetentionOps(AdminOps):
     # are one pipelined round trip that cannot read what a DELETE returns.
     riders: Riders | None
 
-    async def retention(self, *, now: float, spread: float = 0.0) -> int:
+    async def retention(
+        self, *, now: float, spread: float = 0.0, on_expired: Expired | None = None
+    ) -> int:
         """Delete what every group settled (and, on a queue with a ``retention`` period, was
         published longer ago than it), expired messages of queues without groups and expired
         dedup records. Returns the number of messages deleted.
@@ -182,7 +187,9 @@ class RetentionOps(AdminOps):
         not held up behind a large clean-up. ``spread``: seconds over which to pace the
         deletes of settled messages (the housekeeping's runs take half their interval),
         rather than taking the writer in one burst; on SQLite the paced chunks ride in
-        append transactions while publishes flow (module docstring)."""
+        append transactions while publishes flow (module docstring). ``on_expired(queue,
+        count, dead_lettered)`` hears of the expired messages of queues without groups
+        (a group counts its own), for the metrics."""
         lows, sweep = await self._settled()
         work: list[list[Any]] = []  # [queue, partition, deleted up to, may delete up to]
         kept: list[tuple[str, int, int, int, float]] = []  # within a retention period
@@ -221,7 +228,7 @@ class RetentionOps(AdminOps):
                 pause = (deadline - time.monotonic()) / chunks
                 if pause > 0:
                     await asyncio.sleep(pause)
-        return total + await self._expire(sweep, now)
+        return total + await self._expire(sweep, now, on_expired)
 
     async def _settled(self) -> tuple[list[Any], list[str]]:
         """Per (queue, partition) the lowest committed seq over its groups, and the queues
@@ -262,7 +269,7 @@ class RetentionOps(AdminOps):
         await self.write(delete, durable=False)
         return deleted
 
-    async def _expire(self, sweep: list[str], now: float) -> int:
+    async def _expire(self, sweep: list[str], now: float, on_expired: Expired | None) -> int:
         """Delete expired messages of the queues in ``sweep`` — dead-lettering them first
         where the queue asks for it (``dead_letter_expired``) — and expired dedup records."""
         d = kg_dedup
@@ -285,6 +292,8 @@ class RetentionOps(AdminOps):
                         self.committed(allocation, copies)
                 if not more:
                     break
+            if on_expired is not None and queue in expiring:
+                on_expired(queue, expiring[queue][0], dlq is not None)
         forget = sa.delete(d).where(d.c.expires_at <= now)
         await self.write(lambda conn: conn.execute(forget), durable=False)
         return self._forget_depth(expiring)

@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gateway.client import Client
 from gateway.server import Gateway
 from protocols.mqtt import Connect, PubAck, Publish
-from tests.integration.conftest import native_url
+from tests.integration.conftest import native_url, start_gateway
 from tests.support.mqtt_raw import RawMqtt
 from tests.support.wait import eventually
 
@@ -125,3 +125,27 @@ async def test_a_publish_refused_inside_a_batch_is_counted_once(gateway: Gateway
     assert _value(samples, "keygate_publish_rejected_total", reason="queue-full") == 1
     assert _value(samples, "keygate_published_total", queue="orders", protocol="mqtt") == 3
     assert _value(samples, "keygate_published_total", queue="one", protocol="mqtt") == 1
+
+
+async def test_expired_messages_of_a_queue_without_groups_are_counted(db_url: str) -> None:
+    """DESIGN §4: expired messages are dead-lettered if the queue asks, else dropped and
+    counted — a queue no group consumes yet dropped them without a count."""
+    gateway = await start_gateway(db_url, retention_interval=0.2)
+    try:
+        async with Client(native_url(gateway)) as client:
+            await client.declare_queue("events")
+            await client.declare_queue("kept", dead_letter_expired=True)
+            for queue in ("events", "events", "kept"):
+                await client.publish(queue, b"short-lived", ttl=0.05)
+
+        async def counted() -> bool:
+            samples = await _scrape(gateway)
+            dropped = _value(
+                samples, "keygate_dropped_total", queue="events", group="", reason="expired"
+            )
+            lettered = _value(samples, "keygate_dead_lettered_total", queue="kept", group="")
+            return dropped == 2 and lettered == 1
+
+        await eventually(counted, timeout=10)
+    finally:
+        await gateway.stop()

@@ -430,8 +430,11 @@ async def test_a_queue_without_groups_keeps_messages_until_they_expire(
     await store.append(
         [make_message("events"), make_message("events", expire_at=NOW + 10)], now=NOW
     )
-    assert await store.retention(now=NOW + 5) == 0
-    assert await store.retention(now=NOW + 10) == 1
+    expired: list[tuple[str, int, bool]] = []
+    assert await store.retention(now=NOW + 5, on_expired=lambda *a: expired.append(a)) == 0
+    assert expired == []
+    assert await store.retention(now=NOW + 10, on_expired=lambda *a: expired.append(a)) == 1
+    assert expired == [("events", 1, False)]  # dropped: the metrics count it
     assert [m.seq for m in await store.read("events", 0, 0, 10)] == [1]
 
 
@@ -448,7 +451,9 @@ async def test_a_queue_without_groups_dead_letters_what_expires_when_it_asks_for
         ],
         now=NOW,
     )
-    assert await store.retention(now=NOW + 10) == 1
+    expired: list[tuple[str, int, bool]] = []
+    assert await store.retention(now=NOW + 10, on_expired=lambda *a: expired.append(a)) == 1
+    assert expired == [("events", 1, True)]
     [letter] = await store.read("events.dlq", 0, 0, 10)
     assert letter.payload == b"late"
     assert letter.properties["n"] == 1
