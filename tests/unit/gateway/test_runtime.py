@@ -42,14 +42,17 @@ class Output:
 
 
 class Hooks:
+    def __init__(self) -> None:
+        self.counted: list[tuple[str, object]] = []
+
     def delivered(self, queue: str, group: str, deliveries: Sequence[actions.Deliver]) -> None:
         pass
 
     def dead_lettered(self, queue: str, group: str, count: int) -> None:
-        pass
+        self.counted.append(("dead_lettered", count))
 
     def dropped(self, queue: str, group: str, reason: str) -> None:
-        pass
+        self.counted.append(("dropped", reason))
 
 
 async def _runtime(store: RecordingStore, **queue_settings: Any) -> GroupRuntime:
@@ -104,6 +107,23 @@ async def test_a_dead_letter_is_written_with_the_pending_offsets_in_one_call() -
     rt.nack("f", ["m1"], None)
     await rt.flush()
     assert "dead_letter+1offsets" in store.log
+    await rt.close()
+
+
+async def test_a_letter_of_a_queue_without_a_dead_letter_queue_counts_as_dropped() -> None:
+    """A reject on a queue whose dead_letter_queue is '' (every DLQ's own setting) drops
+    the message: it was counted as dead-lettered though no dead-letter queue holds it."""
+    store = RecordingStore()
+    rt = await _runtime(store, dead_letter_queue="")
+    hooks = rt._hooks
+    assert isinstance(hooks, Hooks)
+    out = Output(store)
+    rt.bind("f", "c", 10, AckMode.CLIENT, None, out)
+    await _append(store, 1)
+    await eventually(lambda: len(out.got) == 1)
+    rt.reject("f", ["m1"])
+    await rt.flush()
+    assert hooks.counted == [("dropped", "rejected")]
     await rt.close()
 
 
