@@ -42,7 +42,8 @@ def _require_driver(module: str) -> None:
     """PostgreSQL drivers are the ``postgres`` extra: SQLite users do not install them."""
     if importlib.util.find_spec(module) is None:
         raise InvalidArgument(
-            f"PostgreSQL needs the {module} driver: pip install 'keygate[postgres]'"
+            f"PostgreSQL needs the {module} driver: install keygate with its postgres extra "
+            "(pip install '/path/to/keygate[postgres]'; README, Installing keygate elsewhere)"
         )
 
 
