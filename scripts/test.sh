@@ -4,14 +4,19 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # editable_mode=compat puts the checkout on sys.path through a .pth file, so PySpark's
 # lookup of top-level pyspark_* modules finds pyspark_keygate (an import hook would hide it).
-# The console's browser test drives Debian's Chromium and chromedriver: install them where
-# they are missing (CI runs as root); elsewhere that one test skips and says why.
-if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
+# Debian packages some tests need, installed where they are missing (CI runs as root):
+# Chromium and chromedriver for the console's browser test, docker-compose to check
+# docker/compose.yaml (`config` needs no Docker engine). Elsewhere those tests skip and
+# say why.
+missing=()
+command -v chromium >/dev/null && command -v chromedriver >/dev/null || missing+=(chromium chromium-driver)
+command -v docker-compose >/dev/null || missing+=(docker-compose)
+if [ ${#missing[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
         apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
     else
-        echo "note: Chromium is not installed: the console's browser test will skip" >&2
+        echo "note: ${missing[*]} not installed: the tests that need them will skip" >&2
     fi
 fi
 python3 -m venv .venv
