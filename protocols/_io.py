@@ -168,6 +168,11 @@ class Outbox:
                     self._chunks.clear()
                     self._size = 0
                     self._room.set()
+                    if self._writer.transport.is_closing():
+                        # uvloop raises RuntimeError on a write to a closed transport (a
+                        # peer that reset while confirms were queued): that is a lost
+                        # connection, not a bug to log with its traceback.
+                        raise ConnectionResetError("Connection lost")
                     self._writer.write(data)
                     self._written += len(data)
                     self.last_sent = asyncio.get_running_loop().time()

@@ -10,6 +10,8 @@ import asyncio
 import socket
 from typing import Any
 
+import pytest
+
 from core.errors import MessageTooLarge, StorageError, Unavailable
 from core.model import Publication, QueueConfig
 from protocols._io import Outbox, publish_in_order
@@ -172,3 +174,21 @@ async def test_a_frame_pushed_as_only_its_remake_is_made_once_when_it_is_queued(
         expected = b"00000" + b"x" * 200_000 + b"".join(b"%05d" % n for n in range(1, 100))
         assert await _read(peer, len(expected)) == expected
         assert made == list(range(100))  # each made once, in order
+
+
+def test_a_push_after_the_transport_closed_ends_the_writer_as_a_lost_connection() -> None:
+    """On uvloop (the gateway's loop where installed) a write to a closed transport raises
+    RuntimeError ("the handler is closed"), which the writer task logged as a bug with its
+    traceback, once per publisher that reset with confirms queued."""
+    uvloop = pytest.importorskip("uvloop")
+
+    async def scenario() -> None:
+        pipe = _Pipe([], high=1024 * 1024)
+        async with pipe as (outbox, _):
+            pipe.writer.transport.abort()
+            outbox.push(b"confirm")
+            await eventually(lambda: outbox.broken)
+            assert not pipe.task.done() or pipe.task.exception() is None
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(scenario())
