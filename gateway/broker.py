@@ -319,7 +319,7 @@ class Broker(Publishing, ProtocolState):
             output,
             owner=principal.username,
         )
-        self.groups.add_flow(flow_id, runtime, principal)
+        self.groups.add_flow(flow_id, runtime, principal, request.client)
         log.info(
             "flow %s of %s/%s bound by %s client %s with partitions %s",
             flow_id,
@@ -368,7 +368,7 @@ class Broker(Publishing, ProtocolState):
                     queue,
                     group,
                     " (shutdown)" if event.shutdown else "",
-                    extra=flow_fields(flow_id, queue, group, flow.principal, None),
+                    extra=flow_fields(flow_id, queue, group, flow.principal, flow.client),
                 )
 
     # --- inspection ---------------------------------------------------------------------

@@ -73,7 +73,7 @@ async def reset_group(
                 outputs[flow.flow_id],
                 owner=owner.principal.username,
             )
-            groups.move_flow(flow.flow_id, reloaded, owner.principal)
+            groups.move_flow(flow.flow_id, reloaded, owner.principal, flow.client)
     log.info(
         "group %s/%s reset to %s: %s",
         queue,

@@ -35,6 +35,7 @@ _Key = tuple[str, str]  # (queue, group)
 class BoundFlow:
     runtime: GroupRuntime
     principal: Principal
+    client: str  # the client's name at bind, kept for the flow's later log lines
 
 
 class Groups:
@@ -124,8 +125,10 @@ class Groups:
 
     # --- flows ------------------------------------------------------------------------
 
-    def add_flow(self, flow_id: str, runtime: GroupRuntime, principal: Principal) -> None:
-        self._flows[flow_id] = BoundFlow(runtime, principal)
+    def add_flow(
+        self, flow_id: str, runtime: GroupRuntime, principal: Principal, client: str
+    ) -> None:
+        self._flows[flow_id] = BoundFlow(runtime, principal, client)
 
     def flow(self, flow_id: str) -> BoundFlow | None:
         """The bound flow; None once its runtime unbound it (a broken output,
@@ -139,9 +142,11 @@ class Groups:
     def remove_flow(self, flow_id: str) -> None:
         self._flows.pop(flow_id, None)
 
-    def move_flow(self, flow_id: str, runtime: GroupRuntime, principal: Principal) -> None:
+    def move_flow(
+        self, flow_id: str, runtime: GroupRuntime, principal: Principal, client: str
+    ) -> None:
         """The flow is bound again to a reloaded runtime of its group (a forced reset)."""
-        self._flows[flow_id] = BoundFlow(runtime, principal)
+        self._flows[flow_id] = BoundFlow(runtime, principal, client)
 
     # --- native group leases ------------------------------------------------------------
 

@@ -37,19 +37,18 @@ class JsonFormatter(logging.Formatter):
 
 
 def flow_fields(
-    flow_id: str, queue: str, group: str, principal: Principal, client: str | None
+    flow_id: str, queue: str, group: str, principal: Principal, client: str
 ) -> dict[str, object]:
-    """The structured fields of a log line about one flow (JSON keys with log_json)."""
-    fields: dict[str, object] = {
+    """The structured fields of a log line about one flow (JSON keys with log_json): the
+    same keys on every such line, so a pipeline can follow a flow from bind to unbind."""
+    return {
         "flow": flow_id,
         "queue": queue,
         "group": group,
         "protocol": principal.protocol,
+        "client": client,
         "user": principal.username,
     }
-    if client is not None:
-        fields["client"] = client
-    return fields
 
 
 class _BadRequestLine(logging.Filter):

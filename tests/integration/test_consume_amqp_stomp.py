@@ -442,6 +442,31 @@ async def test_log_lines_of_a_stomp_consumer_carry_its_flow_client_and_protocol(
     assert subscribed[0]["protocol"] == "stomp" and subscribed[0]["peer"].startswith("127.0.0.1")
     unbound = [e for e in entries if "unbound" in e["message"]]
     assert unbound[0]["flow"] == entry["flow"]
+    # A pipeline filtering on client finds both ends of the flow (QA D6b).
+    assert set(unbound[0]) == set(entry)
+    assert unbound[0]["client"] == entry["client"]
+
+
+async def test_the_bound_and_unbound_lines_of_a_native_flow_carry_the_same_keys(
+    gateway: Gateway, caplog: pytest.LogCaptureFixture
+) -> None:
+    await declare(gateway, "logged", partitions=1)
+    caplog.set_level(logging.INFO)
+    async with Client(native_url(gateway), client_name="logger-1") as client:
+        consumer = await client.subscribe("logged", "audit")
+        await consumer.close()
+    await asyncio.to_thread(
+        wait_until,
+        lambda: any("unbound" in r.getMessage() for r in caplog.records),
+        WAIT,
+        "the unbind line",
+    )
+    entries = [json.loads(JsonFormatter().format(r)) for r in caplog.records]
+    (bound,) = [e for e in entries if e.get("flow") and "bound by" in e["message"]]
+    (unbound,) = [e for e in entries if e.get("flow") and "unbound" in e["message"]]
+    assert set(unbound) == set(bound)
+    assert unbound["client"] == bound["client"] and "logger-1" in bound["client"]
+    assert unbound["protocol"] == "native" and unbound["queue"] == "logged"
 
 
 @pytest.mark.parametrize("ack", ["client", "auto"])
