@@ -44,7 +44,7 @@ from gateway.admin_commands import (
     redrive_command,
     status_command,
 )
-from gateway.config import LISTENERS, load_config
+from gateway.config import LISTENERS, ConfigError, load_config
 from gateway.server import Gateway
 
 
@@ -435,6 +435,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return int(args.func(args))
+    except ConfigError as e:
+        # A bad setting is a usage error, like a bad flag: exit 2, before anything starts.
+        print(f"keygate: {e}", file=sys.stderr)
+        return 2
     except (CliError, KeygateError) as e:
         print(f"keygate: {e}", file=sys.stderr)
         return 1

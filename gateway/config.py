@@ -2,19 +2,26 @@
 
 A port is an int (0 = any free port) or ``None`` (listener off; spelt ``off`` in files,
 environment and flags).
+
+Every value is checked once, here, whatever its source: scalars by the settings table
+(``gateway.settings``), the tables (``[ports]``, ``[users]``, ``[permissions.USER]``,
+``[certificate_users]``) by their shape. A bad one is a ``ConfigError`` naming the
+setting, its source, the value and what is expected; ``keygate serve`` prints it as one
+line and exits 2 before opening anything.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import json
 import os
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
 
-from core.errors import InvalidArgument
+from gateway.settings import BY_NAME, SETTINGS, ConfigError, bad
 from protocols._limits import (
     DEFAULT_LOGIN_TIMEOUT,
     DEFAULT_MAX_CONNECTIONS,
@@ -24,6 +31,22 @@ from protocols._limits import (
     ConnectionCounter,
     ConnectionLimits,
 )
+
+__all__ = [
+    "DEFAULT_DB",
+    "DEFAULT_PORTS",
+    "FULL_PERMISSION",
+    "LISTENERS",
+    "PLAIN_LISTENERS",
+    "TLS_LISTENERS",
+    "ConfigError",
+    "GatewayConfig",
+    "Permission",
+    "load_config",
+    "parse_permission",
+    "parse_port",
+    "settings_reference",
+]
 
 PLAIN_LISTENERS: Final = ("native", "mqtt", "amqp", "stomp", "http")
 # Each plain listener has a TLS twin, ``<name>_tls``, started only when a certificate is set.
@@ -141,31 +164,29 @@ class GatewayConfig:
         return self.permissions.get(username or "", Permission())
 
 
-def parse_port(listener: str, value: object) -> int | None:
+def parse_port(listener: str, value: object, source: str | None = None) -> int | None:
+    """A port: an int 0-65535 (0 = any free port), or ``off``/None (listener off)."""
     if value is None or (isinstance(value, str) and value.strip().lower() == "off"):
         return None
-    try:
-        port = int(str(value))
-    except ValueError:
-        raise InvalidArgument(f"{listener} port must be a number or 'off', got {value!r}") from None
-    if not 0 <= port <= 65535:
-        raise InvalidArgument(f"{listener} port must be 0-65535, got {port}")
+    port: object = value
+    if isinstance(value, str):
+        try:
+            port = int(value.strip())
+        except ValueError:
+            port = None
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise bad(
+            f"{listener} port",
+            source or f"KEYGATE_{listener.upper()}_PORT",
+            repr(value),
+            "a port 0-65535 (0 = any free port) or 'off'",
+        )
     return port
 
 
 _TABLES: Final = ("ports", "users", "permissions", "certificate_users")
-_SCALARS: Final = {f.name: f for f in fields(GatewayConfig) if f.name not in _TABLES}
-
-
-def _coerce(name: str, value: Any) -> Any:
-    default = getattr(GatewayConfig(), name)
-    if isinstance(default, bool):
-        return value if isinstance(value, bool) else str(value).lower() in ("1", "true", "yes")
-    if isinstance(default, float):
-        return float(value)
-    if isinstance(default, int):
-        return int(value)
-    return None if value in ("", None) else str(value)
+# Overrides the serve command takes as flags; any other override comes from a program.
+_FLAGS: Final = frozenset(("db", "host", "ports_file"))
 
 
 def load_config(
@@ -180,7 +201,8 @@ def load_config(
     ``publish`` / ``consume`` / ``monitor`` glob lists and ``admin``, and a
     ``[certificate_users]`` table of certificate CN = user. Environment: ``KEYGATE_DB``,
     ``KEYGATE_NATIVE_PORT``, ``KEYGATE_MQTT_TLS_PORT`` (etc.),
-    ``KEYGATE_USERS=alice:HASH,bob:HASH``.
+    ``KEYGATE_USERS=alice:HASH,bob:HASH``. Every value is checked by the settings table
+    (``gateway.settings``); a bad one raises ``ConfigError``, naming where it came from.
     """
     values: dict[str, Any] = {}
     ports: dict[str, int | None] = dict(DEFAULT_PORTS)
@@ -190,56 +212,60 @@ def load_config(
     if file is not None:
         try:
             data = tomllib.loads(Path(file).read_text())
-        except (OSError, tomllib.TOMLDecodeError) as e:
-            raise InvalidArgument(f"cannot read config file {file}: {e}") from e
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+            raise ConfigError(f"cannot read config file {file}: {e}") from e
         for key, value in data.items():
+            where = f"{file}:{key}"
             if key == "ports":
-                for name, port in value.items():
-                    _check_listener(name)
-                    ports[name] = parse_port(name, port)
+                for name, port in _table(key, where, value, "a table of listener = port").items():
+                    _check_listener(name, f"{where}.{name}")
+                    ports[name] = parse_port(name, port, f"{where}.{name}")
             elif key == "users":
-                users.update({str(k): str(v) for k, v in value.items()})
+                users.update(_names(key, where, value, "password hash"))
             elif key == "permissions":
-                permissions.update({str(u): parse_permission(u, p) for u, p in value.items()})
+                entries = _table(key, where, value, "a table of [permissions.USER] tables")
+                for user, entry in entries.items():
+                    permissions[user] = parse_permission(user, entry, f"{where}.{user}")
             elif key == "certificate_users":
-                certificate_users.update({str(k): str(v) for k, v in value.items()})
-            elif key in _SCALARS:
-                values[key] = _coerce(key, value)
+                certificate_users.update(_names(key, where, value, "user name"))
+            elif key in BY_NAME:
+                values[key] = BY_NAME[key].parse(value, where, text=False)
             else:
-                raise InvalidArgument(f"unknown setting {key!r} in {file}")
+                raise ConfigError(f"unknown setting {key!r} in {file}")
     environ = os.environ if env is None else env
     for name in LISTENERS:
-        if (raw := environ.get(f"KEYGATE_{name.upper()}_PORT")) is not None:
-            ports[name] = parse_port(name, raw)
-    for key in _SCALARS:
-        if (raw := environ.get(f"KEYGATE_{key.upper()}")) is not None:
-            values[key] = _coerce(key, raw)
-    if raw_users := environ.get("KEYGATE_USERS"):
-        for pair in raw_users.split(","):
-            user, sep, password = pair.partition(":")
-            if not sep:
-                raise InvalidArgument("KEYGATE_USERS is a comma list of user:password-hash")
-            users[user] = password
+        variable = f"KEYGATE_{name.upper()}_PORT"
+        if (raw := environ.get(variable)) is not None:
+            ports[name] = parse_port(name, raw, variable)
+    for setting in SETTINGS:
+        if (raw := environ.get(setting.env)) is not None:
+            values[setting.name] = setting.parse(raw, setting.env, text=True)
+    if raw_users := environ.get("KEYGATE_USERS"):  # empty: no users, as if unset
+        users.update(_env_users(raw_users))
     for key, value in (overrides or {}).items():
         if value is None:
             continue
+        flag = "--" + key.replace("_", "-")
         if key.endswith("_port"):
             listener = key.removesuffix("_port")
-            _check_listener(listener)
-            ports[listener] = parse_port(listener, value)
-        elif key in _SCALARS:
-            values[key] = _coerce(key, value)
+            _check_listener(listener, flag)
+            ports[listener] = parse_port(listener, value, flag)
+        elif key in BY_NAME:
+            source = flag if key in _FLAGS else f"override {key}"
+            values[key] = BY_NAME[key].parse(value, source, text=isinstance(value, str))
         elif key == "users":
-            users.update(value)
+            users.update(_names(key, f"override {key}", value, "password hash"))
         elif key == "permissions":
-            permissions.update(value)
+            for user, entry in _table(key, f"override {key}", value, "a table").items():
+                permissions[user] = (
+                    entry
+                    if isinstance(entry, Permission)
+                    else parse_permission(user, entry, f"override {key}.{user}")
+                )
         elif key == "certificate_users":
-            certificate_users.update(value)
+            certificate_users.update(_names(key, f"override {key}", value, "user name"))
         else:
-            raise InvalidArgument(f"unknown setting {key!r}")
-    for key in ("buffer_size", "group_buffer_bytes", "gateway_buffer_bytes"):
-        if key in values and values[key] < 1:
-            raise InvalidArgument(f"{key} must be >= 1, got {values[key]}")
+            raise ConfigError(f"unknown setting {key!r}")
     return replace(
         GatewayConfig(),
         ports=ports,
@@ -250,26 +276,88 @@ def load_config(
     )
 
 
-def parse_permission(user: str, entry: Mapping[str, Any]) -> Permission:
+def _table(name: str, source: str, value: object, expected: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise bad(name, source, repr(value), expected)
+    return value
+
+
+def _names(name: str, source: str, value: object, what: str) -> dict[str, str]:
+    """A table of name = string (``[users]``: password hashes, ``[certificate_users]``).
+    A value that is not a string is named by its type only: it may be a password."""
+    table = _table(name, source, value, f"a table of name = {what}")
+    for key, item in table.items():
+        if not isinstance(item, str):
+            raise bad(f"{name}.{key}", f"{source}.{key}", f"<{type(item).__name__}>", what)
+    return dict(table)
+
+
+def _env_users(raw: str) -> dict[str, str]:
+    """``KEYGATE_USERS=alice:HASH,bob:HASH``. The value holds passwords (or their hashes):
+    an error names the entry by position, never by its text."""
+    users: dict[str, str] = {}
+    entries = raw.split(",")
+    for number, pair in enumerate(entries, 1):
+        user, sep, password = pair.partition(":")
+        if not sep or not user.strip():
+            raise bad(
+                "users",
+                "KEYGATE_USERS",
+                f"entry {number} of {len(entries)} (not shown: it may hold a password)",
+                "a comma list of user:password-hash",
+            )
+        users[user.strip()] = password
+    return users
+
+
+def parse_permission(user: str, entry: object, source: str | None = None) -> Permission:
     """A ``[permissions.USER]`` table; a missing key grants nothing."""
-    unknown = set(entry) - _PERMISSION_KEYS
+    name = f"permissions.{user}"
+    where = source or name
+    table = _table(name, where, entry, "a table of publish, consume, monitor, admin")
+    unknown = set(table) - _PERMISSION_KEYS
     if unknown:
-        raise InvalidArgument(
-            f"unknown permission {', '.join(sorted(unknown))} for {user!r}; "
-            f"permissions are {', '.join(sorted(_PERMISSION_KEYS))}"
+        raise bad(
+            name,
+            where,
+            repr(dict(table)),
+            f"unknown permission {', '.join(sorted(unknown))}: the keys are "
+            f"{', '.join(sorted(_PERMISSION_KEYS))}",
         )
     lists = {}
     for action in ("publish", "consume", "monitor"):
-        patterns = entry.get(action, ())
-        if isinstance(patterns, str) or not all(isinstance(p, str) for p in patterns):
-            raise InvalidArgument(f"permissions.{user}.{action} must be a list of queue globs")
+        patterns = table.get(action, ())
+        if isinstance(patterns, str) or not (
+            isinstance(patterns, list | tuple) and all(isinstance(p, str) for p in patterns)
+        ):
+            raise bad(
+                f"{name}.{action}", f"{where}.{action}", repr(patterns), "a list of queue globs"
+            )
         lists[action] = tuple(patterns)
-    admin = entry.get("admin", False)
+    admin = table.get("admin", False)
     if not isinstance(admin, bool):
-        raise InvalidArgument(f"permissions.{user}.admin must be true or false")
+        raise bad(f"{name}.admin", f"{where}.admin", repr(admin), "true or false")
     return Permission(lists["publish"], lists["consume"], lists["monitor"], admin)
 
 
-def _check_listener(name: str) -> None:
+def _check_listener(name: str, source: str) -> None:
     if name not in LISTENERS:
-        raise InvalidArgument(f"unknown listener {name!r}; listeners are {', '.join(LISTENERS)}")
+        raise bad("ports", source, repr(name), f"a listener: one of {', '.join(LISTENERS)}")
+
+
+def settings_reference() -> str:
+    """docs/operations.md's settings reference: a Markdown table rendered from the
+    settings table, so the documented types and ranges are the ones enforced."""
+    defaults = GatewayConfig()
+    rows = [
+        "| setting | environment | default | accepted values | what it does |",
+        "|---|---|---|---|---|",
+    ]
+    for setting in SETTINGS:
+        default = getattr(defaults, setting.name)
+        shown = "unset" if default is None else f"`{json.dumps(default)}`"
+        rows.append(
+            f"| `{setting.name}` | `{setting.env}` | {shown} | {setting.expected} | "
+            f"{setting.help} |"
+        )
+    return "\n".join(rows) + "\n"

@@ -176,6 +176,41 @@ def test_a_taken_port_fails_fast_naming_the_port_and_the_flag(tmp_path: Path) ->
     assert "--stomp-port" in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("toml", "env", "named"),
+    [
+        ('lease_ttl = "abc"\n', {}, "cfg.toml:lease_ttl"),
+        ("lease_ttl = -1\n", {}, "cfg.toml:lease_ttl"),
+        ("users = 5\n", {}, "cfg.toml:users"),
+        ("", {"KEYGATE_LOG_JSON": "on-ish"}, "KEYGATE_LOG_JSON"),
+        ("", {"KEYGATE_MAX_CONNECTIONS": "many"}, "KEYGATE_MAX_CONNECTIONS"),
+    ],
+)
+def test_a_bad_setting_is_one_line_and_exit_2_before_anything_starts(
+    tmp_path: Path, toml: str, env: dict[str, str], named: str
+) -> None:
+    config, db, ports_file = tmp_path / "cfg.toml", tmp_path / "kg.db", tmp_path / "ports.json"
+    config.write_text(toml)
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("KEYGATE_")}
+    result = subprocess.run(
+        [
+            *KEYGATE,
+            *("serve", "--config", str(config), "--db", f"sqlite:///{db}"),
+            *("--host", "127.0.0.1", *ALL_PORTS_FREE, "--ports-file", str(ports_file)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**clean, **env},
+    )
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith("keygate: "), result.stderr
+    assert named in result.stderr
+    assert result.stdout == ""
+    assert not db.exists() and not ports_file.exists()  # no database touched, nothing served
+
+
 def test_admin_commands_explain_an_unreachable_gateway() -> None:
     result = _run("queue", "list", "--url=http://127.0.0.1:9")
     assert result.returncode == 1
