@@ -60,7 +60,7 @@ from core.actions import (
 )
 from core.errors import Fenced, KeygateError, Unavailable
 from core.group import GroupMachine
-from core.model import AckMode, GroupConfig, Message, QueueConfig
+from core.model import AckMode, DeadLetterReason, GroupConfig, Message, QueueConfig
 from core.partition import GroupStatus
 from gateway.handout import hand_out
 from protocols.sink import FlowOutput
@@ -411,7 +411,14 @@ class GroupRuntime:
         for move, seqs in zip(moves, moved, strict=True):
             actions = self.machine.key_dead_lettered(self._clock(), move.partition, move.key, seqs)
             self.submit(actions)
-        self._hooks.dead_lettered(name, group, len(letters) + sum(map(len, moved)))
+        if self.queue.dlq_name is not None:
+            self._hooks.dead_lettered(name, group, len(letters) + sum(map(len, moved)))
+            return
+        # No dead-letter queue (a DLQ's own setting, or dead_letter_queue ''): dropped.
+        for letter in letters:
+            self._hooks.dropped(name, group, letter.reason.value)
+        for _ in range(sum(map(len, moved))):
+            self._hooks.dropped(name, group, DeadLetterReason.KEY_DEAD_LETTERED.value)
 
     def _send(self, sends: list[Deliver | PartitionsChanged]) -> None:
         name, group = self.queue.name, self.group.name
