@@ -3,11 +3,13 @@
 How it works. ``Acceptor.start`` binds asyncio's server; each accepted socket gets TCP
 keepalive (``keep_alive``) and a connection object made by the listener's factory, whose
 ``run()`` is spawned on the acceptor's ``Tasks`` and which stays in ``connections`` while it
-runs. A listener closes in three steps, because what "stop a connection" means is its
-own (AMQP sends connection.close, MQTT a DISCONNECT, native first lets publishes commit):
-``stop_accepting``, then stop each of ``connections`` its own way, then ``finish``, which
-waits for the connection tasks (at most ``timeout``), cancels what is left and closes the
-server. A socket accepted after ``stop_accepting`` raced the close: it is closed unserved.
+runs. A listener closes (``close``) the same way on every protocol: it stops accepting,
+then drains each connection (``Served.drain``): the connection stops reading (its
+``protocols._intake.Intake``), waits for the outcome of every publish it had received,
+writes their confirms, then its protocol's goodbye (AMQP connection.close 320, MQTT 5
+DISCONNECT 0x8B), flushes and closes. ``finish`` waits for the connections to end (at
+most ``timeout``), cancels what is left and closes the server. A socket accepted after
+``stop_accepting`` raced the close: it is closed unserved.
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ class Served(Protocol):
     def peer(self) -> str: ...
 
     def run(self) -> Coroutine[Any, Any, None]: ...
+
+    def drain(self) -> None:
+        """Stop reading; ``run`` then confirms what was received, says goodbye and ends."""
 
 
 C = TypeVar("C", bound=Served)
@@ -56,6 +61,14 @@ class Acceptor(Generic[C]):
     def stop_accepting(self) -> None:
         if self._server is not None:
             self._server.close()
+
+    async def close(self, timeout: float | None = None) -> None:
+        """Stop accepting, drain every connection, wait at most ``timeout`` seconds for
+        them to end, cancel the rest and close the server."""
+        self.stop_accepting()
+        for connection in list(self.connections):
+            connection.drain()
+        await self.finish(timeout)
 
     async def finish(self, timeout: float | None = None) -> None:
         """Wait at most ``timeout`` seconds for the connections to end, cancel the rest,

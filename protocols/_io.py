@@ -48,6 +48,10 @@ WRITE_POLL: Final = 0.01
 KEEPALIVE_IDLE: Final = 60
 KEEPALIVE_INTERVAL: Final = 10
 KEEPALIVE_PROBES: Final = 3
+# How long a closing connection waits for its peer to close after our last frames.
+LINGER: Final = 1.0
+# The pause between a draining connection's last confirms and its goodbye (Outbox.sent).
+GOODBYE_GRACE: Final = 0.05
 
 
 def keep_alive(writer: asyncio.StreamWriter) -> None:
@@ -94,6 +98,8 @@ class Outbox:
         self._unacked: collections.deque[tuple[int, str, Sequence[str]]] = collections.deque()
         self._wake = asyncio.Event()
         self._room = asyncio.Event()
+        self._flushed = asyncio.Event()  # everything queued has been written
+        self._flushed.set()
         self._closed = False
         self.broken = False  # the socket failed: everything pushed from now on is dropped
         self.last_sent = asyncio.get_running_loop().time()
@@ -150,6 +156,17 @@ class Outbox:
         await self.room()
         self.push(data)
 
+    async def sent(self, timeout: float) -> None:
+        """Wait until everything queued is written (at most ``timeout`` seconds),
+        then ``GOODBYE_GRACE``: a draining connection's confirms leave in a read of their
+        own before its goodbye. Some clients handle the frames of one read together and
+        drop the confirms read with a connection close (pika's BlockingConnection)."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await self._flushed.wait()
+        if not self.broken:
+            await asyncio.sleep(GOODBYE_GRACE)
+
     def close(self) -> None:
         """Write what is queued, then stop; later pushes are dropped."""
         self._closed = True
@@ -180,6 +197,8 @@ class Outbox:
                     self._settle_taken()
                     continue
                 self._settle_taken()
+                if not self._held:
+                    self._flushed.set()
                 if self._closed and not self._held:
                     return
                 self._wake.clear()
@@ -195,9 +214,11 @@ class Outbox:
             self._chunks.clear()
             self._held.clear()
             self._room.set()
+            self._flushed.set()
 
     def _queue(self, data: bytes, auto_acked: AutoAcked | None) -> None:
         if data:
+            self._flushed.clear()
             self._chunks.append(data)
             self._size += len(data)
             self._queued += len(data)
@@ -228,6 +249,23 @@ class Outbox:
                 # The flow was unbound meanwhile (its messages went back for redelivery),
                 # or a bug: the connection keeps writing either way.
                 log.exception("auto-ack of flow %s failed", flow_id)
+
+
+async def linger(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, timeout: float
+) -> None:
+    """Half-close, then discard input until the peer closes, at most ``timeout`` seconds
+    (STOMP calls it "Connection Lingering"): closing a socket with unread input sends a
+    reset, which can make the peer drop the last frames it has not read yet — the confirms
+    and the goodbye of a draining connection. Call it once the reader has stopped and the
+    outbox is written."""
+    if writer.is_closing() or not writer.can_write_eof():
+        return
+    with contextlib.suppress(OSError, TimeoutError):
+        writer.write_eof()
+        async with asyncio.timeout(timeout):
+            while await reader.read(256 * 1024):
+                pass
 
 
 async def send_heartbeats(outbox: Outbox, frame: bytes, period: Callable[[], float | None]) -> None:
@@ -341,11 +379,13 @@ async def publish_in_order(
 
 __all__ = [
     "DEFAULT_HIGH",
+    "LINGER",
     "AutoAcked",
     "Outbox",
     "Remake",
     "SettleWritten",
     "keep_alive",
+    "linger",
     "publish_in_order",
     "publish_receipts",
     "send_heartbeats",

@@ -11,11 +11,13 @@ login timeout, end the reader. The writer is the connection's ``protocols._io.Ou
 in a second ``Tasks`` so that it outlives the others and writes the last replies.
 
 A connection ends when the peer closes the socket or the connection (Close / Close-Ok),
-breaks a rule, stays silent, or one of its tasks fails with a bug (``Tasks.failed``).
-Publishes already received are then still stored (at most ``DRAIN_TIMEOUT``), as a broker
-that had routed them would, its consumers' flows are unbound, and what is queued is
-written (at most ``CLOSE_TIMEOUT``). ``AmqpListener.close`` sends 320 CONNECTION_FORCED
-to every connection and waits for them to end.
+breaks a rule, stays silent, one of its tasks fails with a bug (``Tasks.failed``), or its
+listener drains it. Publishes already received are then still stored (at most
+``DRAIN_TIMEOUT``), as a broker that had routed them would, and confirmed; its consumers'
+flows are unbound, and what is queued is written (at most ``CLOSE_TIMEOUT``), then the
+connection lingers (``protocols._io.linger``) and closes. ``AmqpListener.close`` drains
+every connection (``protocols._accept.Acceptor.close``): it stops reading, confirms what
+it received, then sends 320 CONNECTION_FORCED.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ import ssl
 from typing import Final
 
 from protocols._accept import Acceptor
-from protocols._io import Outbox, send_heartbeats
+from protocols._intake import Intake
+from protocols._io import LINGER, Outbox, linger, send_heartbeats
 from protocols._limits import DEFAULT_LIMITS, ConnectionLimits
 from protocols._log import ConnectionLog
 from protocols._tasks import Tasks
@@ -53,6 +56,7 @@ class _Connection:
     ) -> None:
         limits = listener.limits
         self.reader = reader
+        self.intake = Intake(reader)
         self.writer = writer
         self.peer = writer.get_extra_info("peername")
         self.log = ConnectionLog(logger, "amqp", self.peer)
@@ -101,6 +105,10 @@ class _Connection:
                 self.log.warning(
                     "amqp connection %s: gave up storing its last publishes", self.peer
                 )
+            if self.intake.stopped:
+                # Drained: the goodbye follows the confirms of everything received.
+                await self.outbox.sent(CLOSE_TIMEOUT)
+                self.connection.close(ReplyCode.CONNECTION_FORCED, "keygate is shutting down")
         finally:
             self.admission.release()
             session.unbind_all()
@@ -109,6 +117,8 @@ class _Connection:
             self.outbox.close()
             await asyncio.wait((writing,), timeout=CLOSE_TIMEOUT)
             await self.writing.close()
+            if not self.outbox.broken:
+                await linger(self.reader, self.writer, LINGER)
             self.writer.close()
             with contextlib.suppress(ConnectionError, ssl.SSLError, TimeoutError):
                 async with asyncio.timeout(CLOSE_TIMEOUT):
@@ -119,11 +129,9 @@ class _Connection:
         connection = self.connection
         return connection.heartbeat if connection.state is State.OPEN else None
 
-    def shutdown(self) -> None:
-        """Close with 320 CONNECTION_FORCED; stop reading if Close-Ok does not come."""
-        self.connection.close(ReplyCode.CONNECTION_FORCED, "keygate is shutting down")
-        self.session.flush()
-        asyncio.get_running_loop().call_later(CLOSE_TIMEOUT, self.reader.feed_eof)
+    def drain(self) -> None:
+        """Stop reading; ``run`` confirms what was received, then closes with 320."""
+        self.intake.stop()
 
     def _read_timeout(self) -> float | None:
         connection = self.connection
@@ -139,7 +147,7 @@ class _Connection:
         try:
             while connection.state is not State.CLOSED:
                 async with asyncio.timeout(self._read_timeout()):
-                    data = await self.reader.read(READ_SIZE)
+                    data = await self.intake.read(READ_SIZE)
                 if not data:
                     return
                 connection.receive_data(data)
@@ -188,9 +196,7 @@ class AmqpListener:
     async def close(self) -> None:
         self._acceptor.stop_accepting()
         await self._watching.close()
-        for connection in list(self._acceptor.connections):
-            connection.shutdown()
-        await self._acceptor.finish()
+        await self._acceptor.close(DRAIN_TIMEOUT + 2 * CLOSE_TIMEOUT + LINGER)
 
     async def _watch_blocked(self) -> None:
         # The Sink exposes backpressure as a property, so it is polled; a few reads of a

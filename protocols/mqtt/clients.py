@@ -72,7 +72,7 @@ class Holder(Protocol):
     @property
     def principal(self) -> Principal | None: ...
 
-    async def shutdown(self, reason: ReasonCode, *, graceful: bool = False) -> None:
+    async def shutdown(self, reason: ReasonCode) -> None:
         """Close from the server side and wait until the connection has fully ended."""
         ...
 

@@ -9,10 +9,13 @@ PUBREL goes to the releaser, every PUBLISH to the pipeline (those answered witho
 storing too, for their acks' order), which stores the publishes of a read with one group commit,
 acknowledges them in arrival order after it, and stops the reader while it is full. The
 connection ends when the reader does (socket closed, protocol error, keep-alive,
-takeover, a refusal on 3.1.1) or when one of its tasks fails with a bug
-(``Tasks.failed``). It then lets the pipeline finish what it holds (up to
+takeover, a refusal on 3.1.1, the listener draining it) or when one of its tasks fails
+with a bug (``Tasks.failed``). It then lets the pipeline finish what it holds (up to
 ``DRAIN_TIMEOUT``), publishes the Will when due and releases the MQTT session. Which
 connection holds a client id, and the Wills still due, are kept by ``clients.Clients``.
+A drained connection (``MqttListener.close``, via ``protocols._accept.Acceptor.close``)
+stops reading, acknowledges every publish it received once stored, then sends DISCONNECT
+0x8B (MQTT 5), lingers (``protocols._io.linger``) and closes; its Will is not published.
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ from typing import Final
 
 from core.errors import ConnectionLimitReached
 from protocols._accept import Acceptor
-from protocols._io import Outbox
+from protocols._intake import Intake
+from protocols._io import LINGER, Outbox, linger
 from protocols._limits import DEFAULT_LIMITS, ConnectionLimits
 from protocols._log import ConnectionLog
 from protocols._tasks import Tasks
@@ -65,6 +69,7 @@ class _Client:
     ) -> None:
         self.listener = listener
         self.reader = reader
+        self.intake = Intake(reader)
         self.writer = writer
         self.conn = ServerConnection(listener.limits)
         self.admission = listener.connections.open("mqtt")
@@ -99,6 +104,11 @@ class _Client:
         try:
             await asyncio.wait([self._reader_task])
             await self._drain()
+            if self.intake.stopped:
+                # Drained: the goodbye follows the acks of everything received.
+                if self.conn.v5:
+                    await self._out.sent(WRITE_TIMEOUT)
+                self.conn.disconnect(ReasonCode.SERVER_SHUTTING_DOWN)
             self._flush_nowait()
             will_due = not self._graceful_shutdown
             await self.listener.clients.ended(self, self.conn, self._stored, will_due=will_due)
@@ -106,14 +116,22 @@ class _Client:
             self._out.close()
             await asyncio.wait([writer_task], timeout=WRITE_TIMEOUT)
             await tasks.close()
+            if self.intake.stopped and not self._out.broken:
+                await linger(self.reader, self.writer, LINGER)
             self.writer.close()
             self.done.set()
 
-    async def shutdown(self, reason: ReasonCode, *, graceful: bool = False) -> None:
-        """Close from the server side and wait until the connection has fully ended."""
-        self._graceful_shutdown = graceful
+    async def shutdown(self, reason: ReasonCode) -> None:
+        """Close from the server side at once (a takeover) and wait until the connection
+        has fully ended."""
         self._close(reason)
         await self.done.wait()
+
+    def drain(self) -> None:
+        """Stop reading; ``run`` acknowledges what was received, then sends DISCONNECT
+        0x8B. A graceful shutdown: the Will is not published."""
+        self._graceful_shutdown = True
+        self.intake.stop()
 
     def _close(self, reason: ReasonCode) -> None:
         self.conn.disconnect(reason)
@@ -161,7 +179,7 @@ class _Client:
             while conn.state is not State.CLOSED:
                 try:
                     async with asyncio.timeout_at(deadline):
-                        data = await self.reader.read(READ_CHUNK)
+                        data = await self.intake.read(READ_CHUNK)
                 except TimeoutError:
                     conn.keep_alive_expired(self.loop.time())
                     self.log.info("mqtt %s: keep-alive or connect timeout", conn.client_id)
@@ -272,15 +290,8 @@ class MqttListener:
         return await self._acceptor.start(host, port, ssl_context)
 
     async def close(self) -> None:
-        self._acceptor.stop_accepting()
-        await asyncio.gather(
-            *(
-                c.shutdown(ReasonCode.SERVER_SHUTTING_DOWN, graceful=True)
-                for c in list(self._acceptor.connections)
-            )
-        )
+        await self._acceptor.close()
         await self.clients.close()
-        await self._acceptor.finish()
 
 
 __all__ = ["MqttListener", "MqttStats"]

@@ -10,11 +10,12 @@ connection-level ERROR, sends a bad frame (ERROR ``protocol-error``), stays sile
 HELLO within the login timeout, no frame within the idle timeout: ERROR), or when one of
 its tasks crashes (a bug: logged with its traceback, ERROR ``error``). Ending unbinds the
 flows exactly like UNBIND without shutdown (their partitions enter the rebalance delay),
-writes what is queued (at most ``CLOSE_WAIT``) and closes the socket.
+writes what is queued (at most ``CLOSE_WAIT``) and closes the socket (after lingering,
+``protocols._io.linger``, when drained).
 
-``NativeListener.close`` refuses new PUBLISHes, lets those already received commit and be
-confirmed (at most ``DRAIN_TIMEOUT``), then ends every connection as if its peer had closed
-the socket.
+``NativeListener.close`` drains every connection (``protocols._accept.Acceptor.close``): it
+stops reading as if its peer had closed the socket, lets the PUBLISHes already received
+commit and be confirmed (at most ``DRAIN_TIMEOUT``), then ends.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from typing import Final
 
 from core.errors import KeygateError
 from protocols._accept import Acceptor
+from protocols._intake import Intake
+from protocols._io import LINGER, linger
 from protocols._limits import DEFAULT_LIMITS, ConnectionLimits
 from protocols._log import ConnectionLog
 from protocols._tasks import Tasks
@@ -58,6 +61,7 @@ class _Session:
     ) -> None:
         self.listener = listener
         self.reader = reader
+        self.intake = Intake(reader)
         self.writer = writer
         self.peer = str(writer.get_extra_info("peername"))
         self.log = ConnectionLog(log, "native", self.peer)
@@ -79,9 +83,10 @@ class _Session:
         finally:
             await self.finish(writing)
 
-    def stop(self) -> None:
-        """End the connection as if the peer had closed it."""
-        self.reader.feed_eof()
+    def drain(self) -> None:
+        """Stop reading, as if the peer had closed the socket; ``finish`` then waits for
+        the PUBLISHes received to be confirmed."""
+        self.intake.stop()
 
     async def read(self) -> None:
         requests = self.requests
@@ -92,10 +97,10 @@ class _Session:
             while True:
                 if conn.state is ConnectionState.AWAIT_HELLO:
                     async with asyncio.timeout_at(login_deadline):
-                        data = await self.reader.read(READ_SIZE)
+                        data = await self.intake.read(READ_SIZE)
                 else:
                     async with asyncio.timeout(listener.idle_timeout):
-                        data = await self.reader.read(READ_SIZE)
+                        data = await self.intake.read(READ_SIZE)
                 if not data:
                     return
                 conn.receive_data(data)
@@ -131,11 +136,15 @@ class _Session:
 
     async def finish(self, writing: asyncio.Task[None]) -> None:
         self.admission.release()
+        if self.intake.stopped and not await self.publishes.wait(DRAIN_TIMEOUT):
+            self.log.warning("native %s: gave up confirming its last publishes", self.peer)
         self.outbox.close()
         self.requests.unbind_all()
         try:
             await asyncio.wait((writing,), timeout=CLOSE_WAIT)
             if writing.done():
+                if self.intake.stopped and not self.outbox.broken:
+                    await linger(self.reader, self.writer, LINGER)
                 self.writer.close()
                 await asyncio.wait_for(self.writer.wait_closed(), CLOSE_WAIT)
         except (TimeoutError, ConnectionError, OSError):
@@ -173,17 +182,10 @@ class NativeListener:
         self.write_buffer = write_buffer
         self.server_name = server_name
         self.max_frame = max_frame
-        self.closing = False
         self._acceptor = Acceptor("native", lambda r, w: _Session(self, r, w))
 
     async def start(self, host: str, port: int, ssl_context: ssl.SSLContext | None) -> int:
         return await self._acceptor.start(host, port, ssl_context)
 
     async def close(self) -> None:
-        self._acceptor.stop_accepting()
-        self.closing = True
-        sessions = list(self._acceptor.connections)
-        await asyncio.gather(*(session.publishes.wait(DRAIN_TIMEOUT) for session in sessions))
-        for session in sessions:
-            session.stop()
-        await self._acceptor.finish(DRAIN_TIMEOUT)
+        await self._acceptor.close(DRAIN_TIMEOUT + CLOSE_WAIT * 2)

@@ -33,7 +33,7 @@ from dataclasses import replace
 from typing import Final, Protocol
 
 from core import actions
-from core.errors import KeygateError, Unavailable
+from core.errors import KeygateError
 from core.ingress import validate_client_name, validate_delay, validate_window
 from core.model import AckMode, Publication
 from protocols import sink
@@ -87,7 +87,6 @@ class Server(Protocol):
     max_frame: int
     limits: ConnectionLimits
     write_buffer: int
-    closing: bool  # refuse new PUBLISHes: the gateway is shutting down
     unconfirmed_peak: int
 
 
@@ -246,8 +245,6 @@ class Requests:
         return True
 
     def _publication(self, event: Publish) -> Publication:
-        if self.server.closing:
-            raise Unavailable("the gateway is shutting down")
         return publication(event, self.producer)
 
     async def handle(self, event: Event) -> bool:

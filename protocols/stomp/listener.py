@@ -16,9 +16,12 @@ How it works, per connection (``_Connection``). Its tasks all belong to one
 - once CONNECTED, the heartbeat task (``protocols._io.send_heartbeats``) sends EOLs when
   we have been silent.
 
-A task that fails with a bug (``Tasks.failed``) ends the connection like a lost client.
-Ending unbinds its flows, writes what is queued (at most ``CLOSE_TIMEOUT``), half-closes
-and lingers (``LINGER``) so that the client reads its last ERROR or RECEIPT, then closes.
+A task that fails with a bug (``Tasks.failed``) ends the connection like a lost client,
+and a draining listener (``protocols._accept.Acceptor.close``) like a client that closed
+its socket: the reader stops, what was received is still done and receipted. Ending
+unbinds its flows, writes what is queued (at most ``CLOSE_TIMEOUT``), half-closes and
+lingers (``protocols._io.linger``) so that the client reads its last ERROR or RECEIPT,
+then closes.
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ from typing import Final
 
 from core.errors import KeygateError
 from protocols._accept import Acceptor
-from protocols._io import Outbox, send_heartbeats
+from protocols._intake import Intake
+from protocols._io import LINGER, Outbox, linger, send_heartbeats
 from protocols._limits import DEFAULT_LIMITS, ConnectionLimits
 from protocols._log import ConnectionLog
 from protocols._tasks import Tasks
@@ -46,7 +50,6 @@ log = logging.getLogger(__name__)
 READ_SIZE: Final = 256 * 1024
 HEADER_ALLOWANCE: Final = 64 * 1024  # frame size beyond the largest message body
 CLOSE_TIMEOUT: Final = 5.0
-LINGER: Final = 1.0
 DEFAULT_HEARTBEAT: Final = (10_000, 10_000)
 
 
@@ -59,6 +62,7 @@ class _Connection:
     ) -> None:
         self.listener = listener
         self.reader = reader
+        self.intake = Intake(reader)
         self.writer = writer
         peer = writer.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
@@ -121,20 +125,16 @@ class _Connection:
             self._reading.cancel()
         self.session.stop()
 
+    def drain(self) -> None:
+        """Stop reading between reads, as if the client had closed its socket."""
+        self.intake.stop()
+
     async def _linger(self) -> None:
-        """Half-close, then discard input until the client closes (STOMP "Connection
-        Lingering"): closing a socket with unread input sends a reset, which can make the
-        client drop the ERROR or RECEIPT frame it has not read yet."""
         if self._reading is not None:
             self._reading.cancel()
             await asyncio.wait((self._reading,))
-        if self.outbox.broken or not self.writer.can_write_eof():
-            return
-        with contextlib.suppress(OSError, TimeoutError):
-            self.writer.write_eof()
-            async with asyncio.timeout(LINGER):
-                while await self.reader.read(READ_SIZE):
-                    pass
+        if not self.outbox.broken:
+            await linger(self.reader, self.writer, LINGER)
 
     async def _write(self) -> None:
         await self.outbox.run()
@@ -155,7 +155,7 @@ class _Connection:
                 else:
                     deadline = loop.time() + conn.receive_timeout
                 async with asyncio.timeout_at(deadline):
-                    data = await self.reader.read(READ_SIZE)
+                    data = await self.intake.read(READ_SIZE)
                 if not data:
                     break
                 conn.receive_data(data)
@@ -227,10 +227,7 @@ class StompListener:
         return await self._acceptor.start(host, port, ssl_context)
 
     async def close(self) -> None:
-        self._acceptor.stop_accepting()
-        for connection in list(self._acceptor.connections):
-            connection.stop()
-        await self._acceptor.finish(CLOSE_TIMEOUT * 2)
+        await self._acceptor.close(CLOSE_TIMEOUT * 2)
 
 
 __all__ = ["StompListener"]

@@ -65,6 +65,7 @@ def test_core_does_no_io() -> None:
 PROTOCOL_ADAPTER_NAMES = {"listener.py", "session.py"}
 PROTOCOL_ADAPTERS = {
     "protocols/_accept.py",  # the server socket and one task per connection
+    "protocols/_intake.py",  # a connection's reads, which a draining listener stops
     "protocols/_io.py",  # the shared outbox writer, heartbeats, publish pipeline
     "protocols/_limits.py",  # the byte budget a reader waits on
     "protocols/_queue.py",  # the ordered work queue between a reader and its worker

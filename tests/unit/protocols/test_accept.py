@@ -20,6 +20,9 @@ class _Echo:
         self.stop = asyncio.Event()
         self.cancelled = False
 
+    def drain(self) -> None:
+        self.stop.set()
+
     async def run(self) -> None:
         try:
             self.writer.write(await self.reader.readline())

@@ -192,3 +192,15 @@ def test_a_push_after_the_transport_closed_ends_the_writer_as_a_lost_connection(
 
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         runner.run(scenario())
+
+
+async def test_sent_returns_once_what_was_queued_is_written_or_gives_up_at_its_timeout() -> None:
+    async with _Pipe([], high=1024 * 1024) as (outbox, peer):
+        outbox.push(b"confirms")
+        await outbox.sent(10)
+        assert outbox.pending == 0
+        assert await _read(peer, 8) == b"confirms"
+        # More than the socket buffers hold, never read: sent gives up at its timeout.
+        outbox.push(b"b" * (4 * 1024 * 1024))
+        await outbox.sent(0.1)
+        assert outbox.pending > 0

@@ -5,6 +5,7 @@ what the kernel took acked, and closing lets received publishes be confirmed."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
 from collections.abc import AsyncIterator
@@ -223,6 +224,41 @@ async def test_closing_the_listener_confirms_publishes_already_received() -> Non
         assert await client.receive() is None
         await asyncio.wait_for(closing, 10)
         client.writer.close()
+
+
+async def test_closing_while_a_client_keeps_sending_confirms_what_was_read_and_logs_no_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Bytes that arrive after the listener stopped reading are not read: no "feed_data
+    after feed_eof" traceback from the transport, and every publish read is confirmed."""
+    sink = MemorySink()
+    async with _serving(sink) as (listener, port):
+        client = await _client(port)
+        confirmed = 0
+
+        async def pump() -> None:
+            with contextlib.suppress(ConnectionError):  # the gateway reset the socket
+                while not reading.done():
+                    for _ in range(20):
+                        request_id = client.conn.next_request_id()
+                        client.send(Publish(request_id=request_id, queue="q", payload=b"x"))
+                    await asyncio.sleep(0)
+
+        async def read() -> None:
+            nonlocal confirmed
+            while (event := await client.receive()) is not None:
+                confirmed += isinstance(event, PublishOk)
+
+        reading = asyncio.create_task(read())
+        pumping = asyncio.create_task(pump())
+        await eventually(lambda: confirmed > 100, interval=0.001)
+        closing = asyncio.create_task(listener.close())
+        await reading
+        client.writer.close()
+        await pumping
+        await closing
+    assert confirmed == len(sink.stored)
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
 
 
 async def test_the_publishes_of_one_read_share_one_commit_and_are_answered_in_order() -> None:
