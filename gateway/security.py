@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import contextlib
 import hashlib
 import hmac
 import ipaddress
@@ -35,7 +36,7 @@ import logging
 import secrets
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -124,7 +125,15 @@ class LoginThrottle:
     """Failed logins per peer address: after ``limit`` failures within ``window`` seconds
     each further failure blocks the address for twice as long as the last (1 s, 2 s, 4 s
     ... up to ``max_delay``); a login attempt while blocked is refused unchecked, and so is
-    one that was being checked when the address got blocked (guesses sent in parallel)."""
+    one that was being checked when the address got blocked (guesses sent in parallel).
+
+    Guesses in flight count against the budget before their outcome: ``checking`` lets at
+    most ``limit`` checks of one address run at once, less its recent failures (but one
+    always, once a block is over), so a burst
+    sent in parallel is throttled exactly like the same guesses in a row (all hashed at
+    once, a right password last in the burst could finish before the wrong ones had
+    blocked the address). A hash is CPU work on a few threads: more at once from one
+    address would not be faster."""
 
     limit: int = 5
     window: float = 60.0
@@ -132,6 +141,35 @@ class LoginThrottle:
     max_peers: int = 10_000
     _failures: dict[str, deque[float]] = field(default_factory=dict)
     _blocked_until: dict[str, float] = field(default_factory=dict)
+    _checking: dict[str, int] = field(default_factory=dict)
+    _done: asyncio.Condition | None = None
+
+    @contextlib.asynccontextmanager
+    async def checking(self, peer: str | None, clock: Callable[[], float]) -> AsyncIterator[None]:
+        """Hold one of the address's check slots (waiting for one), refusing if it is or
+        gets blocked meanwhile."""
+        key = peer or ""
+        if self._done is None:
+            self._done = asyncio.Condition()
+        async with self._done:
+            while True:
+                now = clock()
+                self.check(peer, now)
+                recent = sum(t > now - self.window for t in self._failures.get(key, ()))
+                if self._checking.get(key, 0) < max(1, self.limit - recent):
+                    break
+                await self._done.wait()
+            self._checking[key] = self._checking.get(key, 0) + 1
+        try:
+            yield
+        finally:
+            async with self._done:
+                left = self._checking[key] - 1
+                if left:
+                    self._checking[key] = left
+                else:
+                    del self._checking[key]
+                self._done.notify_all()
 
     def blocked(self, peer: str | None, now: float) -> bool:
         until = self._blocked_until.get(peer or "")
@@ -217,12 +255,13 @@ class Authenticator:
         if not username and not password:
             # Nothing guessed (a browser's first request): refused, not a failed login.
             raise AuthenticationFailed("a user name and password are required")
-        matched = await self._check(username or "", password or "", peer)
-        # Blocked meanwhile by guesses sent in parallel: refused, whatever the password.
-        self.throttle.check(peer, self._clock())
-        if matched:
-            return username
-        self.throttle.failed(peer, self._clock())
+        async with self.throttle.checking(peer, self._clock):
+            matched = await self._check(username or "", password or "", peer)
+            # Blocked meanwhile by guesses sent in parallel: refused, whatever the password.
+            self.throttle.check(peer, self._clock())
+            if matched:
+                return username
+            self.throttle.failed(peer, self._clock())
         raise AuthenticationFailed("bad username or password")
 
     def _matches(self, expected: PasswordHash, password: str, peer: str | None) -> bool:
