@@ -332,6 +332,14 @@ class GroupMachine(Membership):
             times.append(self._timers[0][0])
         return min(times, default=None)
 
+    def idle(self) -> bool:
+        """Whether the group has nothing to keep running for: no flow bound and no
+        partition reserved for a client through the rebalance delay. Until the last
+        reservation has expired (at a ``tick``), its owner must keep the machine running:
+        the expiry is what makes the partitions ``unassigned`` (and lets a client that
+        comes back in time take its set back)."""
+        return not self._flows and not self._reservations
+
     def partitions_of(self, flow_id: str) -> frozenset[int]:
         flow = self._flows.get(flow_id)
         return frozenset(flow.partitions) if flow else frozenset()

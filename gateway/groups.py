@@ -5,9 +5,12 @@ first use — a bind, a key release — from its stored state, under a lock per 
 bind racing a reset or a redrive loads the group after it, never before. Every bound flow
 is remembered with its runtime and the principal that bound it: ``Broker.settle`` checks
 ownership against it. The native group lease (which keeps a Spark job off a group that
-gateway consumers use) is held while a group has flows and renewed by housekeeping; a
-group left without flows is closed (its state written) and only then given up, so that
-what a Spark job commits next is what the next native bind starts from.
+gateway consumers use) is held while a group has flows, or partitions reserved for a
+client through the rebalance delay, and renewed by housekeeping; a group left idle —
+no flow, no reservation — is closed (its state written) and only then given up, so that
+what a Spark job commits next is what the next native bind starts from. A group is not
+given up while a reservation runs: the runtime's timer ends it (the partitions become
+``unassigned``), and a client coming back before that takes its partitions back.
 """
 
 from __future__ import annotations
@@ -163,14 +166,15 @@ class Groups:
             await self._store.release_group_lease(queue, group, self.lease_owner)
 
     async def renew_leases(self) -> None:
-        """Renew the native lease of every group with bound flows; give the others up,
-        their runtime closed first (its final state written while the lease is still
-        held): a Spark job may take the group next and move it in SQL, so the next native
-        bind loads it from there rather than from a runtime kept in memory."""
+        """Renew the native lease of every group that is not idle (bound flows, or
+        partitions reserved through the rebalance delay); give the others up, their
+        runtime closed first (its final state written while the lease is still held): a
+        Spark job may take the group next and move it in SQL, so the next native bind
+        loads it from there rather than from a runtime kept in memory."""
         for key in sorted(self._leased):
             async with self.lock(*key):
                 runtime = self._runtimes.get(key)
-                if runtime is not None and runtime.outputs:
+                if runtime is not None and not runtime.idle():
                     await self._store.acquire_group_lease(
                         *key, "native", self.lease_owner, ttl=GROUP_LEASE_TTL, now=self._clock()
                     )

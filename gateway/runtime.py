@@ -264,6 +264,11 @@ class GroupRuntime:
     def status(self) -> GroupStatus:
         return self.machine.status()
 
+    def idle(self) -> bool:
+        """No flow bound and no partition reserved (GroupMachine.idle): closing the
+        runtime now loses nothing that its timers still have to do."""
+        return not self.outputs and self.machine.idle()
+
     def parked_keys(self) -> list[ParkedKey]:
         return self.machine.parked_keys()
 
