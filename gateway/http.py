@@ -64,7 +64,7 @@ from gateway import group_ops
 from gateway.broker import Broker
 from gateway.console import STATIC_DIR
 from gateway.http_input import RequestContract
-from gateway.inspect import inspect_queue, queue_json, queue_summary
+from gateway.inspect import inspect_queue, queue_json, queue_summaries, queue_summary
 from gateway.logs import quiet_bad_requests
 from gateway.openapi import openapi_document, package_version
 from protocols.sink import Principal, peer_identity
@@ -321,12 +321,10 @@ class AdminServer:
 
     async def _list(self, request: web.Request) -> web.Response:
         principal = _principal(request)
-        out = [
-            await queue_summary(self.store, q)
-            for q in self.broker.queues()
-            if self.broker.access.may_monitor(principal, q.name)
+        visible = [
+            q for q in self.broker.queues() if self.broker.access.may_monitor(principal, q.name)
         ]
-        return web.json_response(out)
+        return web.json_response(await queue_summaries(self.store, visible))
 
     async def _create(self, request: web.Request) -> web.Response:
         body = await self._contract.body(request)

@@ -3,6 +3,7 @@ sees with plain SQL) joined with the live flows of the running state machines.""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict
 from typing import Any
 
@@ -23,6 +24,13 @@ async def queue_summary(store: SqlStore, queue: QueueConfig) -> dict[str, Any]:
     """Every setting and the stats: what ``GET /api/queues/{name}`` and ``keygate queue
     show`` print (the view listed only some settings; the rest were visible in SQL only)."""
     return {**queue_json(queue), **await store.queue_stats(queue.name)}
+
+
+async def queue_summaries(store: SqlStore, queues: Iterable[QueueConfig]) -> list[dict[str, Any]]:
+    """``queue_summary`` of each of ``queues``, their stats read in one statement."""
+    stats = await store.all_queue_stats()
+    empty = {"depth": 0, "bytes": 0, "in_flight": 0, "dead_letters": 0}
+    return [{**queue_json(q), **stats.get(q.name, empty)} for q in queues]
 
 
 # kg_key_status columns shown per group (docs/sql.md): the keys not simply flowing.

@@ -134,6 +134,9 @@ async def test_metrics_count_publishes_and_the_admin_api_inspects_queues(
         assert {k: shown[k] for k in tuned} == tuned
         listed = await (await http.get(f"{base}/api/queues")).json()
         assert next(q for q in listed if q["name"] == "tuned")["on_dead_letter"] == "park_key"
+        # The list reads every queue's stats in one statement: the same numbers as show.
+        orders = await (await http.get(f"{base}/api/queues/orders")).json()
+        assert next(q for q in listed if q["name"] == "orders") == orders
 
 
 async def test_the_ports_file_is_replaced_at_start_and_removed_at_stop(
