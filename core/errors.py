@@ -26,6 +26,8 @@ code their wire needs.
     │   └── PermissionDenied       403
     ├── StorageError               503  the database refused the operation; it did not happen
     │   ├── StorageUnavailable          the database could not be reached (retry later)
+    │   ├── SchemaBusy                  the schema needs changing while another gateway is active
+    │   ├── SchemaTooNew                the database was migrated by a newer keygate
     │   └── Fenced                      this gateway lost the gateway lease to another
     ├── Unavailable                503  shutting down / standby gateway
     │   └── ConnectionLimitReached      too many connections in total or for the user
@@ -160,6 +162,21 @@ class StorageUnavailable(StorageError):
     code = "storage-unavailable"
 
 
+class SchemaBusy(StorageError):
+    """The schema needs migrating (or its views refreshing) while another gateway holds a
+    live gateway lease: nothing was changed. A gateway waits as a standby and migrates
+    once it takes the lease (docs/operations.md, "Upgrades")."""
+
+    code = "schema-busy"
+
+
+class SchemaTooNew(StorageError):
+    """The database's schema is at a revision this keygate does not know: a newer keygate
+    migrated it. Nothing was changed; run that version (or newer)."""
+
+    code = "schema-too-new"
+
+
 class Fenced(StorageError):
     """A write found that another gateway took the gateway lease over (a newer epoch):
     nothing of it was stored, and this gateway must stop at once."""
@@ -211,6 +228,8 @@ __all__ = [
     "PublishRejected",
     "QueueFull",
     "QueueNotFound",
+    "SchemaBusy",
+    "SchemaTooNew",
     "StorageError",
     "StorageUnavailable",
     "Unavailable",

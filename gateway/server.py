@@ -2,11 +2,13 @@
 shuts down gracefully (stop accepting, drain, flush acks, close the store).
 
 Active/standby: gateways sharing one database elect the active one through a lease row in
-``kg_gateway_lease`` (named after ``config.name``). A standby opens the store and waits,
-its protocol ports closed (its admin port answers only ``/healthz``, 503 "standby"), until
-the lease is free or has lapsed (by the database's clock); taking it over increments the
-lease's epoch. The active gateway fences its store with that epoch, so every write
-transaction proves in the database that the lease is still its own.
+``kg_gateway_lease`` (named after ``config.name``). A standby waits, its protocol ports
+closed (its admin port answers only ``/healthz``, 503 "standby"), until the lease is free
+or has lapsed (by the database's clock), changing nothing in the database meanwhile; it then
+migrates the schema (if an older gateway left it behind) and takes the lease in one
+transaction (storage.migrate). Taking it over increments the lease's epoch. The active
+gateway fences its store with that epoch, so every write transaction proves in the
+database that the lease is still its own.
 It renews every ``lease_ttl / 3`` (each attempt bounded by ``lease_ttl / 3``) unless its
 writes renewed it meanwhile (they do, at most every ``lease_ttl / 3``); if a write
 is fenced off, a renewal finds the lease taken, or it cannot renew within ``lease_ttl``,
@@ -33,7 +35,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-from core.errors import Fenced, InvalidArgument, KeygateError
+from core.errors import (
+    Fenced,
+    InvalidArgument,
+    KeygateError,
+    SchemaBusy,
+    SchemaTooNew,
+    StorageError,
+)
 from gateway.broker import Broker
 from gateway.config import LISTENERS, TLS_LISTENERS, GatewayConfig
 from gateway.housekeeping import Housekeeping
@@ -45,8 +54,9 @@ from protocols._limits import ConnectionLimits
 from protocols.mqtt.connection import MAX_SESSION_EXPIRY
 from protocols.native.listener import NativeListener
 from protocols.sink import Listener
-from storage.engine import GATEWAY_APPLICATION
+from storage.engine import GATEWAY_APPLICATION, is_sqlite
 from storage.fence import GatewayLease
+from storage.migrate import LeaseClaim
 from storage.store import SqlStore, open_store
 
 # Young-generation allocations per pass, then passes per older-generation pass.
@@ -190,19 +200,20 @@ class Gateway:
         context = ssl_context(self.config)
         # A file left by an earlier run must not pass for this one's readiness.
         _remove_ports_file(self.config.ports_file)
-        self.store = await open_store(self.config.db, application_name=GATEWAY_APPLICATION)
         standby: StandbyHealth | None = None
         try:
             http_port = self.config.port("http")
             if http_port is not None:
-                standby = StandbyHealth(self.config.name, self.store.engine.dialect.name)
+                dialect = "sqlite" if is_sqlite(self.config.db) else "postgresql"
+                standby = StandbyHealth(self.config.name, dialect)
                 try:
                     await standby.start(self.config.host, http_port, ssl_context(self.config))
                 except OSError as e:
                     if e.errno == errno.EADDRINUSE:
                         raise PortInUse("http", self.config.host, http_port) from e
                     raise
-            await self._become_active()
+            self.store, waited = await self._open_store()
+            await self._become_active(announced=waited)
             if standby is not None:
                 await standby.close()
                 standby = None
@@ -244,6 +255,41 @@ class Gateway:
             raise
         _write_ports_file(self.config.ports_file, self.ports)
 
+    async def _open_store(self) -> tuple[SqlStore, bool]:
+        """Open the store, migrating the schema and taking the lease in one transaction
+        (storage.migrate). While another gateway's lease is live this waits as a standby
+        and changes nothing in the database: an older active gateway keeps writing to the
+        schema it knows until it stops or its lease lapses (docs/operations.md, Upgrades).
+        A database error once waiting is logged and tried again, as ``_try_acquire`` does;
+        before that (a wrong URL, a database that is down) it fails the start. Returns the
+        store and whether it waited."""
+        claim = LeaseClaim(self.config.name, self.holder, self.config.lease_ttl)
+        waiting = False
+        busy = ""
+        while True:
+            try:
+                store = await open_store(
+                    self.config.db, application_name=GATEWAY_APPLICATION, claim=claim
+                )
+                return store, waiting
+            except SchemaBusy as e:
+                if not waiting:
+                    log.info(
+                        "standby: gateway %r is active elsewhere; taking over (and migrating "
+                        "the schema if it is older) when its lease lapses: %s",
+                        self.config.name,
+                        e,
+                    )
+                elif e.message != busy:
+                    # What it waits for changed (the lease lapsed, its row is still locked).
+                    log.warning("standby: %s; trying again", e)
+                waiting, busy = True, e.message
+            except StorageError as e:
+                if not waiting or isinstance(e, SchemaTooNew):
+                    raise
+                log.warning("standby: opening the store failed: %s; trying again", e)
+            await asyncio.sleep(self.config.lease_ttl / 3)
+
     async def _acquire(self, epoch: int | None = None) -> int | None:
         assert self.store is not None
         return await self.store.acquire_gateway_lease(
@@ -260,9 +306,10 @@ class Gateway:
             log.warning("standby: taking the gateway lease failed: %s; trying again", e)
             return None
 
-    async def _become_active(self) -> None:
+    async def _become_active(self, *, announced: bool) -> None:
+        """Take the lease (at once when ``_open_store`` took it) or wait for it;
+        ``announced``: the standby log line was written already."""
         assert self.store is not None
-        announced = False
         while (epoch := await self._try_acquire()) is None:
             if not announced:
                 log.info(

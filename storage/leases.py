@@ -56,9 +56,9 @@ class LeaseOps(StoreBase):
     async def acquire_gateway_lease(
         self, name: str, holder: str, *, ttl: float, epoch: int | None = None
     ) -> int | None:
-        """Take the lease ``name`` for ``holder`` if it is free or has lapsed (``epoch``
-        None), or renew the one held with ``epoch``. Returns the epoch now held (a takeover
-        increments it), or None when another gateway holds the lease.
+        """Take the lease ``name`` for ``holder`` if it is free, has lapsed or is already
+        its own (``epoch`` None), or renew the one held with ``epoch``. Returns the epoch
+        now held (a takeover increments it), or None when another gateway holds the lease.
 
         Expiry is computed from the database's clock, never this host's. On PostgreSQL the
         statements wait at most LEASE_LOCK_TIMEOUT for the holder's write transactions
@@ -88,6 +88,9 @@ class LeaseOps(StoreBase):
                 .where(lease.c.name == name, lease.c.holder != holder, lease.c.expires_at <= now)
                 .values(holder=holder, epoch=lease.c.epoch + 1, expires_at=now + ttl)
             )
+            # Already ours (taken with the migration, storage.migrate): renewed from now, so
+            # that its expiry and the holder's renewal clock start together.
+            await conn.execute(sa.update(lease).where(mine).values(expires_at=now + ttl))
             held = await conn.execute(sa.select(lease.c.epoch).where(mine))
             return held.scalar_one_or_none()
 

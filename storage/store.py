@@ -26,7 +26,7 @@ from storage.consumer import ConsumerOps
 from storage.engine import async_engine, sync_engine
 from storage.inspection import InspectionOps
 from storage.leases import LeaseOps
-from storage.migrate import migrate
+from storage.migrate import LeaseClaim, migrate
 from storage.retention import Riders
 from storage.schema import kg_messages
 from storage.statements import json_rows
@@ -192,10 +192,14 @@ async def open_store(
     max_batch: int = DEFAULT_MAX_BATCH,
     linger: float = DEFAULT_LINGER,
     application_name: str | None = None,
+    claim: LeaseClaim | None = None,
 ) -> SqlStore:
-    """Migrate the database at ``url`` (sqlite:///path or postgresql://...) and open it."""
+    """Migrate the database at ``url`` (sqlite:///path or postgresql://...) and open it.
+    A gateway passes its ``claim``: the lease is taken in the migration's transaction.
+    SchemaBusy (nothing changed) while another gateway's lease is live and the schema
+    needs changing, or with ``claim``; SchemaTooNew for a newer keygate's schema."""
     try:
-        await migrate(url)
+        await migrate(url, claim=claim)
     except (sa.exc.SQLAlchemyError, OSError) as e:
         raise StorageError(f"cannot migrate the database: {e}") from e
     engine = async_engine(url, application_name=application_name)
