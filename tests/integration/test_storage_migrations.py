@@ -1,6 +1,10 @@
-"""Alembic migrations build exactly the schema in storage.schema (SQLite and PostgreSQL)."""
+"""Alembic migrations build exactly the schema in storage.schema (SQLite and PostgreSQL),
+and bring rows stored by older versions up to date."""
 
 from __future__ import annotations
+
+import dataclasses
+from typing import Any
 
 import sqlalchemy as sa
 from alembic import command
@@ -8,9 +12,11 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
+from core.model import Message
 from storage import migrate, migrate_sync, sync_engine
+from storage.codec import message_row
 from storage.migrate import alembic_config
-from storage.schema import metadata
+from storage.schema import kg_messages, metadata
 from storage.views import VIEWS
 
 
@@ -53,3 +59,56 @@ def test_downgrade_to_base_removes_every_table_and_view(db_url: str) -> None:
             assert inspector.get_view_names() == []
     finally:
         engine.dispose()
+
+
+def _stored_before_0004(index: int) -> Message:
+    """Messages of every shape: properties of each type (bytes, non-ASCII text, a float
+    stored as text), each header, none of them."""
+    shapes: list[dict[str, Any]] = [
+        {"properties": {"s": "x", "n": 7, "f": 1.5, "b": True, "raw": b"\x00\x01\x02"}},
+        {"properties": {"é": "ünïcode", "inf": float("inf")}, "key": "k-é"},
+        {"key": "k", "topic": "t/1", "dedup_id": "d", "content_type": "text/plain"},
+        {"correlation_id": "c", "reply_to": "r", "producer": "not-counted"},
+        {},
+    ]
+    return Message(
+        message_id=f"m{index}",
+        queue="old",
+        partition=index % 3,
+        seq=index // 3 + 1,
+        payload=b"p" * (index % 7),
+        publish_time=1_700_000_000.0,
+        **{"key": None, **shapes[index % len(shapes)]},
+    )
+
+
+def test_sizes_stored_before_0004_count_properties_and_headers_after_the_upgrade(
+    db_url: str,
+) -> None:
+    # Before 0004 a message's size was its payload's length; since, it also counts
+    # properties and headers (core.model.Message.size). More rows than one batch.
+    migrate_sync(db_url, "0005")
+    messages = [_stored_before_0004(i) for i in range(2_503)]
+    old_rows = [{**message_row(m), "size": len(m.payload)} for m in messages]
+    # A row stored by a later version already counts everything.
+    current = _stored_before_0004(0)
+    current = Message(**{**_fields(current), "queue": "new"})
+    engine = sync_engine(db_url)
+    try:
+        with engine.begin() as conn:
+            messages_table = sa.Table("kg_messages", sa.MetaData(), autoload_with=conn)
+            conn.execute(sa.insert(messages_table), [*old_rows, message_row(current)])
+        migrate_sync(db_url)
+        with engine.connect() as conn:
+            m = kg_messages
+            rows = conn.execute(sa.select(m.c.queue, m.c.partition, m.c.seq, m.c.size)).all()
+    finally:
+        engine.dispose()
+    sizes = {(row.queue, row.partition, row.seq): row.size for row in rows}
+    expected = {(x.queue, x.partition, x.seq): x.size for x in [*messages, current]}
+    assert sizes == expected
+    assert expected[("old", 0, 1)] > len(messages[0].payload)
+
+
+def _fields(message: Message) -> dict[str, Any]:
+    return {f.name: getattr(message, f.name) for f in dataclasses.fields(message) if f.init}
