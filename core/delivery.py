@@ -72,6 +72,7 @@ from core.model import (
     DeadLetterPolicy,
     DeadLetterReason,
     GroupConfig,
+    KeyOrder,
     Message,
     QueueConfig,
 )
@@ -176,9 +177,7 @@ class DeliveryBook(Reads, Pump):
         if part.ledger.is_settled(seq):
             return
         if prior is None and seq <= part.restored_reserved:
-            prior = (1, None)
-            if seq > part.restored_dispatched:
-                part.maybe_seen.add(seq)
+            prior = self._recovered_count(part, message, now)
         if undeliverable:
             count, first_time = prior if prior is not None else (0, None)
             self._dead_letter(part, message, DeadLetterReason.UNDELIVERABLE, count, first_time)
@@ -187,6 +186,13 @@ class DeliveryBook(Reads, Pump):
             self._out.append(Dropped(message, "filtered"))
             self._settle(part, seq)
             return
+        if (
+            seq <= part.restored_reserved
+            and message.key is not None
+            and message.deliver_at is None
+            and self._group.key_order is KeyOrder.STRICT
+        ):
+            part.recovered_keys.add(message.key)
         if self._follows_dead_letter(part, message):
             count, first_time = prior if prior is not None else (0, None)
             self._dead_letter(part, message, DeadLetterReason.KEY_DEAD_LETTERED, count, first_time)
@@ -216,6 +222,25 @@ class DeliveryBook(Reads, Pump):
             heapq.heappush(self._timers, (message.deliver_at, WAKE, part.index, seq, 0))
         if message.expire_at is not None:
             heapq.heappush(self._timers, (message.expire_at, EXPIRE, part.index, seq, 0))
+
+    def _recovered_count(
+        self, part: Partition, message: Message, now: float
+    ) -> tuple[int, float | None] | None:
+        """Recovery, for an unsettled message up to the restored reservation with no
+        delivery record: (1, None) if it may have been sent before the restart, None if it
+        cannot have been. Not due yet: never sent. At or below dispatched_seq (a low-water
+        mark): sent. Above it: maybe seen (counted, flagged, never dead-lettered for that
+        count alone), except in strict key order behind an earlier unsettled message of
+        its key, which was in flight or waiting before it (a scheduled one does not hold
+        its key until due, so it proves nothing)."""
+        if message.deliver_at is not None and message.deliver_at > now:
+            return None
+        if message.seq <= part.restored_dispatched:
+            return (1, None)
+        if message.key is not None and message.key in part.recovered_keys:
+            return None
+        part.maybe_seen.add(message.seq)
+        return (1, None)
 
     def _settle(self, part: Partition, seq: int) -> None:
         if part.ledger.settle(seq):

@@ -32,6 +32,7 @@ from core.actions import (
     GroupSnapshot,
     OffsetUpdate,
     Page,
+    RecordDispatch,
 )
 from core.errors import Conflict, InvalidArgument, KeyNotParked
 from core.ingress import MAX_WINDOW, validate_client_name
@@ -309,18 +310,23 @@ class GroupMachine(Membership):
         return self._finish(now)
 
     def close(self) -> list[Action]:
-        """Final ack state of every partition, for a clean shutdown: no reservation is
-        left ahead of what was sent, so a restart counts nothing unsent as maybe seen."""
-        return [
-            OffsetUpdate(
-                part.index,
-                part.ledger.committed,
-                part.ledger.ranges(),
-                part.dispatched,
-                part.dispatched,
-            )
-            for part in self._parts
-        ]
+        """Final state of every partition, for a clean shutdown, so that a restart counts
+        exactly what was sent: a delivery record of each unacked message (its count; a
+        first send in seq order has none yet), and ack state whose dispatched_seq and
+        reservation end at the low-water mark (every unsettled message at or below it was
+        sent), so nothing unsent counts as seen or maybe seen."""
+        out: list[Action] = []
+        for part in self._parts:
+            low = part.low_water()
+            part.reserved = min(part.reserved, low)
+            if part.inflight:
+                sent = tuple(
+                    (seq, s.count, s.first_time) for seq, s in sorted(part.inflight.items())
+                )
+                out.append(RecordDispatch(part.index, low, sent, low))
+            ledger = part.ledger
+            out.append(OffsetUpdate(part.index, ledger.committed, ledger.ranges(), low, low))
+        return out
 
     # -- queries --------------------------------------------------------------------------
 
@@ -418,7 +424,7 @@ class GroupMachine(Membership):
             part = self._parts[p]
             ledger = part.ledger
             update = OffsetUpdate(
-                p, ledger.committed, ledger.ranges(), part.dispatched, part.reserved
+                p, ledger.committed, ledger.ranges(), part.low_water(), part.reserved
             )
             self._out.append(update)
         self._dirty.clear()

@@ -173,9 +173,11 @@ class Partition:
         # (state, flow id) last written through; None forces the first write.
         self.announced: tuple[PartitionState, str | None] | None = None
         self.ledger = AckLedger(snapshot.committed_seq, snapshot.acked_above)
-        # Highest seq sent a first time; first sends up to ``reserved`` need no record
-        # (the reservation is durable). A reservation of a crashed run ends at the head
-        # the next run found (SqlStore.forget_consumers).
+        # Highest seq sent a first time (a high-water mark: seqs below it may be waiting,
+        # held back or scheduled); first sends up to ``reserved`` need no record (the
+        # reservation is durable). Storage gets ``low_water()`` as its dispatched_seq. A
+        # reservation of a crashed run ends at the head the next run found
+        # (SqlStore.forget_consumers).
         self.dispatched = snapshot.dispatched_seq
         self.reserved = max(snapshot.reserved_seq, snapshot.dispatched_seq)
         self.restored_dispatched = snapshot.dispatched_seq
@@ -183,6 +185,10 @@ class Partition:
         # Buffered seqs in (restored_dispatched, restored_reserved]: maybe seen before the
         # restart; their recovered count never dead-letters them by itself.
         self.maybe_seen: set[int] = set()
+        # Strict key order, at recovery: keys with an unsettled message (not scheduled)
+        # at or below restored_reserved read so far; a later one of the key cannot have
+        # been sent while it was unsettled (DeliveryBook._recovered_count).
+        self.recovered_keys: set[str] = set()
         self.records: dict[int, tuple[int, float | None]] = {
             record.seq: (record.delivery_count, record.first_delivery_time)
             for record in snapshot.deliveries
@@ -243,6 +249,17 @@ class Partition:
         self.use.bytes -= cost
         self.owner_use.bytes -= cost
         return message
+
+    def low_water(self) -> int:
+        """The dispatched_seq storage gets: every unsettled seq at or below it was sent
+        (it is in flight or waits for a retry) or was found sent at the restart. What is
+        buffered was not sent in this run, and the buffer is in seq order."""
+        low = self.dispatched
+        if self.buffer:
+            first = next(iter(self.buffer)) - 1
+            if first < low:
+                low = first
+        return low if low > self.restored_dispatched else self.restored_dispatched
 
     def discard(self, seq: int) -> None:
         if seq in self.buffer:

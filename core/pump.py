@@ -243,7 +243,9 @@ class Pump:
             self._dirty.add(part.index)
             if part.reserved > part.dispatched:
                 self._reserving.add(part.index)
-            record = RecordDispatch(part.index, dispatched, tuple(redeliveries), part.reserved)
+            record = RecordDispatch(
+                part.index, part.low_water(), tuple(redeliveries), part.reserved
+            )
             self._out.append(record)
 
     def _give_back(self, part: Partition) -> None:
