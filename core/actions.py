@@ -64,9 +64,9 @@ class Page:
 
 @dataclass(frozen=True, slots=True)
 class RecordDispatch:
-    """Durable before sending: first deliveries up to ``dispatched_seq`` happened, first
-    deliveries up to ``reserved_seq`` may happen without another record, and the listed
-    messages are being (re)delivered with these counts."""
+    """Durable before sending: every unsettled message up to ``dispatched_seq`` was sent
+    (a low-water mark), first deliveries up to ``reserved_seq`` may happen without another
+    record, and the listed messages are being (re)delivered with these counts."""
 
     partition: int
     dispatched_seq: int
@@ -79,7 +79,7 @@ class RecordDispatch:
 class OffsetUpdate:
     """Full ack state of one (group, partition): everything <= committed_seq is done, plus
     ``acked_above``. Storage drops delivery records of every settled seq. It also carries
-    the first-delivery position ``dispatched_seq`` (never moves back in storage) and the
+    the first-delivery low-water mark ``dispatched_seq`` (never moves back in storage) and the
     dispatch reservation ``reserved_seq`` (written as is: a reservation may shrink)."""
 
     partition: int

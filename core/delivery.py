@@ -9,20 +9,23 @@ held back while an earlier message of K waits for redelivery (both key orders) o
 message of K is unacked (``strict``). A scheduled message (deliver_at) takes its place in
 its key's order when it becomes due: it does not hold back later messages of its key, and
 once due it waits like any other. Seq gaps between messages read from storage are settled
-as they are seen, so the committed seq advances over them. Recovery counts every unsettled
-seq <= dispatched_seq as possibly seen (one more delivery), including seqs that were
-skipped because their key was held back.
+as they are seen, so the committed seq advances over them.
 
 Dispatch reservation (docs/performance.md). A record that must precede a first send also
 reserves ``DISPATCH_AHEAD`` seqs beyond it while the partition flows, so the first sends
-that follow need no commit of their own; the position actually sent travels lazily with
-the next ``OffsetUpdate``. A partition that cannot send (no owner, window full) gives its
-reservation back at once in memory and with that update in storage. Recovery counts an
-unsettled seq in (dispatched_seq, reserved_seq] with no record as maybe seen too, but that
-count alone never dead-letters it: it is delivered once more, flagged redelivered, with
-its count capped at max_deliveries and recorded before it is sent, so a message that
-crashes the gateway still reaches the dead-letter queue and one never sent is never
-dead-lettered unseen.
+that follow need no commit of their own; the position sent travels lazily with the next
+``OffsetUpdate``, as a low-water mark (``Partition.low_water``: every unsettled seq at or
+below it was sent; a held-back or scheduled message keeps it below itself). A partition
+that cannot send (no owner, window full) gives its reservation back at once in memory and
+with that update in storage. Recovery (``_recovered_count``) counts an unsettled seq with
+no record at or below dispatched_seq as seen once; one in (dispatched_seq, reserved_seq]
+as maybe seen: counted too, but that count alone never dead-letters it (it is delivered
+once more, flagged redelivered, with its count capped at max_deliveries and recorded
+before it is sent, so a message that crashes the gateway still reaches the dead-letter
+queue); and none that cannot have been sent (not due yet; in strict key order, behind an
+earlier unsettled message of its key). ``GroupMachine.close`` records every unacked
+message and ends the reservation at the low-water mark, so a clean restart counts
+exactly.
 
 Poison policy (QueueConfig.on_dead_letter). When a message of key K is dead-lettered for
 failing (max deliveries, rejected; not expiry), ``park_key`` parks K in its partition: its

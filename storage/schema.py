@@ -139,8 +139,9 @@ kg_group_offsets: Final = sa.Table(
     sa.Column("acked_above", JsonType, nullable=False),
     sa.Column("acked_count", Seq, nullable=False),
     sa.Column("dispatched_seq", Seq, nullable=False),
-    # First deliveries up to here may go out without a further commit (DESIGN.md §4;
-    # docs/performance.md): recovery counts (dispatched_seq, reserved_seq] as maybe seen.
+    # dispatched_seq: a low-water mark, every unsettled message at or below it was sent.
+    # First deliveries up to reserved_seq may go out without a further commit (DESIGN.md
+    # §4; docs/performance.md): recovery counts (dispatched_seq, reserved_seq] as maybe seen.
     sa.Column("reserved_seq", Seq, nullable=False, server_default="0"),
     sa.Column("updated_at", Time, nullable=False),
 )
