@@ -36,7 +36,7 @@ code their wire needs.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Self
 
 
 class KeygateError(Exception):
@@ -48,6 +48,17 @@ class KeygateError(Exception):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
+
+    def as_outcome(self) -> Self:
+        """This error kept as a value (one publication's refusal among a lot's outcomes)
+        rather than raised on: without its traceback and the errors it was raised from.
+        A traceback holds the frames it went through and, by ``f_back``, their callers',
+        with their locals: a lot's payloads. Once the error also sits in a list one of
+        those frames holds, that is a reference cycle, freed only by a full run of the
+        cycle collector, which a busy gateway makes rarely."""
+        self.__traceback__ = None
+        self.__cause__ = self.__context__ = None
+        return self
 
 
 class InvalidArgument(KeygateError):

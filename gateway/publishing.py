@@ -117,12 +117,13 @@ class Publishing:
                 routed.append(self._messages(principal, publication, now))
             except KeygateError as e:
                 self._refused(e, 1)
-                routed.append(e)
+                routed.append(e.as_outcome())
         units = [batch for batch in routed if not isinstance(batch, KeygateError)]
         try:
             stored = self._store.append_each(units, now=now)
         except KeygateError as e:  # the store is closed
             self._refused(e, len(units))
+            e.as_outcome()
             return _ready([e if isinstance(r, list) else r for r in routed])
         # Counted when the commit is known, whether or not anyone awaits the outcomes (a
         # connection torn down meanwhile does not).
@@ -221,7 +222,7 @@ async def _receipts(
     try:
         results = await stored
     except KeygateError as e:
-        results = [e] * sum(not isinstance(r, KeygateError) for r in routed)
+        results = [e.as_outcome()] * sum(not isinstance(r, KeygateError) for r in routed)
     outcomes: list[Receipt | KeygateError] = []
     unit = iter(results)
     for publication, batch in zip(publications, routed, strict=True):

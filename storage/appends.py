@@ -164,7 +164,7 @@ class AppendOps(ProtocolStateOps, RetentionOps):
             try:
                 check_append(call.messages, self.queue, self.depths, pending)
             except KeygateError as e:
-                refusals.append(e)
+                refusals.append(e.as_outcome())
             else:
                 refusals.append(None)
         return refusals
@@ -175,11 +175,11 @@ class AppendOps(ProtocolStateOps, RetentionOps):
         try:
             allocation, results, new = await self._transact_appends(calls)
         except (StorageUnavailable, Fenced) as e:
-            return [e] * len(calls)  # nothing any call could change
+            return [e.as_outcome()] * len(calls)  # nothing any call could change
         except Exception as e:
             if len(calls) == 1:
                 if isinstance(e, StorageError):
-                    return [e]
+                    return [e.as_outcome()]
                 _log.exception("append of %d message(s) failed", len(calls[0].messages))
                 return [StorageError("storage error")]
             half = len(calls) // 2

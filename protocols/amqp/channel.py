@@ -112,7 +112,7 @@ class Channel:
                 # confirms would never hear of it, so its channel is closed with the reason.
                 if not self.confirming:
                     raise AmqpChannelError(ReplyCode.PRECONDITION_FAILED, e.message) from e
-                rejected = e
+                rejected = e.as_outcome()
         tag = None
         if self.confirming:
             tag = self.next_tag

@@ -423,7 +423,7 @@ class ServerConnection:
                 client_id=self.client_id,
             )
         except InvalidArgument as e:  # an x-delay that is not a delay
-            return AnsweredPublish(topic, packet.qos, packet_id, e)
+            return AnsweredPublish(topic, packet.qos, packet_id, e.as_outcome())
         return PublishRequest(publication, packet.qos, packet_id)
 
     def complete(
