@@ -36,7 +36,7 @@ from core.errors import (
 )
 from core.model import QueueConfig
 from protocols._io import Outbox, publish_in_order
-from protocols._limits import Admission
+from protocols._limits import Admission, publication_bytes
 from protocols._log import ConnectionLog
 from protocols._queue import WorkQueue
 from protocols.amqp import events as ev
@@ -60,7 +60,16 @@ class _InternalError(KeygateError):
 
 
 def _size(op: Op) -> int:
-    return len(op.payload) if isinstance(op, ev.Publish) else 0
+    """The bytes a publish holds: its message's payload, properties and headers
+    (``publication_bytes``), so a message of large headers counts as large. One the
+    listener refused itself has no publication: its body (none when too large) and its
+    headers' text."""
+    if not isinstance(op, ev.Publish):
+        return 0
+    if op.publication is not None:
+        return publication_bytes(op.publication)
+    headers = op.properties.headers
+    return len(op.payload) + (len(repr(headers)) if headers else 0)
 
 
 def _batchable(op: Op) -> bool:

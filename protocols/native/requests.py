@@ -8,8 +8,8 @@ hands the queued PUBLISHes to the sink as one lot (``store_each``: one group-com
 submission, each publication stored or refused alone) and a task answers each with
 PUBLISH_OK or ERROR once committed. Lots are queued for the store at once, in the order
 read, so the next lot goes in while this one commits and none overtakes another. The
-payload bytes of PUBLISHes not yet confirmed are held in a ``ByteBudget``: when it is
-spent the reader waits for confirms instead of reading more. BIND gives the sink one
+payload, key and properties of PUBLISHes not yet confirmed (``publication_bytes``) are
+held in a ``ByteBudget``: when it is spent the reader waits for confirms. BIND gives the sink one
 ``FlowOutput`` per flow; a run of DELIVERs is pushed in pieces of DELIVER_CHUNK bytes,
 each with the way to encode it again, so a consumer that reads slowly holds its window of
 messages, not an encoded copy, and auto-ack deliveries are acked once the kernel took
@@ -38,7 +38,7 @@ from core.ingress import validate_client_name, validate_delay, validate_window
 from core.model import AckMode, Publication
 from protocols import sink
 from protocols._io import Outbox, store_each
-from protocols._limits import Admission, ByteBudget, ConnectionLimits
+from protocols._limits import Admission, ByteBudget, ConnectionLimits, publication_bytes
 from protocols._log import ConnectionLog
 from protocols._tasks import Tasks
 from protocols.native.connection import ServerConnection
@@ -139,6 +139,7 @@ class Requests:
         self.producer = ""  # every message's producer, once HELLO named the client
         self.unconfirmed = ByteBudget(server.limits.max_unconfirmed_bytes)
         self._queued: list[tuple[Publish, Publication]] = []
+        self._queued_bytes = 0  # their publication_bytes, held in ``unconfirmed``
 
     def send(self, event: Event) -> None:
         try:
@@ -230,19 +231,23 @@ class Requests:
     def publish(self, event: Publish) -> bool:
         """Queue a PUBLISH for the next ``flush``, or answer it with ERROR when it is
         refused at once; without a coroutine, as most requests are PUBLISHes. False, with
-        nothing done, when its payload does not fit the unconfirmed budget: ``handle``
-        then waits for room."""
-        size = len(event.payload)
-        if self.unconfirmed.full_for(size):
-            return False
+        nothing done, when it does not fit the unconfirmed budget: ``handle`` then waits
+        for room."""
         try:
             message = self._publication(event)
         except KeygateError as e:
             self.send(error_frame(e, event.request_id))
             return True
+        size = publication_bytes(message)
+        if self.unconfirmed.full_for(size):
+            return False
         self.unconfirmed.hold(size)
-        self._queued.append((event, message))
+        self._queue(event, message, size)
         return True
+
+    def _queue(self, event: Publish, message: Publication, size: int) -> None:
+        self._queued.append((event, message))
+        self._queued_bytes += size
 
     def _publication(self, event: Publish) -> Publication:
         return publication(event, self.producer)
@@ -262,9 +267,10 @@ class Requests:
                     # this request), else it waits: the read loop stops, back-pressure
                     # rather than buffering, with the confirms waited for on their way.
                     message = self._publication(event)
+                    size = publication_bytes(message)
                     self.flush()
-                    await self.unconfirmed.acquire(len(event.payload))
-                    self._queued.append((event, message))
+                    await self.unconfirmed.acquire(size)
+                    self._queue(event, message, size)
                 case Ack():
                     self.settle(event.flow_id, sink.Ack(event.message_ids))
                     self.ok(event.request_id)
@@ -340,21 +346,24 @@ class Requests:
             return
         assert self.principal is not None
         lot, self._queued = self._queued, []
+        size, self._queued_bytes = self._queued_bytes, 0
         pending = store_each(
             self.sink, self.principal, [message for _, message in lot], log=self.log
         )
-        self.publishes.spawn(self._confirm(lot, pending), name="publish")
+        self.publishes.spawn(self._confirm(lot, size, pending), name="publish")
 
     async def _confirm(
         self,
         lot: list[tuple[Publish, Publication]],
+        size: int,
         pending: Awaitable[list[sink.Receipt | KeygateError]],
     ) -> None:
-        """Answer each PUBLISH of ``lot`` in arrival order with PUBLISH_OK or ERROR."""
+        """Answer each PUBLISH of ``lot`` (``size`` bytes held) in arrival order with
+        PUBLISH_OK or ERROR."""
         try:
             outcomes = await pending
         finally:
-            self.unconfirmed.release(sum(len(event.payload) for event, _ in lot))
+            self.unconfirmed.release(size)
             self.server.unconfirmed_peak = max(self.server.unconfirmed_peak, self.unconfirmed.peak)
         out = bytearray()
         conn = self.conn

@@ -1,10 +1,13 @@
 """What a publisher costs the gateway's memory: a refused publish frees its payload as soon
-as it is answered.
+as it is answered, and the bytes of publishes waiting for their commit — payload,
+properties and headers alike — are held to the connection's ``max_unconfirmed_bytes``.
 
 The gateway runs in the test's process, so its memory is read with ``tracemalloc``. The
 refusal tests run with the cycle collector off: a payload freed only by it stays until a
 full collection, which a busy gateway makes rarely (QA saw 1 GB held 10 s after the
-client left).
+client left). The back-pressure tests hold the store's ``seq_lock`` so nothing commits:
+the gateway must then stop reading the publisher, which is seen as the client unable to
+hand the kernel all of its frames, and as little memory taken meanwhile.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import contextlib
 import dataclasses
 import gc
 import socket
+import threading
 import tracemalloc
 from collections.abc import Iterator
 from typing import Any
@@ -24,17 +28,26 @@ import pytest
 
 from gateway.client import Client
 from gateway.server import Gateway
+from protocols.amqp.listener import AmqpListener
 from protocols.mqtt import Connect, MqttProperties, PubAck
 from protocols.mqtt import Publish as MqttPublish
 from protocols.native.connection import ClientConnection
-from protocols.native.events import Error, Hello, HelloOk, Publish
+from protocols.native.events import Error, Hello, HelloOk, Publish, PublishOk
 from protocols.native.listener import NativeListener
 from tests.integration.conftest import native_url, start_gateway
 from tests.support.mqtt_raw import RawMqtt
 from tests.support.native_raw import expect
+from tests.support.wait import eventually
 
 MIB = 1024 * 1024
 REFUSALS = 16
+BUDGET = 64 * 1024
+PROPERTY = 60_000  # bytes of one property (native) or header (AMQP); the payload is empty
+FLOOD = 500  # 30 MB of properties: more than the kernel's socket buffers hold
+# What a connection stopped at its budget may hold besides it: a read (256 KiB), the
+# stream's buffer, a frame being decoded, the AMQP worker's batch (taken from its queue).
+# Measured: under 1 MiB; reading the whole flood would be 30 MB.
+SLACK = 4 * MIB
 
 
 @contextlib.contextmanager
@@ -214,5 +227,110 @@ async def test_a_refused_mqtt_publish_frees_its_payload_without_the_cycle_collec
         finally:
             await RawMqtt.close_all()
         assert grown < 2 * MIB, f"{grown} bytes still held after {REFUSALS} refusals"
+    finally:
+        await gw.stop()
+
+
+def _flood(sock: socket.socket, data: bytes, sent: threading.Event) -> None:
+    with contextlib.suppress(OSError):
+        sock.sendall(data)
+        sent.set()
+
+
+async def _held_back(
+    gw: Gateway, sock: socket.socket, data: bytes, stalled: object
+) -> tuple[bool, int, threading.Thread]:
+    """Send ``data`` from a thread while nothing commits; once ``stalled()`` (the
+    connection's budget is full) or everything was sent: whether it was, and the memory
+    the gateway took meanwhile. The thread is still sending when the gateway held back."""
+    sent = threading.Event()
+    with _traced() as start:
+        sender = threading.Thread(target=_flood, args=(sock, data, sent), daemon=True)
+        sender.start()
+        await eventually(lambda: sent.is_set() or stalled(), timeout=20)  # type: ignore[operator]
+        # Anything the gateway still reads once stalled would show as memory here.
+        await asyncio.sleep(0.2)
+        grown = _grown(start)
+    return sent.is_set(), grown, sender
+
+
+async def test_native_publishes_of_large_properties_are_held_to_the_byte_budget(
+    sqlite_url: str,
+) -> None:
+    gw = await start_gateway(sqlite_url, max_unconfirmed_bytes=BUDGET)
+    try:
+        async with Client(native_url(gw)) as client:
+            await client.declare_queue("props", partitions=2)
+        sock, conn = await asyncio.to_thread(_native_login, gw.ports["native"])
+        with sock:
+            frames = b"".join(
+                conn.send(
+                    Publish(
+                        request_id=conn.next_request_id(),
+                        queue="props",
+                        key=f"k{i % 5}",
+                        payload=b"",
+                        properties={"p": "x" * PROPERTY},
+                    )
+                )
+                for i in range(FLOOD)
+            )
+            session = _native_session(gw)
+            budget = session.requests.unconfirmed
+            async with gw.store.seq_lock:  # nothing commits
+                all_sent, grown, sender = await _held_back(
+                    gw, sock, frames, lambda: budget.held + PROPERTY > BUDGET
+                )
+            answers = await asyncio.to_thread(_native_answers, sock, conn, FLOOD)
+            sender.join(10)
+        assert not all_sent, "the gateway read the whole flood while nothing committed"
+        assert grown < SLACK, f"the gateway took {grown} bytes while nothing committed"
+        assert answers == FLOOD
+        assert 0 < budget.peak <= BUDGET + PROPERTY + 1024
+    finally:
+        await gw.stop()
+
+
+def _native_answers(sock: socket.socket, conn: ClientConnection, count: int) -> int:
+    for _ in range(count):
+        expect(sock, conn, PublishOk)
+    return count
+
+
+def _amqp_confirmed(sock: socket.socket, count: int) -> int:
+    """Read basic.acks until ``count`` delivery tags are confirmed."""
+    buf = bytearray()
+    while True:
+        ack = _amqp_until(sock, pika.spec.Basic.Ack, buf)
+        assert isinstance(ack, pika.spec.Basic.Ack)
+        if ack.delivery_tag >= count:
+            return count
+
+
+async def test_amqp_publishes_of_large_headers_are_held_to_the_byte_budget(
+    sqlite_url: str,
+) -> None:
+    gw = await start_gateway(sqlite_url, max_unconfirmed_bytes=BUDGET)
+    try:
+        async with Client(native_url(gw)) as client:
+            await client.declare_queue("props", partitions=2)
+        sock = await asyncio.to_thread(_amqp_login, gw.ports["amqp"])
+        with sock:
+            properties = pika.spec.BasicProperties(headers={"p": "x" * PROPERTY})
+            publish = pika.frame.Method(1, pika.spec.Basic.Publish(routing_key="props")).marshal()
+            frames = (publish + pika.frame.Header(1, 0, properties).marshal()) * FLOOD
+            amqp = gw._listeners["amqp"]
+            assert isinstance(amqp, AmqpListener)
+            [connection] = amqp._acceptor.connections
+            queue = connection.session.queue  # type: ignore[attr-defined]
+            async with gw.store.seq_lock:  # nothing commits
+                all_sent, grown, sender = await _held_back(
+                    gw, sock, frames, lambda: queue._bytes + PROPERTY > BUDGET
+                )
+            confirmed = await asyncio.to_thread(_amqp_confirmed, sock, FLOOD)
+            sender.join(10)
+        assert not all_sent, "the gateway read the whole flood while nothing committed"
+        assert grown < SLACK, f"the gateway took {grown} bytes while nothing committed"
+        assert confirmed == FLOOD
     finally:
         await gw.stop()
