@@ -46,6 +46,9 @@ DEFAULT_MAX_CONNECTIONS_PER_USER: Final = 1_000
 DEFAULT_LOGIN_TIMEOUT: Final = 10.0
 DEFAULT_MAX_LOGIN_FRAME: Final = 64 * 1024
 DEFAULT_MAX_UNCONFIRMED_BYTES: Final = 16 * 1024 * 1024
+PUBLICATION_OVERHEAD: Final = 1024
+"""What a publish waiting for its commit costs besides its bytes (its event, publication,
+message, the lot's entries and future), about: counted by ``publication_bytes``."""
 
 
 class ByteBudget:
@@ -162,10 +165,12 @@ DEFAULT_LIMITS: Final = ConnectionLimits()
 
 def publication_bytes(publication: Publication) -> int:
     """What a publication costs in memory, about: its payload plus every text field and
-    property (names and values), so a message of large headers counts as large."""
+    property (names and values), so a message of large headers counts as large, plus
+    ``PUBLICATION_OVERHEAD``, so a flood of empty messages is not almost free."""
     p = publication
     texts = (p.queue, p.topic, p.key, p.producer, p.dedup_id, p.content_type, p.correlation_id)
-    size = len(p.payload) + sum(len(t) for t in (*texts, p.reply_to, p.app_id) if t is not None)
+    size = PUBLICATION_OVERHEAD + len(p.payload)
+    size += sum(len(t) for t in (*texts, p.reply_to, p.app_id) if t is not None)
     for name, value in p.properties.items():
         size += len(name) + (len(value) if isinstance(value, str | bytes) else 8)
     return size
@@ -190,6 +195,7 @@ __all__ = [
     "DEFAULT_MAX_UNCONFIRMED_BYTES",
     "INT64_MAX",
     "MAX_DECIMAL_DIGITS",
+    "PUBLICATION_OVERHEAD",
     "Admission",
     "ByteBudget",
     "ConnectionCounter",
