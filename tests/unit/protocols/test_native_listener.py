@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -17,60 +16,22 @@ from core.actions import Deliver as Delivery
 from core.model import AckMode, Message, QueueConfig
 from protocols.native import connection as native_connection
 from protocols.native import requests as native_requests
-from protocols.native.connection import ClientConnection
 from protocols.native.events import Ack as NativeAck
 from protocols.native.events import (
-    Bind,
-    BindOk,
     Close,
     Deliver,
     Error,
-    Event,
-    Hello,
-    HelloOk,
     Publish,
     PublishOk,
 )
 from protocols.native.listener import NativeListener
 from protocols.sink import Ack, Principal, Settle, Unbind, Undeliverable
 from tests.support.memory_sink import BatchSink, MemorySink
+from tests.support.native_raw import raw_client
 from tests.support.wait import eventually
 
 ME = Principal(None, "test")
 COUNT = 10_000
-
-
-class _Client:
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader, self.writer = reader, writer
-        self.conn = ClientConnection()
-
-    def send(self, event: Event) -> None:
-        self.writer.write(self.conn.send(event))
-
-    async def receive(self) -> Event | None:
-        """The next event; None once the gateway closed the connection."""
-        async with asyncio.timeout(10):
-            while (event := self.conn.next_event()) is None:
-                data = await self.reader.read(65536)
-                if not data:
-                    return None
-                self.conn.receive_data(data)
-        return event
-
-    async def bind(self, queue: str, ack_mode: AckMode = AckMode.CLIENT) -> str:
-        self.send(
-            Bind(
-                request_id=self.conn.next_request_id(),
-                queue=queue,
-                group="g",
-                window=0,
-                ack_mode=ack_mode,
-            )
-        )
-        reply = await self.receive()
-        assert isinstance(reply, BindOk), reply
-        return reply.flow_id
 
 
 @asynccontextmanager
@@ -82,18 +43,6 @@ async def _serving(sink: MemorySink, **options: int) -> AsyncIterator[tuple[Nati
         yield listener, port
     finally:
         await listener.close()
-
-
-async def _client(port: int, *, receive_buffer: int | None = None) -> _Client:
-    sock = socket.socket()
-    if receive_buffer is not None:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
-    sock.setblocking(False)
-    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
-    client = _Client(*await asyncio.open_connection(sock=sock))
-    client.send(Hello(request_id=1, client_name="test"))
-    assert isinstance(await client.receive(), HelloOk)
-    return client
 
 
 class _BuggySink(MemorySink):
@@ -108,7 +57,7 @@ async def test_a_crashed_task_ends_the_connection_with_an_error_and_unbinds_its_
 ) -> None:
     sink = _BuggySink()
     async with _serving(sink) as (_, port):
-        client = await _client(port)
+        client = await raw_client(port)
         flow_id = await client.bind("q")
         with caplog.at_level(logging.ERROR, logger="keygate.io"):
             client.send(
@@ -132,7 +81,7 @@ def _deliveries(flow_id: str, count: int, size: int) -> list[Delivery]:
 async def test_a_slow_auto_ack_reader_gets_every_delivery_in_order_acked_once_written() -> None:
     sink = MemorySink()
     async with _serving(sink, write_buffer=64 * 1024) as (_, port):
-        client = await _client(port, receive_buffer=16 * 1024)
+        client = await raw_client(port, receive_buffer=16 * 1024)
         flow_id = await client.bind("q", AckMode.AUTO)
         # 10 MB: more than the socket buffers hold (the kernel's send buffer grows to 4 MB).
         deliveries = _deliveries(flow_id, COUNT, 1000)
@@ -157,7 +106,7 @@ async def test_a_delivery_the_wire_cannot_carry_is_returned_and_the_rest_of_its_
     string field holds) comes back to the group for dead-lettering, alone."""
     sink = MemorySink()
     async with _serving(sink) as (_, port):
-        client = await _client(port)
+        client = await raw_client(port)
         flow_id = await client.bind("q")
         run = _deliveries(flow_id, 200, 1000)
         bad = Delivery(flow_id, Message("bad", "q", 0, 1000, "k" * 70_000, b"x"), 1, False)
@@ -190,7 +139,7 @@ async def test_a_reader_that_is_behind_has_each_delivery_encoded_once_and_bad_on
     counting(native_requests)  # what it encodes when the outbox writes a held piece
     sink = MemorySink()
     async with _serving(sink, write_buffer=64 * 1024) as (_, port):
-        client = await _client(port, receive_buffer=16 * 1024)
+        client = await raw_client(port, receive_buffer=16 * 1024)
         flow_id = await client.bind("q")
         first = _deliveries(flow_id, COUNT // 2, 1000)  # 5 MB: far more than the socket holds
         assert sink.flows[flow_id].output.deliver(first) == []
@@ -212,7 +161,7 @@ async def test_a_reader_that_is_behind_has_each_delivery_encoded_once_and_bad_on
 async def test_closing_the_listener_confirms_publishes_already_received() -> None:
     sink = MemorySink()
     async with _serving(sink) as (listener, port):
-        client = await _client(port)
+        client = await raw_client(port)
         sink.gate.clear()  # commits stall
         client.send(Publish(request_id=client.conn.next_request_id(), queue="q", payload=b"x"))
         await asyncio.sleep(0.05)
@@ -267,7 +216,7 @@ async def test_the_publishes_of_one_read_share_one_commit_and_are_answered_in_or
     sink = BatchSink()
     await sink.declare_queue(ME, QueueConfig("small", max_message_size=4))
     async with _serving(sink) as (_, port):
-        client = await _client(port)
+        client = await raw_client(port)
         publishes = [
             Publish(request_id=client.conn.next_request_id(), queue=queue, payload=payload)
             for queue, payload in [
@@ -295,7 +244,7 @@ async def test_the_next_read_is_handed_over_while_the_previous_one_commits_in_or
     answered in the order sent."""
     sink = BatchSink()
     async with _serving(sink) as (_, port):
-        client = await _client(port)
+        client = await raw_client(port)
         sink.gate.clear()
         first = [
             Publish(request_id=client.conn.next_request_id(), queue="q", payload=b"%d" % i)
@@ -324,7 +273,7 @@ async def test_a_malformed_publish_is_refused_alone_and_the_connection_goes_on()
     PUBLISHes around it, in the same read, are stored."""
     sink = MemorySink()
     async with _serving(sink) as (_, port):
-        client = await _client(port)
+        client = await raw_client(port)
         publishes = [
             Publish(request_id=client.conn.next_request_id(), queue="q", payload=b"1"),
             Publish(request_id=client.conn.next_request_id(), queue="q", topic="t", payload=b"2"),
