@@ -17,6 +17,7 @@ from typing import Final, TypeAlias
 
 from core.errors import InvalidArgument
 from core.frozen import frozen
+from core.settings import QUEUE_SETTINGS, typed_setting
 
 PropertyValue: TypeAlias = str | int | float | bool | bytes
 Properties: TypeAlias = Mapping[str, PropertyValue]
@@ -185,6 +186,13 @@ class QueueConfig:
 
     def __post_init__(self) -> None:
         validate_name("queue", self.name)
+        # Types first, against the settings table: every interface (native, SDK, AMQP,
+        # CLI, HTTP) makes a QueueConfig, so this is the one check they all share.
+        for setting in QUEUE_SETTINGS:
+            value = getattr(self, setting.name)
+            typed = typed_setting(setting, value)
+            if typed is not value:
+                object.__setattr__(self, setting.name, typed)
         for attr in (
             "ttl",
             "backoff_initial",

@@ -86,7 +86,9 @@ _LISTS: Final = frozenset({"subscriptions"})
 def queue_settings(values: Mapping[str, object]) -> dict[str, object]:
     """Check queue settings from an untyped source (JSON, TOML, a wire map) against the
     table, so a wrong type is an InvalidArgument naming the setting, never a crash deeper
-    in. ``subscriptions`` lists become tuples; ints are accepted where a float is expected."""
+    in. ``subscriptions`` lists become tuples; ints are accepted where a float is expected.
+    (``QueueConfig`` checks its fields with ``typed_setting`` too, so a source that builds
+    one directly gets the same answer.)"""
     out: dict[str, object] = {}
     for name, value in values.items():
         if name in _LISTS:
@@ -97,11 +99,13 @@ def queue_settings(values: Mapping[str, object]) -> dict[str, object]:
         setting = _BY_NAME.get(name)
         if setting is None:
             raise InvalidArgument(f"unknown queue setting {name!r}")
-        out[name] = _typed(setting, value)
+        out[name] = typed_setting(setting, value)
     return out
 
 
-def _typed(setting: QueueSetting, value: object) -> object:
+def typed_setting(setting: QueueSetting, value: object) -> object:
+    """``value`` as ``setting``'s type, or InvalidArgument naming the setting and the type.
+    A bool is not an int; an int is taken where a float is expected, as that float."""
     kind = setting.kind
     if value is None and setting.optional:
         return None
@@ -110,7 +114,9 @@ def _typed(setting: QueueSetting, value: object) -> object:
             return float(value)
         if type(value) is kind:
             return value
-    raise InvalidArgument(f"{setting.name} must be of type {kind.__name__}")
+    raise InvalidArgument(
+        f"{setting.name} must be of type {kind.__name__}, not {type(value).__name__}"
+    )
 
 
-__all__ = ["QUEUE_SETTINGS", "SETTING_NAMES", "QueueSetting", "queue_settings"]
+__all__ = ["QUEUE_SETTINGS", "SETTING_NAMES", "QueueSetting", "queue_settings", "typed_setting"]

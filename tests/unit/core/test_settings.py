@@ -62,3 +62,37 @@ def test_queue_settings_refuse_a_wrong_type_naming_the_setting(values: dict[str,
     (name,) = values
     with pytest.raises(InvalidArgument, match=name):
         queue_settings(values)
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "kind"),
+    [
+        ("partitions", 2.0, "int"),
+        ("partitions", True, "int"),
+        ("partitions", b"\x02", "int"),
+        ("max_deliveries", 3.0, "int"),
+        ("window", 10.0, "int"),
+        ("max_message_size", 100.0, "int"),
+        ("max_depth_messages", 5.0, "int"),
+        ("dead_letter_expired", 1, "bool"),
+        ("rebalance_delay", "x", "float"),
+        ("ttl", True, "float"),
+        ("key_from", 3, "str"),
+        ("on_dead_letter", b"continue", "str"),
+    ],
+)
+def test_a_queue_config_refuses_a_wrong_type_naming_the_setting_and_its_type(
+    name: str, value: object, kind: str
+) -> None:
+    # Every interface (native DECLARE_QUEUE, the SDK, AMQP, the CLI, HTTP) makes a
+    # QueueConfig: the type check there is the one they all share.
+    with pytest.raises(InvalidArgument, match=f"^{name} must be of type {kind}"):
+        QueueConfig("q", **{name: value})  # type: ignore[arg-type]
+
+
+def test_a_queue_config_takes_an_int_where_a_float_setting_is_expected_as_a_float() -> None:
+    config = QueueConfig("q", rebalance_delay=5, ttl=30, backoff_multiplier=2)
+    assert (config.rebalance_delay, config.ttl, config.backoff_multiplier) == (5.0, 30.0, 2.0)
+    assert all(
+        type(v) is float for v in (config.rebalance_delay, config.ttl, config.backoff_multiplier)
+    )
