@@ -308,7 +308,9 @@ class Requests:
                     return event.request_id != 0
         except KeygateError as e:
             if isinstance(event, Hello):
-                self.send(error_frame(e))
+                # A refused login answers the HELLO (its id), then ends the connection.
+                self.send(error_frame(e, event.request_id))
+                self.send(Close(reason=e.code))
                 return False
             if event.request_id:
                 self.send(error_frame(e, event.request_id))

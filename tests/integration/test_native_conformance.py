@@ -11,9 +11,10 @@ import pytest
 from core.errors import InvalidArgument
 from gateway.client import Client
 from gateway.server import Gateway
-from protocols.native.events import DeclareQueue, Error, Ping, Pong, QueueOk
-from tests.integration.conftest import native_url
-from tests.support.native_raw import RawClient, raw_client
+from protocols.native.events import Close, DeclareQueue, Error, Event, Hello, Ping, Pong, QueueOk
+from tests.integration.conftest import native_url, start_gateway
+from tests.support.native_raw import RawClient, connect, raw_client
+from tests.support.security import hashed_users
 
 
 @pytest.fixture
@@ -84,3 +85,24 @@ async def test_queue_ok_encodes_each_setting_with_its_documented_type(raw: RawCl
     assert {k for k, v in reply.settings.items() if type(v) is int} == ints
     assert {k for k, v in reply.settings.items() if type(v) is str} == strings
     assert reply.settings["dead_letter_expired"] is False
+
+
+@pytest.mark.parametrize(
+    ("username", "password"), [("alice", "wrong"), ("nobody", "pw"), (None, None)]
+)
+async def test_a_refused_login_answers_the_hello_id_then_sends_close(
+    sqlite_url: str, username: str | None, password: str | None
+) -> None:
+    gateway = await start_gateway(sqlite_url, users=hashed_users(alice="secret"))
+    client = await connect(gateway.ports["native"])
+    try:
+        client.send(Hello(request_id=7, client_name="c", username=username, password=password))
+        events: list[Event | None] = [await client.receive(), await client.receive()]
+        assert await client.receive() is None  # then the gateway closes the socket
+    finally:
+        client.close()
+        await gateway.stop()
+    error, close = events
+    assert isinstance(error, Error), error
+    assert (error.request_id, error.code) == (7, "authentication-failed")
+    assert isinstance(close, Close)

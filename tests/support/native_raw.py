@@ -64,21 +64,26 @@ class RawClient:
         self.writer.close()
 
 
-async def raw_client(
-    port: int, *, receive_buffer: int | None = None, hello: Hello | None = None
-) -> RawClient:
-    """A RawClient connected to ``port``, logged in with ``hello`` (anonymous by
-    default)."""
+async def connect(port: int, *, receive_buffer: int | None = None) -> RawClient:
+    """A RawClient connected to ``port`` on loopback, before its HELLO."""
     sock = socket.socket()
     if receive_buffer is not None:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
     sock.setblocking(False)
     await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
-    client = RawClient(*await asyncio.open_connection(sock=sock))
+    return RawClient(*await asyncio.open_connection(sock=sock))
+
+
+async def raw_client(
+    port: int, *, receive_buffer: int | None = None, hello: Hello | None = None
+) -> RawClient:
+    """A RawClient connected to ``port``, logged in with ``hello`` (anonymous by
+    default)."""
+    client = await connect(port, receive_buffer=receive_buffer)
     client.send(hello or Hello(request_id=1, client_name="test"))
     reply = await client.receive()
     assert isinstance(reply, HelloOk), reply
     return client
 
 
-__all__ = ["RawClient", "expect", "raw_client"]
+__all__ = ["RawClient", "connect", "expect", "raw_client"]
