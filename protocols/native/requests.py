@@ -18,7 +18,10 @@ arrive while the outbox holds (the consumer is behind) are pushed unencoded and 
 once, when they leave; one the wire cannot carry is found then and settled as
 ``Undeliverable`` instead of being returned by ``FlowOutput.deliver``. ACK, NACK, CREDIT
 and UNBIND become the sink's settle events; the sink refuses them for a flow bound by
-another connection (ERROR, the connection stays). ``unbind_all`` is what a dropped socket
+another connection (ERROR, the connection stays). A flow id this connection never bound
+is ``NotFound``; one it bound that has ended since (UNBIND, NACK shutdown, FLOW_CLOSED) is
+remembered (the last ENDED_FLOWS_KEPT of them), so a late settle of it is the sink's no-op,
+answered OK. ``unbind_all`` is what a dropped socket
 does: its flows' partitions enter the rebalance delay, exactly as after UNBIND without
 shutdown.
 """
@@ -33,7 +36,7 @@ from dataclasses import replace
 from typing import Final, Protocol
 
 from core import actions
-from core.errors import KeygateError
+from core.errors import KeygateError, NotFound
 from core.ingress import validate_client_name, validate_delay, validate_window
 from core.model import AckMode, Publication
 from protocols import sink
@@ -77,6 +80,9 @@ from protocols.sink import BindRequest, Principal, Sink, peer_identity
 # A run of deliveries is written in pieces of about this many bytes: each a push of its
 # own that a slow consumer's outbox can hold as the frames, not their bytes.
 DELIVER_CHUNK: Final = 64 * 1024
+# Flows of one connection that ended and are still known by id: a settle racing the end of
+# its flow is a no-op, not an error (bounded, as all a client can make the gateway hold).
+ENDED_FLOWS_KEPT: Final = 1024
 
 
 class Server(Protocol):
@@ -107,7 +113,7 @@ class FlowOutput:
         self.requests.send(PartitionsChanged(flow_id=self.flow_id, partitions=partitions))
 
     def terminate(self, error: KeygateError) -> None:
-        self.requests.flows.discard(self.flow_id)
+        self.requests.ended(self.flow_id)
         self.requests.send(FlowClosed(flow_id=self.flow_id, code=error.code, text=error.message))
 
 
@@ -135,6 +141,7 @@ class Requests:
         self.log = log
         self.principal: Principal | None = None
         self.flows: set[str] = set()
+        self._ended: dict[str, None] = {}  # insertion-ordered: the oldest goes first
         self.session_id = uuid.uuid4().hex
         self.producer = ""  # every message's producer, once HELLO named the client
         self.unconfirmed = ByteBudget(server.limits.max_unconfirmed_bytes)
@@ -384,9 +391,21 @@ class Requests:
 
     def settle(self, flow_id: str, event: sink.Settle) -> None:
         assert self.principal is not None
+        # The sink first: a flow of another connection is its PermissionDenied.
         self.sink.settle(self.principal, flow_id, event)
-        if isinstance(event, sink.Unbind):
-            self.flows.discard(flow_id)
+        if flow_id in self.flows:
+            if isinstance(event, sink.Unbind):
+                self.ended(flow_id)
+        elif flow_id not in self._ended:
+            raise NotFound(f"unknown flow id {flow_id[:100]!r}: not bound on this connection")
+
+    def ended(self, flow_id: str) -> None:
+        """``flow_id`` ended (unbound, shut down, closed by the gateway): settles naming it
+        are no-ops from now on."""
+        self.flows.discard(flow_id)
+        self._ended[flow_id] = None
+        if len(self._ended) > ENDED_FLOWS_KEPT:
+            del self._ended[next(iter(self._ended))]
 
     def nack(self, event: Nack) -> None:
         if event.outcome is NackOutcome.RETRY:

@@ -4,22 +4,33 @@ know (§4), CREDIT's bounds (§5) and CLOSE after pipelined PUBLISHes (§2)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 import pytest
 
+from core.errors import QueueNotFound
 from core.model import QueueConfig
 from protocols.native.events import (
+    Ack,
+    AckCumulative,
     Close,
+    Credit,
     Error,
     Event,
+    FlowClosed,
     Hello,
+    Nack,
+    NackOutcome,
+    Ok,
+    Ping,
+    Pong,
+    Unbind,
 )
 from protocols.native.listener import NativeListener
 from protocols.sink import Principal
 from tests.support.memory_sink import MemorySink
-from tests.support.native_raw import RawClient, connect
+from tests.support.native_raw import RawClient, connect, raw_client
 
 ME = Principal(None, "test")
 
@@ -64,3 +75,67 @@ async def test_a_refused_hello_gets_an_error_with_its_id_then_close(
             client.close()
         assert isinstance(error, Error) and (error.request_id, error.code) == (7, code)
         assert isinstance(close, Close)
+
+
+def _settles(flow_id: str) -> list[Callable[[int], Event]]:
+    """Every request that names a flow, for request id ``rid``."""
+    return [
+        lambda rid: Ack(request_id=rid, flow_id=flow_id, message_ids=("m",)),
+        lambda rid: AckCumulative(request_id=rid, flow_id=flow_id, partition=0, seq=1),
+        lambda rid: Nack(request_id=rid, flow_id=flow_id, message_ids=("m",)),
+        lambda rid: Nack(
+            request_id=rid, flow_id=flow_id, message_ids=("m",), outcome=NackOutcome.REJECT
+        ),
+        lambda rid: Credit(request_id=rid, flow_id=flow_id, window=5),
+        lambda rid: Nack(
+            request_id=rid, flow_id=flow_id, message_ids=(), outcome=NackOutcome.SHUTDOWN
+        ),
+        lambda rid: Unbind(request_id=rid, flow_id=flow_id),
+    ]
+
+
+async def test_settling_a_flow_the_connection_never_bound_is_an_error_with_the_request_id() -> None:
+    async with _serving(MemorySink()) as port:
+        client = await raw_client(port)
+        try:
+            for make in _settles("never-bound"):
+                rid = client.conn.next_request_id()
+                reply = await client.request(make(rid))
+                assert isinstance(reply, Error), reply
+                assert (reply.request_id, reply.code) == (rid, "not-found")
+                assert "never-bound" in reply.text
+            # With id 0 nothing is answered, and the connection goes on.
+            client.send(Ack(flow_id="never-bound", message_ids=("m",)))
+            client.send(Credit(flow_id="never-bound", window=5))
+            assert await client.request(Ping(request_id=99)) == Pong(request_id=99)
+        finally:
+            client.close()
+
+
+@pytest.mark.parametrize("ending", ["unbind", "nack-shutdown", "flow-closed"])
+async def test_late_settles_of_a_flow_that_ended_on_this_connection_are_answered_ok(
+    ending: str,
+) -> None:
+    sink = MemorySink()
+    async with _serving(sink) as port:
+        client = await raw_client(port)
+        try:
+            flow_id = await client.bind("q")
+            rid = client.conn.next_request_id()
+            if ending == "unbind":
+                assert await client.request(Unbind(request_id=rid, flow_id=flow_id)) == Ok(
+                    request_id=rid
+                )
+            elif ending == "nack-shutdown":
+                shutdown = Nack(
+                    request_id=rid, flow_id=flow_id, message_ids=(), outcome=NackOutcome.SHUTDOWN
+                )
+                assert await client.request(shutdown) == Ok(request_id=rid)
+            else:
+                sink.flows[flow_id].output.terminate(QueueNotFound("q"))
+                assert isinstance(await client.receive(), FlowClosed)
+            for make in _settles(flow_id):
+                rid = client.conn.next_request_id()
+                assert await client.request(make(rid)) == Ok(request_id=rid)
+        finally:
+            client.close()
