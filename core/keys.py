@@ -58,14 +58,15 @@ def key_from_properties(properties: Properties) -> str | None:
 def resolve_key(publication: Publication, queue: QueueConfig) -> str | None:
     """The partition key of ``publication`` for ``queue``, first found (DESIGN.md §3.2).
 
-    An explicit key field (native protocol), then the key properties, then AMQP ``app_id``
-    when the queue says so, then the queue's ``topic:N`` rule.
+    The key properties (``QUEUE_PARTITION_KEY``, then ``JMSXGroupID``), then the key field
+    (native PUBLISH, HTTP publish), then AMQP ``app_id`` when the queue says so, then the
+    queue's ``topic:N`` rule.
     """
-    if publication.key is not None:
-        return publication.key
     key = key_from_properties(publication.properties)
     if key is not None:
         return key
+    if publication.key is not None:
+        return publication.key
     rule = queue.key_from
     if rule == "app_id":
         return publication.app_id

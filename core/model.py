@@ -348,9 +348,9 @@ class Message:
 class Publication:
     """What a publisher hands to the gateway, before routing (DESIGN.md §3).
 
-    Exactly one of ``queue`` and ``topic`` is set. ``key`` is an explicit key from a
-    protocol field that is not a property (the native KEY field); otherwise the key comes
-    from the properties (see core.keys).
+    Exactly one of ``queue`` and ``topic`` is set. ``key`` is a key from a protocol field
+    that is not a property (the native KEY field); the key properties, when present, win
+    over it (core.keys, DESIGN.md §3.2).
     """
 
     payload: bytes

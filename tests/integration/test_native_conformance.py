@@ -4,11 +4,13 @@ and the document apart)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
 
 from core.errors import InvalidArgument
+from core.keys import partition_for
 from gateway.client import Client
 from gateway.server import Gateway
 from protocols.native.events import Close, DeclareQueue, Error, Event, Hello, Ping, Pong, QueueOk
@@ -106,3 +108,23 @@ async def test_a_refused_login_answers_the_hello_id_then_sends_close(
     assert isinstance(error, Error), error
     assert (error.request_id, error.code) == (7, "authentication-failed")
     assert isinstance(close, Close)
+
+
+async def test_the_key_properties_win_over_the_publish_key_field(gateway: Gateway) -> None:
+    async with Client(native_url(gateway)) as client:
+        await client.declare_queue("keyed", partitions=16)
+        await client.publish(
+            "keyed", b"1", key="alpha", properties={"QUEUE_PARTITION_KEY": "bravo"}
+        )
+        await client.publish("keyed", b"2", key="alpha", properties={"JMSXGroupID": "charlie"})
+        await client.publish("keyed", b"3", key="alpha")
+        consumer = await client.subscribe("keyed", group="g")
+        async with asyncio.timeout(10):
+            got = {
+                m.payload: (m.key, m.partition) for m in [await consumer.receive() for _ in "123"]
+            }
+    assert got == {
+        b"1": ("bravo", partition_for("bravo", 16)),
+        b"2": ("charlie", partition_for("charlie", 16)),
+        b"3": ("alpha", partition_for("alpha", 16)),
+    }
