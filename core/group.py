@@ -32,6 +32,7 @@ from core.actions import (
     GroupSnapshot,
     OffsetUpdate,
     Page,
+    PartitionsChanged,
     RecordDispatch,
 )
 from core.errors import Conflict, InvalidArgument, KeyNotParked
@@ -112,7 +113,12 @@ class GroupMachine(Membership):
             self._reclaim(flow, previous)
         self._out.append(FlowChanged(flow_id, client, FlowState.RUNNING, window, ack_mode))
         self._rebalance = True
-        return self._finish(now)
+        actions = self._finish(now)
+        # The bind's answer (BIND_OK) carries the set this event left the flow with:
+        # announcing it as a change too would tell the consumer the same thing twice.
+        return [
+            a for a in actions if not (isinstance(a, PartitionsChanged) and a.flow_id == flow_id)
+        ]
 
     def reconfigure(self, queue: QueueConfig) -> None:
         """Apply altered queue settings (delays, backoff, max_deliveries, ...); they take
@@ -347,8 +353,15 @@ class GroupMachine(Membership):
         return not self._flows and not self._reservations
 
     def partitions_of(self, flow_id: str) -> frozenset[int]:
+        """The partitions ``flow_id`` is served from: those it owns; in shared mode every
+        partition, as the group round-robins all of them over all its flows (a shared flow
+        is never standby). Empty for a standby flow or an unknown one."""
         flow = self._flows.get(flow_id)
-        return frozenset(flow.partitions) if flow else frozenset()
+        if flow is None:
+            return frozenset()
+        if self._group.mode is GroupMode.SHARED:
+            return frozenset(range(self._queue.slots))
+        return frozenset(flow.partitions)
 
     def status(self) -> GroupStatus:
         parts = []

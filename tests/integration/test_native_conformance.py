@@ -11,9 +11,24 @@ import pytest
 
 from core.errors import InvalidArgument
 from core.keys import partition_for
+from core.model import AckMode, GroupMode
 from gateway.client import Client
 from gateway.server import Gateway
-from protocols.native.events import Close, DeclareQueue, Error, Event, Hello, Ping, Pong, QueueOk
+from protocols.native.events import (
+    Bind,
+    BindOk,
+    Close,
+    DeclareQueue,
+    Deliver,
+    Error,
+    Event,
+    Hello,
+    PartitionsChanged,
+    Ping,
+    Pong,
+    Publish,
+    QueueOk,
+)
 from tests.integration.conftest import native_url, start_gateway
 from tests.support.native_raw import RawClient, connect, raw_client
 from tests.support.security import hashed_users
@@ -128,3 +143,84 @@ async def test_the_key_properties_win_over_the_publish_key_field(gateway: Gatewa
         b"2": ("charlie", partition_for("charlie", 16)),
         b"3": ("alpha", partition_for("alpha", 16)),
     }
+
+
+async def _bind(client: RawClient, queue: str, group: str, mode: GroupMode | None) -> BindOk:
+    reply = await client.request(
+        Bind(
+            request_id=client.conn.next_request_id(),
+            queue=queue,
+            group=group,
+            window=0,
+            ack_mode=AckMode.CLIENT,
+            mode=mode,
+        )
+    )
+    assert isinstance(reply, BindOk), reply
+    return reply
+
+
+async def _publish(client: RawClient, queue: str, payload: bytes) -> None:
+    rid = client.conn.next_request_id()
+    client.send(Publish(request_id=rid, queue=queue, payload=payload, key="k"))
+
+
+async def _until_deliver(client: RawClient) -> list[Event]:
+    """The events up to and including the next DELIVER."""
+    events: list[Event] = []
+    while not (events and isinstance(events[-1], Deliver)):
+        event = await client.receive()
+        assert event is not None
+        events.append(event)
+    return events
+
+
+@pytest.mark.parametrize(
+    ("partitions", "mode", "expected"),
+    [
+        (4, None, {0, 1, 2, 3}),  # partitioned
+        (4, GroupMode.SHARED, {0, 1, 2, 3}),
+        (0, None, {0}),  # shared, the default of a non-partitioned queue (a DLQ's)
+        (0, GroupMode.EXCLUSIVE, {0}),
+    ],
+)
+async def test_bind_ok_names_the_partitions_a_flow_is_served_from_and_is_not_repeated(
+    gateway: Gateway, raw: RawClient, partitions: int, mode: GroupMode | None, expected: set[int]
+) -> None:
+    reply = await raw.request(_declare(raw, "modes", partitions=partitions))
+    assert isinstance(reply, QueueOk)
+    bound = await _bind(raw, "modes", "g", mode)
+    assert bound.partitions == expected
+    await _publish(raw, "modes", b"after the bind")
+    events = await _until_deliver(raw)
+    # No PARTITIONS_CHANGED repeats what BIND_OK said (§4: only changes are pushed).
+    assert not [e for e in events if isinstance(e, PartitionsChanged)], events
+
+
+async def test_a_shared_flow_reports_every_partition_and_a_second_one_too(
+    gateway: Gateway, raw: RawClient
+) -> None:
+    assert isinstance(await raw.request(_declare(raw, "shared", partitions=3)), QueueOk)
+    first = await _bind(raw, "shared", "g", GroupMode.SHARED)
+    second = await _bind(raw, "shared", "g", GroupMode.SHARED)
+    assert first.partitions == second.partitions == {0, 1, 2}
+
+
+async def test_a_rebalance_is_pushed_once_to_the_flow_that_lost_partitions(
+    gateway: Gateway, raw: RawClient
+) -> None:
+    assert isinstance(await raw.request(_declare(raw, "moving", partitions=4)), QueueOk)
+    first = await _bind(raw, "moving", "g", None)
+    other = await raw_client(gateway.ports["native"], hello=Hello(request_id=1, client_name="b"))
+    try:
+        second = await _bind(other, "moving", "g", None)
+        changed = await raw.receive()
+        assert isinstance(changed, PartitionsChanged), changed
+        assert changed.flow_id == first.flow_id
+        assert changed.partitions == {0, 1, 2, 3} - second.partitions
+        assert len(second.partitions) == 2
+        # The step that sent that change sent the newcomer's too, had there been one: its
+        # connection's next frame answers a PING sent now.
+        await _alive(other)
+    finally:
+        other.close()

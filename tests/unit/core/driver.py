@@ -123,9 +123,12 @@ class Driver:
         previous: frozenset[int] | None = None,
         owner: str | None = None,
     ) -> list[Action]:
-        return self.call(
+        actions = self.call(
             self.machine.bind, flow, client or flow, window, ack_mode, previous, owner=owner
         )
+        # What the bind answers (BIND_OK): the machine announces only later changes.
+        self.partitions[flow] = self.machine.partitions_of(flow)
+        return actions
 
     def advance(self, seconds: float) -> list[Action]:
         self.now += seconds

@@ -13,6 +13,7 @@ from core.actions import (
     GroupSnapshot,
     OffsetUpdate,
     Page,
+    PartitionsChanged,
     PartitionSnapshot,
     SeqRanges,
 )
@@ -706,3 +707,36 @@ def test_a_head_another_writer_advanced_is_fetched_and_delivered() -> None:
     assert d.seqs("a") == [1, 2, 3]
     # A head already known asks storage for nothing.
     assert not [a for a in d.call(d.machine.heads, {0: 3}) if isinstance(a, Fetch)]
+
+
+# -- what a bind answers (BIND_OK) and what follows it -------------------------------------
+
+
+def test_a_bind_announces_no_partitions_changed_for_the_new_flow_its_answer_carries_them() -> None:
+    d = make(partitions=4)
+    actions = d.bind("a")
+    assert not [a for a in actions if isinstance(a, PartitionsChanged)]
+    assert d.machine.partitions_of("a") == frozenset(range(4))
+    # A later change is announced, to every flow it changes, the newcomer's set included.
+    actions = d.bind("b")
+    changed = {a.flow_id: a.partitions for a in actions if isinstance(a, PartitionsChanged)}
+    assert changed == {"a": d.machine.partitions_of("a")}
+    assert len(d.machine.partitions_of("a")) == len(d.machine.partitions_of("b")) == 2
+    d.call(d.machine.unbind, "b", shutdown=True)
+    assert d.partitions["a"] == frozenset(range(4))
+
+
+@pytest.mark.parametrize("partitions", [0, 3])
+def test_a_shared_flow_is_served_from_every_partition_and_never_standby(partitions: int) -> None:
+    d = make(partitions=partitions, mode=GroupMode.SHARED)
+    d.bind("a")
+    d.bind("b")
+    every = frozenset(range(max(1, partitions)))
+    assert d.machine.partitions_of("a") == d.machine.partitions_of("b") == every
+
+
+def test_an_exclusive_standby_flow_holds_no_partitions() -> None:
+    d = make(partitions=2, mode=GroupMode.EXCLUSIVE)
+    d.bind("a")
+    d.bind("b")
+    assert (d.machine.partitions_of("a"), d.machine.partitions_of("b")) == ({0, 1}, frozenset())
