@@ -3,9 +3,14 @@
 Each side feeds received bytes to ``receive_data`` and pulls events with ``next_event``;
 it turns events into bytes with ``send``. The machine checks what may happen when:
 
-    AWAIT_HELLO --Hello/HelloOk--> OPEN --Close (either way) or Error id 0--> CLOSED
+    AWAIT_HELLO --Hello/HelloOk--> OPEN --Close (either way)--> CLOSING --the other Close--> CLOSED
+                                        (Error id 0 either way, from any state: CLOSED)
 
 - Before OPEN only the handshake (and ERROR/CLOSE) may pass; HELLO comes exactly once.
+- CLOSE is a handshake too: the side that sent it sends nothing more but still reads the
+  answers to what it sent before (the gateway's PUBLISH_OKs, for one) until the peer's
+  CLOSE; the side that received it reads nothing more but may still answer, then sends
+  its own CLOSE.
 - Each role may only send its own frame types (a client never sends DELIVER).
 - Requests that expect a response carry a non-zero request id.
 - The client remembers which requests are outstanding and rejects a response to an id it
@@ -70,6 +75,7 @@ from protocols.native.events import (
 class ConnectionState(Enum):
     AWAIT_HELLO = "await-hello"
     OPEN = "open"
+    CLOSING = "closing"  # one side's CLOSE has passed, not yet the other's
     CLOSED = "closed"
 
 
@@ -141,6 +147,9 @@ class _Connection(ABC):
         self._codec = Codec(max(MIN_MAX_FRAME, max_frame))
         self.state = ConnectionState.AWAIT_HELLO
         self.version = PROTOCOL_VERSION
+        self._opened = False  # the handshake is done (stays so while closing)
+        self._close_sent = False
+        self._close_received = False
 
     @property
     def max_frame(self) -> int:
@@ -155,7 +164,7 @@ class _Connection(ABC):
         Raises NativeProtocolError for malformed or out-of-order input; after CLOSED,
         further bytes are ignored.
         """
-        if self.state is ConnectionState.CLOSED:
+        if self.state is ConnectionState.CLOSED or self._close_received:
             return None
         event = self._codec.next_event()
         if event is None:
@@ -163,7 +172,7 @@ class _Connection(ABC):
         kind = type(event)
         if kind not in self._theirs:
             raise NativeProtocolError(f"{kind.__name__} may not be sent by the peer")
-        if self.state is ConnectionState.AWAIT_HELLO:
+        if not self._opened:
             if kind not in _HANDSHAKE:
                 raise NativeProtocolError(f"{kind.__name__} before the HELLO handshake")
         elif kind is Hello or kind is HelloOk:
@@ -171,24 +180,30 @@ class _Connection(ABC):
         if kind in _NEED_ID and event.request_id == 0:
             raise NativeProtocolError(f"{kind.__name__} needs a non-zero request id")
         self._received(event)
-        if kind is Close or (kind is Error and event.request_id == 0):
+        if kind is Close:
+            self._close_received = True
+            self.state = ConnectionState.CLOSED if self._close_sent else ConnectionState.CLOSING
+        elif kind is Error and event.request_id == 0:
             self.state = ConnectionState.CLOSED
         return event
 
     def send(self, event: Event) -> bytes:
         """Encode ``event``; raises RuntimeError if this side may not send it now."""
         kind = type(event)
-        if self.state is ConnectionState.CLOSED:
+        if self.state is ConnectionState.CLOSED or self._close_sent:
             raise RuntimeError(f"cannot send {kind.__name__}: the connection is closed")
         if kind not in self._ours:
             raise RuntimeError(f"this side may not send {kind.__name__}")
-        if self.state is ConnectionState.AWAIT_HELLO and kind not in _HANDSHAKE:
+        if not self._opened and kind not in _HANDSHAKE:
             raise RuntimeError(f"cannot send {kind.__name__} before the handshake")
         if kind in _NEED_ID and event.request_id == 0:
             raise RuntimeError(f"{kind.__name__} needs a non-zero request id")
         data = self._codec.encode(event)
         self._sent(event)
-        if kind is Close or (kind is Error and event.request_id == 0):
+        if kind is Close:
+            self._close_sent = True
+            self.state = ConnectionState.CLOSED if self._close_received else ConnectionState.CLOSING
+        elif kind is Error and event.request_id == 0:
             self.state = ConnectionState.CLOSED
         return data
 
@@ -253,7 +268,8 @@ class ServerConnection(_Connection):
     ) -> None:
         """Append the DELIVER of ``message`` to ``out``: what ``send`` makes of a
         ``Deliver`` event with these fields, without the event, for a run of deliveries
-        written as one. RuntimeError unless OPEN; a frame the wire cannot carry raises
+        written as one. RuntimeError unless OPEN (or CLOSING with the peer's CLOSE received);
+        a frame the wire cannot carry raises
         as ``send`` does and leaves ``out`` unchanged."""
         self._check_open("DELIVER")
         append_deliver(out, flow_id, message, delivery_count, redelivered, self._codec.max_frame)
@@ -270,7 +286,10 @@ class ServerConnection(_Connection):
         append_publish_ok(out, request_id, message_ids, duplicate, self._codec.max_frame)
 
     def _check_open(self, frame: str) -> None:
-        if self.state is not ConnectionState.OPEN:
+        # Open, or closing with the peer's CLOSE received: answers may still go out.
+        if self.state is not ConnectionState.OPEN and (
+            self.state is not ConnectionState.CLOSING or self._close_sent
+        ):
             raise RuntimeError(f"cannot send {frame} while {self.state.name}")
 
     def _received(self, event: Event) -> None:
@@ -284,6 +303,7 @@ class ServerConnection(_Connection):
             if self.hello is None:
                 raise RuntimeError("HELLO_OK before a HELLO was received")
             self.state = ConnectionState.OPEN
+            self._opened = True
             self.version = event.version
             self._codec.max_frame = event.max_frame
 
@@ -335,6 +355,7 @@ class ClientConnection(_Connection):
             if event.version not in SUPPORTED_VERSIONS:
                 raise UnsupportedVersion(f"server chose unsupported version {event.version}")
             self.state = ConnectionState.OPEN
+            self._opened = True
             self.version = event.version
             self.server_name = event.server_name
             self.session_id = event.session_id

@@ -21,7 +21,8 @@ and UNBIND become the sink's settle events; the sink refuses them for a flow bou
 another connection (ERROR, the connection stays). A flow id this connection never bound
 is ``NotFound``; one it bound that has ended since (UNBIND, NACK shutdown, FLOW_CLOSED) is
 remembered (the last ENDED_FLOWS_KEPT of them), so a late settle of it is the sink's no-op,
-answered OK. ``unbind_all`` is what a dropped socket
+answered OK. The client's CLOSE ends its flows, waits for the confirms of the PUBLISHes
+sent before it to go out, and is answered with CLOSE. ``unbind_all`` is what a dropped socket
 does: its flows' partitions enter the rebalance delay, exactly as after UNBIND without
 shutdown.
 """
@@ -83,6 +84,8 @@ DELIVER_CHUNK: Final = 64 * 1024
 # Flows of one connection that ended and are still known by id: a settle racing the end of
 # its flow is a no-op, not an error (bounded, as all a client can make the gateway hold).
 ENDED_FLOWS_KEPT: Final = 1024
+# How long a client's CLOSE waits for the commits of the PUBLISHes it sent before it.
+CLOSE_CONFIRM_WAIT: Final = 10.0
 
 
 class Server(Protocol):
@@ -306,7 +309,7 @@ class Requests:
                 case Ping():
                     self.send(Pong(request_id=event.request_id))
                 case Close():
-                    self.send(Close())
+                    await self.close()
                     return False
                 case Error():
                     self.log.info(
@@ -326,6 +329,14 @@ class Requests:
                 # end the connection, which a late ack must not do.
                 self.log.info("native %s: %s ignored: %s", self.peer, type(event).__name__, e)
         return True
+
+    async def close(self) -> None:
+        """The client's CLOSE: end its flows (no DELIVER follows), answer the PUBLISHes it
+        sent before (their commit awaited, at most CLOSE_CONFIRM_WAIT), then CLOSE."""
+        self.unbind_all()
+        if not await self.publishes.wait(CLOSE_CONFIRM_WAIT):
+            self.log.info("native %s: publishes unconfirmed at CLOSE, closing", self.peer)
+        self.send(Close())
 
     def ok(self, request_id: int) -> None:
         if request_id:

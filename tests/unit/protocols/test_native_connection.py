@@ -200,16 +200,26 @@ def test_both_sides_may_ping() -> None:
     assert server.next_event() == Pong(request_id=3)
 
 
-def test_close_ends_the_connection_and_later_bytes_are_ignored() -> None:
+def test_close_is_a_handshake_the_closer_still_reads_the_answers_to_what_it_sent() -> None:
     client, server = handshake()
-    server.receive_data(client.send(Close(reason="bye")))
-    assert client.state is ConnectionState.CLOSED
-    assert server.next_event() == Close(reason="bye")
-    assert server.state is ConnectionState.CLOSED
-    server.receive_data(b"garbage")
-    assert server.next_event() is None
+    publish = Publish(request_id=2, queue="q", payload=b"x")
+    server.receive_data(client.send(publish) + client.send(Close(reason="bye")))
+    assert client.state is ConnectionState.CLOSING
     with pytest.raises(RuntimeError):
-        client.send(Ping(request_id=1))
+        client.send(Ping(request_id=1))  # the closer sends nothing more
+    assert server.next_event() == publish
+    assert server.next_event() == Close(reason="bye")
+    assert server.state is ConnectionState.CLOSING
+    server.receive_data(b"garbage")
+    assert server.next_event() is None  # nothing is read after the peer's CLOSE
+    answer = PublishOk(request_id=2, message_ids=("m",))
+    client.receive_data(server.send(answer) + server.send(Close(reason="bye")))
+    assert server.state is ConnectionState.CLOSED
+    assert client.next_event() == answer
+    assert client.next_event() == Close(reason="bye")
+    assert client.state is ConnectionState.CLOSED
+    with pytest.raises(RuntimeError):
+        server.send(Ping(request_id=1))
 
 
 def test_server_may_not_send_before_accepting() -> None:

@@ -97,7 +97,8 @@ async def test_a_slow_auto_ack_reader_gets_every_delivery_in_order_acked_once_wr
             assert isinstance(event, Deliver) and event.message_id == f"m{n}"
         await eventually(lambda: acked() == [f"m{n}" for n in range(COUNT)])
         client.send(Close())
-        assert await client.receive() is None  # the gateway closed the socket
+        assert isinstance(await client.receive(), Close)  # the gateway's answer
+        assert await client.receive() is None  # then it closed the socket
         client.writer.close()
 
 

@@ -4,6 +4,7 @@ know (§4), CREDIT's bounds (§5) and CLOSE after pipelined PUBLISHes (§2)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
@@ -25,6 +26,8 @@ from protocols.native.events import (
     Ok,
     Ping,
     Pong,
+    Publish,
+    PublishOk,
     Unbind,
 )
 from protocols.native.listener import NativeListener
@@ -139,3 +142,25 @@ async def test_late_settles_of_a_flow_that_ended_on_this_connection_are_answered
                 assert await client.request(make(rid)) == Ok(request_id=rid)
         finally:
             client.close()
+
+
+async def test_close_after_pipelined_publishes_answers_them_all_then_closes() -> None:
+    sink = MemorySink()
+    async with _serving(sink) as port:
+        client = await raw_client(port)
+        try:
+            sink.gate.clear()  # commits stall: the CLOSE arrives before any confirm
+            publishes = [
+                Publish(request_id=client.conn.next_request_id(), queue="q", payload=b"%d" % i)
+                for i in range(50)
+            ]
+            frames = [client.conn.send(p) for p in publishes] + [client.conn.send(Close())]
+            client.writer.write(b"".join(frames))
+            await asyncio.sleep(0.05)
+            sink.gate.set()
+            events = await _rest(client)
+        finally:
+            client.close()
+    assert [type(e) for e in events] == [PublishOk] * 50 + [Close]
+    assert [e.request_id for e in events[:-1]] == [p.request_id for p in publishes]
+    assert len(sink.stored) == 50
