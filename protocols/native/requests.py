@@ -37,8 +37,8 @@ from dataclasses import replace
 from typing import Final, Protocol
 
 from core import actions
-from core.errors import KeygateError, NotFound
-from core.ingress import validate_client_name, validate_delay, validate_window
+from core.errors import InvalidArgument, KeygateError, NotFound
+from core.ingress import MAX_WINDOW, validate_client_name, validate_delay
 from core.model import AckMode, Publication
 from protocols import sink
 from protocols._io import Outbox, store_each
@@ -86,6 +86,13 @@ DELIVER_CHUNK: Final = 64 * 1024
 ENDED_FLOWS_KEPT: Final = 1024
 # How long a client's CLOSE waits for the commits of the PUBLISHes it sent before it.
 CLOSE_CONFIRM_WAIT: Final = 10.0
+
+
+def _window(window: int, zero: str) -> int:
+    """BIND's or CREDIT's window: 0 (which means ``zero``) to MAX_WINDOW."""
+    if window and not 1 <= window <= MAX_WINDOW:
+        raise InvalidArgument(f"window must be between 0 and {MAX_WINDOW} ({zero})")
+    return window
 
 
 class Server(Protocol):
@@ -291,8 +298,7 @@ class Requests:
                     self.nack(event)
                     self.ok(event.request_id)
                 case Credit():
-                    # 0 pauses the flow (validate_window bounds the others).
-                    window = validate_window(event.window) if event.window else 0
+                    window = _window(event.window, "0 pauses the flow")
                     self.settle(event.flow_id, sink.Credit(window))
                     self.ok(event.request_id)
                 case Bind():
@@ -428,8 +434,7 @@ class Requests:
 
     async def bind(self, event: Bind) -> None:
         assert self.principal is not None
-        if event.window:  # 0 = the queue's default window
-            validate_window(event.window)
+        _window(event.window, "0 = the queue's default window")
         output = FlowOutput(self, auto_ack=event.ack_mode is AckMode.AUTO)
         result = await self.sink.bind(
             self.principal,

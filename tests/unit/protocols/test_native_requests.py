@@ -15,6 +15,7 @@ from core.model import QueueConfig
 from protocols.native.events import (
     Ack,
     AckCumulative,
+    Bind,
     Close,
     Credit,
     Error,
@@ -164,3 +165,31 @@ async def test_close_after_pipelined_publishes_answers_them_all_then_closes() ->
     assert [type(e) for e in events] == [PublishOk] * 50 + [Close]
     assert [e.request_id for e in events[:-1]] == [p.request_id for p in publishes]
     assert len(sink.stored) == 50
+
+
+@pytest.mark.parametrize(
+    ("request_kind", "zero_means"), [("credit", "0 pauses the flow"), ("bind", "0 = the queue")]
+)
+async def test_a_window_out_of_range_is_refused_with_a_text_that_allows_zero(
+    request_kind: str, zero_means: str
+) -> None:
+    async with _serving(MemorySink()) as port:
+        client = await raw_client(port)
+        try:
+            flow_id = await client.bind("q")
+            rid = client.conn.next_request_id()
+            too_large = 2**31
+            if request_kind == "credit":
+                request: Event = Credit(request_id=rid, flow_id=flow_id, window=too_large)
+            else:
+                request = Bind(request_id=rid, queue="q", group="g", window=too_large)
+            reply = await client.request(request)
+            assert isinstance(reply, Error) and reply.code == "invalid-argument", reply
+            assert reply.text.startswith("window must be between 0 and 2147483647"), reply.text
+            assert zero_means in reply.text
+            # 0 itself is taken.
+            rid = client.conn.next_request_id()
+            credit = Credit(request_id=rid, flow_id=flow_id, window=0)
+            assert await client.request(credit) == Ok(request_id=rid)
+        finally:
+            client.close()
