@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 from typing import Final, TypeAlias
 
-from core.errors import InvalidArgument
+from core.errors import AlreadyExists, InvalidArgument
 from core.frozen import frozen
 from core.settings import QUEUE_SETTINGS, typed_setting
 
@@ -256,6 +256,21 @@ class QueueConfig:
         if self.dead_letter_queue == "":
             return None
         return self.dead_letter_queue or self.name + DLQ_SUFFIX
+
+    def setting(self, name: str) -> object:
+        """A setting's value as it takes effect (the dead-letter queue by its name)."""
+        return self.dlq_name if name == "dead_letter_queue" else getattr(self, name)
+
+    def check_same(self, wanted: QueueConfig, names: Iterable[str]) -> None:
+        """AlreadyExists naming the first of ``names`` (the settings a declare gave) whose
+        value in ``wanted`` differs from this queue's: a declare of an existing queue
+        checks what it names, and takes the rest as stored."""
+        for name in names:
+            current, asked = self.setting(name), wanted.setting(name)
+            if current != asked:
+                raise AlreadyExists(
+                    f"queue {self.name!r} exists with {name}={current!r}, not {asked!r}"
+                )
 
 
 @dataclass(frozen=True, slots=True)

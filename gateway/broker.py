@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 
 from core.errors import (
     Conflict,
@@ -208,15 +208,26 @@ class Broker(Publishing, ProtocolState):
         return self.access.may_administer(principal)
 
     async def declare(
-        self, principal: Principal, config: QueueConfig, *, exist_ok: bool
+        self,
+        principal: Principal,
+        config: QueueConfig,
+        *,
+        exist_ok: bool,
+        given: Collection[str] | None = None,
     ) -> QueueConfig:
         """Create a queue (admin only), or check an existing one with the same settings —
         which a user who may publish to or monitor it may do, as clients declare their
-        queues on connect."""
+        queues on connect. ``given``: the settings the declare named; an existing queue
+        must match those (AlreadyExists naming the first that differs) and keeps the rest
+        as stored. None: only the partition count is compared."""
         if not (exist_ok and config.name in self._queues):
             self.access.check_admin(principal)
         elif not self.access.allows(principal, "publish", config.name):
             self.access.check_monitor(principal, config.name)
+        if exist_ok and given is not None and config.name in self._queues:
+            stored = self.queue(config.name)
+            stored.check_same(config, given)
+            return stored
         return await self.create_queue(config, exist_ok=exist_ok)
 
     def _on_commit(self, messages: Sequence[Message]) -> None:
@@ -243,6 +254,7 @@ class Broker(Publishing, ProtocolState):
         *,
         passive: bool = False,
         exist_ok: bool = True,
+        given: Collection[str] | None = None,
     ) -> QueueConfig:
         if passive:
             # Checking that a queue exists is what publishers do at start-up (and what a
@@ -250,7 +262,7 @@ class Broker(Publishing, ProtocolState):
             if not self.access.allows(principal, "publish", config.name):
                 self.access.check_monitor(principal, config.name)
             return self.queue(config.name)
-        return await self.declare(principal, config, exist_ok=exist_ok)
+        return await self.declare(principal, config, exist_ok=exist_ok, given=given)
 
     async def delete_queue(self, principal: Principal, name: str) -> int:
         self.access.check_admin(principal)

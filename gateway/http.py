@@ -329,8 +329,9 @@ class AdminServer:
     async def _create(self, request: web.Request) -> web.Response:
         body = await self._contract.body(request)
         exist_ok = body.pop("exist_ok", False)
+        given = [k for k in body if k not in ("name", "subscriptions")]
         queue = await self.broker.declare(
-            _principal(request), queue_from_json(body), exist_ok=exist_ok
+            _principal(request), queue_from_json(body), exist_ok=exist_ok, given=given
         )
         return web.json_response(queue_json(queue), status=201)
 

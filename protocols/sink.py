@@ -16,7 +16,7 @@ it to its wire's error (reason code, reply code, ERROR frame) and keeps the serv
 from __future__ import annotations
 
 import ssl
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Awaitable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -238,12 +238,13 @@ class Sink(Protocol):
         *,
         passive: bool = False,
         exist_ok: bool = True,
+        given: Collection[str] | None = None,
     ) -> QueueConfig:
         """Create the queue (and its dead-letter queue) or check it exists.
 
-        Passive: raise QueueNotFound if absent. Existing with different partitions, or
-        existing at all when not ``exist_ok``: raise AlreadyExists. Returns the queue as
-        stored.
+        Passive: raise QueueNotFound if absent. Existing at all when not ``exist_ok``, or
+        differing in a setting named in ``given`` (the settings the declare gave; None:
+        the partition count only): raise AlreadyExists. Returns the queue as stored.
         """
         ...
 

@@ -194,16 +194,12 @@ def _culprit(
     return None
 
 
-def _setting(config: QueueConfig, field_name: str) -> Any:
-    return config.dlq_name if field_name == "dead_letter_queue" else getattr(config, field_name)
-
-
 def check_equivalent(
     stored: QueueConfig, wanted_config: QueueConfig, given: Mapping[str, str]
 ) -> None:
     """406 when the declare names (``given``) a setting that differs from the stored one."""
     for field_name, argument in given.items():
-        wanted, current = _setting(wanted_config, field_name), _setting(stored, field_name)
+        wanted, current = wanted_config.setting(field_name), stored.setting(field_name)
         if wanted != current:
             raise _precondition(
                 f"inequivalent arg '{argument}' for queue '{stored.name}' in vhost '/': "

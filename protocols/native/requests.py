@@ -469,7 +469,11 @@ class Requests:
         assert self.principal is not None
         config = queue_from_settings(event.name, dict(event.settings), event.subscriptions)
         stored = await self.sink.declare_queue(
-            self.principal, config, passive=event.passive, exist_ok=event.exist_ok
+            self.principal,
+            config,
+            passive=event.passive,
+            exist_ok=event.exist_ok,
+            given=tuple(event.settings),
         )
         self.send(
             QueueOk(

@@ -129,6 +129,11 @@ async def test_metrics_count_publishes_and_the_admin_api_inspects_queues(
             "dedup_window": 60.0,
         }
         assert (await http.post(f"{base}/api/queues", json=tuned)).status == 201
+        again = {"name": "tuned", "exist_ok": True}
+        assert (await http.post(f"{base}/api/queues", json=again)).status == 201
+        differs = await http.post(f"{base}/api/queues", json={**again, "backoff_initial": 0.9})
+        assert differs.status == 409
+        assert "backoff_initial=0.7, not 0.9" in (await differs.json())["message"]
         shown = await (await http.get(f"{base}/api/queues/tuned")).json()
         assert {f.name for f in dataclasses.fields(QueueConfig)} <= shown.keys()
         assert {k: shown[k] for k in tuned} == tuned

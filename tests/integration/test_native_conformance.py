@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from core.errors import InvalidArgument
+from core.errors import AlreadyExists, InvalidArgument
 from core.keys import partition_for
 from core.model import AckMode, GroupMode
 from gateway.client import Client
@@ -224,3 +224,23 @@ async def test_a_rebalance_is_pushed_once_to_the_flow_that_lost_partitions(
         await _alive(other)
     finally:
         other.close()
+
+
+async def test_a_redeclare_checks_the_settings_it_names_and_keeps_the_rest(
+    gateway: Gateway,
+) -> None:
+    """docs/native-protocol.md, DECLARE_QUEUE: with exist_ok, an existing queue whose
+    settings differ from the ones given is already-exists. A redeclare naming other
+    values was answered with the queue as stored, and one naming nothing was refused
+    for its partition count ("exists with 2 partitions")."""
+    async with Client(native_url(gateway)) as client:
+        await client.declare_queue("orders", partitions=2, max_deliveries=5, key_from="topic:1")
+        same = await client.declare_queue("orders")  # names nothing: the queue as stored
+        assert (same.partitions, same.max_deliveries) == (2, 5)
+        assert (await client.declare_queue("orders", max_deliveries=5)).key_from == "topic:1"
+        for settings in ({"max_deliveries": 6}, {"key_from": "topic:2"}, {"partitions": 3}):
+            with pytest.raises(AlreadyExists) as refused:
+                await client.declare_queue("orders", **settings)
+            name = next(iter(settings))
+            assert f"exists with {name}=" in str(refused.value)
+        assert (await client.declare_queue("orders")).max_deliveries == 5  # unchanged

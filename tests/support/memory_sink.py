@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Collection, Sequence
 from dataclasses import dataclass, field, replace
 
 from core.errors import (
@@ -188,11 +188,15 @@ class MemorySink:
         *,
         passive: bool = False,
         exist_ok: bool = True,
+        given: Collection[str] | None = None,
     ) -> QueueConfig:
         existing = self.queues.get(config.name)
         if passive:
             if existing is None:
                 raise QueueNotFound(config.name)
+            return existing
+        if existing is not None and exist_ok and given is not None:
+            existing.check_same(config, given)
             return existing
         if existing is not None:
             if not exist_ok or existing.partitions != config.partitions:
