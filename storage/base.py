@@ -40,13 +40,7 @@ from typing import Any, Final, TypeVar
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from core.errors import (
-    Fenced,
-    KeygateError,
-    QueueNotFound,
-    StorageError,
-    StorageUnavailable,
-)
+from core.errors import Fenced, KeygateError, QueueNotFound, StorageError
 from core.model import Message, QueueConfig
 from storage.codec import MESSAGE_COLUMNS, message_values, queue_from_row
 from storage.engine import HEADS_CHANNEL
@@ -57,6 +51,7 @@ from storage.fence import (
     LeaseTaken,
     prove,
 )
+from storage.outage import DRIVER_ERRORS, OutageLog, storage_error
 from storage.schema import (
     kg_messages,
     kg_partitions,
@@ -107,34 +102,6 @@ class HeadsMoved(StorageError):
 _log = logging.getLogger("keygate.storage")
 
 
-# Driver failures that mean "the database cannot be reached", not "this write is bad".
-_UNAVAILABLE: Final = (
-    OSError,
-    sa.exc.OperationalError,
-    sa.exc.InterfaceError,
-    sa.exc.DisconnectionError,
-    sa.exc.TimeoutError,
-)
-
-
-def storage_error(error: BaseException) -> StorageError:
-    """The error a caller (and through it a client) sees for a driver failure.
-
-    Its text is short and fixed: the driver's message can hold the SQL statement and its
-    parameters, that is other clients' data. The details go to the log, here.
-    """
-    cause = getattr(error, "orig", None) or error
-    detail = f"{type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}"
-    unavailable = isinstance(error, _UNAVAILABLE) or bool(
-        getattr(error, "connection_invalidated", False)
-    )
-    if unavailable:
-        _log.warning("database unavailable: %s", detail)
-        return StorageUnavailable("storage unavailable")
-    _log.error("database refused a statement: %s", detail)
-    return StorageError("storage error")
-
-
 class Allocation:
     """Seqs handed out by one transaction; applied to the cache only once it commits."""
 
@@ -177,6 +144,7 @@ class StoreBase:
         # (never later than the database's own renewal); -inf until one has.
         self.lease_renewed_at = -math.inf
         self._renewing = False
+        self.outage = OutageLog(_log)
 
     def add_commit_listener(self, fn: Callable[[Sequence[Message]], None]) -> None:
         """Call ``fn`` with every committed batch of new messages, in commit order and seq
@@ -318,12 +286,13 @@ class StoreBase:
                     result = await self.writer.run(first, body, durable=durable)
         except LeaseTaken:
             raise self._fenced_off() from None
-        except (sa.exc.SQLAlchemyError, OSError) as e:
+        except DRIVER_ERRORS as e:
             raise self._driver_error(e) from e
         finally:
             self._renewing = self._renewing and not renew
         if renew:
             self.lease_renewed_at = max(self.lease_renewed_at, started)
+        self.outage.answered()
         return result
 
     def _renewal_due(self, now: float) -> bool:
@@ -344,7 +313,7 @@ class StoreBase:
             return self._fenced_off()
         if sqlstate == _HEADS_MOVED_SQLSTATE:
             return HeadsMoved()
-        return storage_error(error)
+        return storage_error(error, self.outage)
 
     def _fenced_off(self) -> Fenced:
         assert self._fence is not None
@@ -382,8 +351,8 @@ class StoreBase:
         try:
             conn = await self.engine.connect()
             driver: Any = (await conn.get_raw_connection()).driver_connection
-        except (sa.exc.SQLAlchemyError, OSError) as e:
-            raise StorageError(f"database error: {e}") from e
+        except DRIVER_ERRORS as e:
+            raise storage_error(e, self.outage) from e
 
         def notified(*_: object) -> None:
             hint()
@@ -391,7 +360,7 @@ class StoreBase:
         async def stop() -> None:
             with suppress(Exception):  # the connection may be gone already
                 await driver.remove_listener(HEADS_CHANNEL, notified)
-            with suppress(sa.exc.SQLAlchemyError, OSError):
+            with suppress(*DRIVER_ERRORS):
                 await conn.close()
 
         try:
@@ -425,8 +394,9 @@ class StoreBase:
                     yield connection
         except LeaseTaken:
             raise self._fenced_off() from None
-        except (sa.exc.SQLAlchemyError, OSError) as e:
+        except DRIVER_ERRORS as e:
             raise self._driver_error(e) from e
+        self.outage.answered()
 
     async def load_caches(self) -> None:
         async with self.transaction() as conn:

@@ -1,16 +1,34 @@
 """PostgreSQL drops the gateway's connections (restart, failover, an idle-connection
-killer): the gateway replaces them and keeps serving without failing a publish."""
+killer): the gateway replaces them and keeps serving without failing a publish.
+
+PostgreSQL refuses every session for a while (a restart, ``ALTER DATABASE ...
+ALLOW_CONNECTIONS false``), played by a proxy between the gateway and the server
+(tests.support.postgres), never by the shared server itself: publishes meanwhile are told
+``storage-unavailable``, and the log says so once rather than once per publish.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import psycopg
+import pytest
 from sqlalchemy.engine import make_url
 
+from core.errors import StorageError, StorageUnavailable
 from gateway.client import Client
+from gateway.server import Gateway
 from storage.engine import GATEWAY_APPLICATION
 from tests.integration.conftest import native_url, start_gateway
+from tests.support.postgres import not_accepting_connections, server_port, through
+from tests.support.proxy import TcpProxy
+from tests.support.wait import eventually
+
+pytestmark = pytest.mark.postgres
+
+# Publishes tried while the database refuses sessions.
+PUBLISHES = 40
 
 
 def _terminate_gateway_sessions(url: str) -> int:
@@ -42,3 +60,52 @@ async def test_dropped_database_connections_are_replaced_without_failing_publish
             assert got == list(range(15))
     finally:
         await gateway.stop()
+
+
+def _rejected(gateway: Gateway, reason: str) -> float:
+    assert gateway.broker is not None
+    value = gateway.broker.metrics.registry.get_sample_value(
+        "keygate_publish_rejected_total", {"reason": reason}
+    )
+    return value or 0.0
+
+
+async def test_publishes_while_the_database_refuses_sessions_are_storage_unavailable_logged_once(
+    postgres_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    async with TcpProxy(server_port(postgres_url)) as proxy:
+        gateway = await start_gateway(through(postgres_url, proxy.port), lease_ttl=60.0)
+        try:
+            async with Client(native_url(gateway)) as client:
+                await client.declare_queue("orders", partitions=2)
+                await client.publish("orders", b"before", key="k")
+                caplog.clear()
+                proxy.cut(answer=not_accepting_connections)
+                refused: list[StorageError] = []
+                for i in range(PUBLISHES):
+                    with pytest.raises(StorageError) as caught:
+                        await client.publish("orders", b"%d" % i, key=f"k{i}")
+                    refused.append(caught.value)
+                during = list(caplog.records)
+                proxy.restore()
+                await eventually(lambda: _published(client), timeout=10)
+            assert {type(e) for e in refused} == {StorageUnavailable}
+            assert _rejected(gateway, "storage-unavailable") == PUBLISHES
+            assert _rejected(gateway, "storage-error") == 0
+            # Said once (a summary at most every few seconds), no traceback per publish.
+            assert [r for r in during if r.exc_info] == []
+            assert [r for r in during if r.levelno >= logging.ERROR] == []
+            unavailable = [r for r in during if "database unavailable" in r.getMessage()]
+            assert 1 <= len(unavailable) <= 3, [r.getMessage() for r in during]
+            assert "database answers again" in caplog.text
+        finally:
+            await gateway.stop()
+
+
+async def _published(client: Client) -> bool:
+    try:
+        await client.publish("orders", b"after", key="k")
+    except StorageUnavailable:
+        return False
+    return True

@@ -6,6 +6,8 @@ and reset at once — until ``restore()``. ``refused`` counts the connections re
 a test can wait until a client has tried to come back before letting it through.
 ``freeze()`` is the silent failure instead (a black hole): nothing more is forwarded
 either way and new connections are accepted and left hanging, until ``restore()``.
+``cut(answer=...)`` hands each new connection to ``answer`` instead of resetting it: a
+server that is up but refuses sessions (tests.support.postgres.not_accepting_connections).
 """
 
 from __future__ import annotations
@@ -14,10 +16,13 @@ import asyncio
 import contextlib
 import socket
 import struct
+from collections.abc import Awaitable, Callable
 from typing import Final
 
 _LINGER_RESET: Final = struct.pack("ii", 1, 0)
 _CHUNK: Final = 65536
+
+Answer = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
 
 def _reset(writer: asyncio.StreamWriter) -> None:
@@ -37,6 +42,7 @@ class TcpProxy:
         self._writers: set[asyncio.StreamWriter] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._refusing = False
+        self._answer: Answer | None = None
         self._flowing = asyncio.Event()
         self._flowing.set()
         self._held: list[asyncio.StreamWriter] = []
@@ -62,9 +68,11 @@ class TcpProxy:
     def url(self) -> str:
         return f"keygate://127.0.0.1:{self.port}"
 
-    def cut(self) -> None:
-        """Reset every connection (both sides) and refuse new ones until ``restore()``."""
+    def cut(self, answer: Answer | None = None) -> None:
+        """Reset every connection (both sides) and refuse new ones until ``restore()``:
+        reset at once, or, with ``answer``, handed to it (it closes them when done)."""
         self._refusing = True
+        self._answer = answer
         self._reset_all()
 
     def freeze(self) -> None:
@@ -73,6 +81,7 @@ class TcpProxy:
 
     def restore(self) -> None:
         self._refusing = False
+        self._answer: Answer | None = None
         self._flowing.set()
 
     def _reset_all(self) -> None:
@@ -83,7 +92,15 @@ class TcpProxy:
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if self._refusing:
             self.refused += 1
-            _reset(writer)
+            if self._answer is None:
+                _reset(writer)
+                return
+            try:
+                await self._answer(reader, writer)
+                writer.close()
+                await writer.wait_closed()
+            except (ConnectionError, OSError, asyncio.IncompleteReadError):
+                writer.transport.abort()
             return
         if not self._flowing.is_set():
             self._held.append(writer)  # accepted, never answered

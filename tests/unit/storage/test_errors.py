@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import logging
+
+import asyncpg
 import pytest
 import sqlalchemy as sa
 
 from core.errors import StorageError, StorageUnavailable
-from storage.base import storage_error
+from storage.outage import DRIVER_ERRORS, OutageLog, storage_error
 
 STATEMENT = "INSERT INTO kg_messages (payload) VALUES (?)"
 PARAMS = ("another client's secret payload",)
@@ -32,3 +35,66 @@ def test_a_refused_statement_is_a_storage_error_without_sql_or_parameters() -> N
 
 def test_an_os_error_means_the_database_is_unavailable() -> None:
     assert isinstance(storage_error(OSError("disk I/O error")), StorageUnavailable)
+
+
+class _Refused(Exception):
+    """A driver error as SQLAlchemy's asyncpg adapter gives it: with the SQLSTATE."""
+
+    def __init__(self, sqlstate: str) -> None:
+        super().__init__(f"server said {sqlstate}")
+        self.sqlstate = sqlstate
+
+
+def test_a_session_refused_while_connecting_is_storage_unavailable() -> None:
+    """asyncpg raises its own error while connecting, not one of SQLAlchemy's: the store
+    catches it (DRIVER_ERRORS) and it means the database cannot be reached."""
+    refused = asyncpg.exceptions.ObjectNotInPrerequisiteStateError(
+        'database "keygate" is not currently accepting connections'
+    )
+    assert isinstance(refused, DRIVER_ERRORS)
+    assert isinstance(storage_error(refused), StorageUnavailable)
+    starting = asyncpg.exceptions.CannotConnectNowError("the database system is starting up")
+    assert isinstance(storage_error(starting), StorageUnavailable)
+
+
+@pytest.mark.parametrize("sqlstate", ["57P01", "57P02", "57P03", "08006", "08003", "53300"])
+def test_a_server_ending_or_refusing_sessions_is_storage_unavailable(sqlstate: str) -> None:
+    error = sa.exc.DBAPIError(STATEMENT, PARAMS, _Refused(sqlstate))
+    assert isinstance(storage_error(error), StorageUnavailable)
+
+
+def test_a_statement_the_server_refused_by_sqlstate_is_a_storage_error() -> None:
+    error = sa.exc.DBAPIError(STATEMENT, PARAMS, _Refused("23505"))
+    assert type(storage_error(error)) is StorageError
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_an_outage_is_logged_once_then_summarised_then_its_end(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO)
+    clock = _Clock()
+    outage = OutageLog(logging.getLogger("keygate.storage"), interval=10.0, clock=clock)
+    for _ in range(500):
+        outage.unavailable("OperationalError: connection refused")
+        clock.now += 0.01
+    assert [r.levelname for r in caplog.records] == ["WARNING"]
+    assert "connection refused" in caplog.records[0].getMessage()
+    clock.now += 10.0
+    outage.unavailable("OperationalError: connection refused")
+    assert len(caplog.records) == 2
+    assert "500 more" in caplog.records[1].getMessage()
+    outage.answered()
+    outage.answered()
+    assert [r.levelname for r in caplog.records] == ["WARNING", "WARNING", "INFO"]
+    assert "answers again" in caplog.records[2].getMessage()
+    outage.unavailable("OperationalError: connection refused")  # a new episode
+    assert [r.levelname for r in caplog.records][-1] == "WARNING"
+    assert len(caplog.records) == 4

@@ -1,0 +1,157 @@
+"""Driver failures as keygate errors, and a database outage told once in the log.
+
+How it works. ``storage_error`` turns what a driver raised into what a caller (and through
+it a client) sees: StorageUnavailable ("retry") when the database could not be reached or
+the session was lost, StorageError when the database refused the statement. Drivers do
+not always raise through SQLAlchemy: asyncpg refusing a session while connecting
+(``ALTER DATABASE ... ALLOW_CONNECTIONS false``, a server starting up or shutting down)
+raises its own PostgresError subclass, which SQLAlchemy's pool lets through as it is.
+``DRIVER_ERRORS`` is therefore what the store catches at its edge (StoreBase.transaction,
+StoreBase.write), not SQLAlchemy's errors alone; a driver error that SQLAlchemy did not wrap
+can only have been raised while connecting, so it means unavailable. Through SQLAlchemy,
+the SQLSTATE tells a server that ends or refuses sessions (classes 08 and 57P0x, too many
+connections) from one that refuses a statement: asyncpg's adapter raises both as a plain
+DBAPIError.
+
+While the database cannot be reached every storage call fails the same way, hundreds a
+second under load. ``OutageLog`` says so once: a WARNING with the first failure's reason,
+then at most every OUTAGE_SUMMARY_INTERVAL seconds a WARNING counting the failures since,
+and an INFO once a transaction commits again. It runs on the event loop only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Final
+
+import sqlalchemy as sa
+
+from core.errors import StorageError, StorageUnavailable
+
+__all__ = [
+    "DRIVER_ERRORS",
+    "OUTAGE_SUMMARY_INTERVAL",
+    "OutageLog",
+    "is_unavailable",
+    "storage_error",
+]
+
+_log = logging.getLogger("keygate.storage")
+
+# Seconds between the WARNINGs that count the storage calls an outage failed.
+OUTAGE_SUMMARY_INTERVAL: Final = 10.0
+
+
+def _driver_errors() -> tuple[type[BaseException], ...]:
+    errors: list[type[BaseException]] = [sa.exc.SQLAlchemyError, OSError]
+    # Each driver is optional (SQLite needs neither): one that is not installed raises nothing.
+    with contextlib.suppress(ImportError):
+        import asyncpg  # type: ignore[import-untyped]
+
+        errors += [asyncpg.PostgresError, asyncpg.InterfaceError]
+    with contextlib.suppress(ImportError):
+        import psycopg
+
+        errors.append(psycopg.Error)
+    return tuple(errors)
+
+
+# What the store catches as "the driver failed" (the rest, keygate's errors and bugs, pass).
+DRIVER_ERRORS: Final = _driver_errors()
+
+# SQLAlchemy's classes for failures to reach the database, not "this write is bad".
+_UNAVAILABLE: Final = (
+    OSError,
+    sa.exc.OperationalError,
+    sa.exc.InterfaceError,
+    sa.exc.DisconnectionError,
+    sa.exc.TimeoutError,
+)
+# SQLSTATEs of a server that ends or refuses sessions: admin shutdown, crash shutdown,
+# cannot connect now, too many connections (class 08, connection exceptions, as well).
+_UNAVAILABLE_SQLSTATES: Final = frozenset({"57P01", "57P02", "57P03", "53300"})
+
+
+def is_unavailable(error: BaseException) -> bool:
+    """Whether driver error ``error`` means the database could not be reached."""
+    if isinstance(error, _UNAVAILABLE) or getattr(error, "connection_invalidated", False):
+        return True
+    if not isinstance(error, sa.exc.SQLAlchemyError):
+        return True  # the driver's own, let through by SQLAlchemy: raised while connecting
+    sqlstate = getattr(getattr(error, "orig", None), "sqlstate", None)
+    return isinstance(sqlstate, str) and (
+        sqlstate.startswith("08") or sqlstate in _UNAVAILABLE_SQLSTATES
+    )
+
+
+def storage_error(error: BaseException, outage: OutageLog | None = None) -> StorageError:
+    """The error a caller (and through it a client) sees for a driver failure.
+
+    Its text is short and fixed: the driver's message can hold the SQL statement and its
+    parameters, that is other clients' data. The details go to the log, here (through
+    ``outage`` when the database is unreachable, so that an outage is told once).
+    """
+    cause = getattr(error, "orig", None) or error
+    detail = f"{type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}"
+    if is_unavailable(error):
+        (outage or OutageLog(_log)).unavailable(detail)
+        return StorageUnavailable("storage unavailable")
+    _log.error("database refused a statement: %s", detail)
+    return StorageError("storage error")
+
+
+class OutageLog:
+    """The log of one store's outages: one WARNING when it begins, a count every
+    ``interval`` seconds while it lasts, one INFO when the database answers again."""
+
+    def __init__(
+        self,
+        log: logging.Logger,
+        *,
+        interval: float = OUTAGE_SUMMARY_INTERVAL,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._log = log
+        self._interval = interval
+        self._clock = clock
+        # clock() when the current outage began; None while the database answers.
+        self.since: float | None = None
+        self._told = 0.0
+        self._failed = 0  # storage calls failed since the last line
+        self._total = 0
+
+    def unavailable(self, detail: str) -> None:
+        """A storage call failed because the database could not be reached."""
+        now = self._clock()
+        self._total += 1
+        if self.since is None:
+            self.since, self._told, self._failed, self._total = now, now, 0, 1
+            self._log.warning(
+                "database unavailable: %s; storage calls fail with storage-unavailable "
+                "until it answers again",
+                detail,
+            )
+            return
+        self._failed += 1
+        if now - self._told >= self._interval:
+            self._log.warning(
+                "database unavailable for %.0f s: %d more storage calls failed (last: %s)",
+                now - self.since,
+                self._failed,
+                detail,
+            )
+            self._told, self._failed = now, 0
+
+    def answered(self) -> None:
+        """A transaction committed: the outage, if any, is over."""
+        if self.since is None:
+            return
+        self._log.info(
+            "database answers again after %.1f s unavailable (%d storage calls failed)",
+            self._clock() - self.since,
+            self._total,
+        )
+        self.since = None
