@@ -68,8 +68,9 @@ def _serve(args: argparse.Namespace) -> int:
     except KeygateError as e:
         print(f"keygate: {e.message}", file=sys.stderr)
         return 1
-    # Exiting non-zero after losing the lease lets a supervisor restart us as a standby.
-    return 1 if gateway.lost_lease else 0
+    # Exiting non-zero after stopping at once (the lease lost, a critical task ended) lets
+    # a supervisor restart us, as a standby if another gateway took over meanwhile.
+    return 1 if gateway.failed else 0
 
 
 def _group_flags(parser: argparse.ArgumentParser) -> None:

@@ -48,8 +48,10 @@ class Housekeeping:
         # Set by another writer's notification (PostgreSQL): check the heads at the next tick.
         self._hinted = False
 
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._run())
+    def start(self) -> asyncio.Task[None]:
+        """Start the periodic work; returns its task, which runs until ``stop``."""
+        self._task = asyncio.create_task(self._run(), name="housekeeping")
+        return self._task
 
     async def stop(self) -> None:
         tasks = [task for task in (self._task, self._retention) if task is not None]

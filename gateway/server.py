@@ -9,12 +9,14 @@ migrates the schema (if an older gateway left it behind) and takes the lease in 
 transaction (storage.migrate). Taking it over increments the lease's epoch. The active
 gateway fences its store with that epoch, so every write transaction proves in the
 database that the lease is still its own.
-It renews every ``lease_ttl / 3`` (each attempt bounded by ``lease_ttl / 3``) unless its
-writes renewed it meanwhile (they do, at most every ``lease_ttl / 3``); if a write
-is fenced off, a renewal finds the lease taken, or it cannot renew within ``lease_ttl``,
-it stops at once (listeners closed together, no drain: nothing more can commit) and the
-CLI exits non-zero. A clean stop lets the lease lapse, so a standby takes over at once
-rather than after the TTL.
+It renews every ``lease_ttl / 3`` unless its writes renewed it meanwhile (they do, at most
+every ``lease_ttl / 3``); a renewal that fails, whatever the error, is tried again
+(gateway.lease_keeper). If a write is fenced off, a renewal finds the lease taken, or it
+cannot renew within ``lease_ttl`` of the last renewal (before the lease can lapse in the
+database), it stops at once (listeners closed together, no drain: nothing more can
+commit) and the CLI exits non-zero. So it does when a critical background task ends while
+it runs (gateway.supervisor). A clean stop lets the lease lapse, so a standby takes over
+at once rather than after the TTL.
 """
 
 from __future__ import annotations
@@ -47,9 +49,11 @@ from gateway.broker import Broker
 from gateway.config import LISTENERS, TLS_LISTENERS, GatewayConfig
 from gateway.housekeeping import Housekeeping
 from gateway.http import AdminServer
+from gateway.lease_keeper import keep_lease
 from gateway.metrics import Metrics
 from gateway.security import check_security
 from gateway.standby import StandbyHealth
+from gateway.supervisor import Supervisor
 from protocols._limits import ConnectionLimits
 from protocols.mqtt.connection import MAX_SESSION_EXPIRY
 from protocols.native.listener import NativeListener
@@ -182,6 +186,8 @@ class Gateway:
         default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
     )
     lost_lease: bool = False
+    # True once it stopped at once: the lease lost, or a critical task ended (exit 1).
+    failed: bool = False
     _listeners: dict[str, Listener] = field(default_factory=dict)
     _stopped: asyncio.Event = field(default_factory=asyncio.Event)
     _closed: asyncio.Event = field(default_factory=asyncio.Event)
@@ -190,6 +196,7 @@ class Gateway:
     _housekeeping: Housekeeping | None = None
     _active: bool = False
     _epoch: int = 0
+    _supervisor: Supervisor | None = None
 
     async def start(self) -> None:
         """Open storage, wait to be the active gateway, start every enabled listener.
@@ -224,7 +231,11 @@ class Gateway:
                 await standby.close()
             await self.stop()
             raise
-        self._lease_task = asyncio.create_task(self._keep_lease())
+        self._supervisor = Supervisor(self._task_ended)
+        self._lease_task = asyncio.create_task(self._keep_lease(), name="lease keeper")
+        self._supervisor.watch("the lease keeper", self._lease_task)
+        for name, task in self.store.tasks().items():
+            self._supervisor.watch(name, task)
         self.broker = Broker(self.store, self.config, Metrics())
         self.broker.metrics.active.set(1)
         # Flows of an earlier run (a crash leaves their rows) died with its connections.
@@ -233,7 +244,7 @@ class Gateway:
         await self.store.orphan_mqtt_sessions(expires_at=time.time() + MAX_SESSION_EXPIRY)
         await self.broker.start()
         self._housekeeping = Housekeeping(self.broker, self.store)
-        self._housekeeping.start()
+        self._supervisor.watch("housekeeping", self._housekeeping.start())
         try:
             for name, listener in _listeners(
                 self.broker, self.store, self.config, self.ports
@@ -326,30 +337,20 @@ class Gateway:
             log.info("took over as the active gateway %r (epoch %d)", self.config.name, epoch)
 
     async def _keep_lease(self) -> None:
-        """Renew the lease every ``lease_ttl / 3`` unless the store's writes renewed it
-        since (a busy gateway's lease is kept by its appends: StoreBase.write); stop once
-        it is lost or neither renewed it for ``lease_ttl``."""
+        """Renew the lease until it is lost (gateway.lease_keeper), then stop at once."""
         assert self.store is not None
-        ttl = self.config.lease_ttl
-        renewed = time.monotonic()
-        while True:
-            await asyncio.sleep(ttl / 3)
-            renewed = max(renewed, self.store.lease_renewed_at)
-            if time.monotonic() - renewed < ttl / 3:
-                continue
-            attempt = time.monotonic()
-            try:
-                async with asyncio.timeout(ttl / 3):
-                    held = await self._acquire(self._epoch) is not None
-            except (KeygateError, TimeoutError) as e:
-                log.warning("renewing the gateway lease failed: %s", str(e) or "timed out")
-                renewed = max(renewed, self.store.lease_renewed_at)
-                held = time.monotonic() - renewed < ttl
-            else:
-                renewed = attempt if held else renewed
-            if not held:
-                self._lose_lease("lost the gateway lease")
-                return
+        store = self.store
+
+        async def renew() -> bool:
+            return await self._acquire(self._epoch) is not None
+
+        await keep_lease(
+            renew, lambda: store.lease_renewed_at, self._lose_lease, ttl=self.config.lease_ttl
+        )
+
+    def _task_ended(self, why: str) -> None:
+        """A critical background task ended while the gateway runs (gateway.supervisor)."""
+        self._stop_at_once(why)
 
     def _fenced_off(self, error: Fenced) -> None:
         self._lose_lease(f"a write was fenced off ({error.message})")
@@ -358,9 +359,16 @@ class Gateway:
         """Another gateway is (or may be) active: stop at once, without releasing."""
         if self.lost_lease:
             return
-        log.error("%s; stopping at once so that one gateway stays active", why)
         self.lost_lease = True
         self._active = False
+        self._stop_at_once(why, "so that one gateway stays active")
+
+    def _stop_at_once(self, why: str, purpose: str = "") -> None:
+        """Stop without draining (the lease released only while still ours); exit 1."""
+        if self.failed or self._stopped.is_set():
+            return
+        log.error("%s; stopping at once%s", why, f" {purpose}" if purpose else "")
+        self.failed = True
         if self.broker is not None:
             self.broker.metrics.active.set(0)
         # stop() cancels the lease task, so it must not run inside it.
@@ -380,9 +388,11 @@ class Gateway:
         log.info("gateway stopped")
 
     async def _shut_down(self) -> None:
+        if self._supervisor is not None:
+            self._supervisor.stand_down()
         if self._lease_task is not None and self._lease_task is not asyncio.current_task():
             self._lease_task.cancel()
-        if self.lost_lease:
+        if self.failed:
             # No longer the owner: every write now fails, so nothing is left to drain.
             await asyncio.gather(*(self._close(*item) for item in self._listeners.items()))
         else:
@@ -391,7 +401,7 @@ class Gateway:
         self._listeners.clear()
         if self.ports:
             _remove_ports_file(self.config.ports_file)
-        if not self.lost_lease:
+        if not self.failed:
             await self._close_storage()
             return
         # Nothing can commit any more; when the database does not answer at all (the link

@@ -44,6 +44,11 @@ class GroupCommitter(Generic[T, R]):
         """Batches written so far (observable, e.g. by tests and metrics)."""
 
     @property
+    def task(self) -> asyncio.Task[None]:
+        """The writer task: it runs until ``close``."""
+        return self._task
+
+    @property
     def backlog(self) -> int:
         """The weight submitted and not yet committed (queued, or in the batch being
         written)."""

@@ -7,6 +7,7 @@ storage.inspection (the views as dicts).
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 import logging
@@ -133,6 +134,13 @@ class SqlStore(InspectionOps, LeaseOps, AppendOps, ConsumerOps):
         self._json_text = engine.dialect.name == "sqlite"
         self._retained = {}
         self.riders = None if self._pipelines else Riders()
+
+    def tasks(self) -> dict[str, asyncio.Task[None]]:
+        """The store's background tasks by what they do; each runs until ``close``."""
+        return {
+            "the append writer": self.appender.task,
+            "the dispatch writer": self.dispatcher.task,
+        }
 
     async def close(self) -> None:
         """Write every pending append and dispatch record, then release the database."""

@@ -4,22 +4,25 @@ killer): the gateway replaces them and keeps serving without failing a publish.
 PostgreSQL refuses every session for a while (a restart, ``ALTER DATABASE ...
 ALLOW_CONNECTIONS false``), played by a proxy between the gateway and the server
 (tests.support.postgres), never by the shared server itself: publishes meanwhile are told
-``storage-unavailable``, and the log says so once rather than once per publish.
+``storage-unavailable``, the log says so once rather than once per publish, and the
+gateway renews its lease again once the database answers within ``lease_ttl``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 import psycopg
 import pytest
+import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
 from core.errors import StorageError, StorageUnavailable
 from gateway.client import Client
 from gateway.server import Gateway
-from storage.engine import GATEWAY_APPLICATION
+from storage.engine import GATEWAY_APPLICATION, sync_engine
 from tests.integration.conftest import native_url, start_gateway
 from tests.support.postgres import not_accepting_connections, server_port, through
 from tests.support.proxy import TcpProxy
@@ -29,6 +32,9 @@ pytestmark = pytest.mark.postgres
 
 # Publishes tried while the database refuses sessions.
 PUBLISHES = 40
+_LEASE_LEFT = sa.text(
+    "SELECT expires_at - extract(epoch FROM clock_timestamp()) FROM kg_gateway_lease"
+)
 
 
 def _terminate_gateway_sessions(url: str) -> int:
@@ -60,6 +66,17 @@ async def test_dropped_database_connections_are_replaced_without_failing_publish
             assert got == list(range(15))
     finally:
         await gateway.stop()
+
+
+def _lease_left(url: str) -> float:
+    """Seconds until the gateway lease expires, by the database's clock."""
+    engine = sync_engine(url)
+    try:
+        with engine.connect() as conn:
+            left = conn.execute(_LEASE_LEFT).scalar_one()
+    finally:
+        engine.dispose()
+    return float(left)
 
 
 def _rejected(gateway: Gateway, reason: str) -> float:
@@ -109,3 +126,40 @@ async def _published(client: Client) -> bool:
     except StorageUnavailable:
         return False
     return True
+
+
+async def test_an_active_gateway_renews_its_lease_again_once_the_database_answers(
+    postgres_url: str,
+) -> None:
+    """An outage shorter than lease_ttl: a renewal fails meanwhile, the next one works.
+    (The renewal task used to die of asyncpg's own error, so the gateway stayed "active"
+    with its lease lapsed, beside the standby that took it over.)"""
+    ttl = 3.0
+    async with TcpProxy(server_port(postgres_url)) as proxy:
+        # No housekeeping writes, which would renew the lease too: the renewals alone.
+        url = through(postgres_url, proxy.port)
+        gateway = await start_gateway(url, lease_ttl=ttl, retention_interval=3600.0)
+        try:
+            # Start the outage just after a renewal, so that it ends well within lease_ttl.
+            before = await asyncio.to_thread(_lease_left, postgres_url)
+            await eventually(
+                lambda: asyncio.to_thread(lambda: _lease_left(postgres_url) > before), timeout=ttl
+            )
+            proxy.cut(answer=not_accepting_connections)
+            cut = time.monotonic()
+            await eventually(lambda: proxy.refused > 0, timeout=ttl)  # a renewal was refused
+            await asyncio.sleep(max(0.0, cut + ttl / 2 - time.monotonic()))  # the outage
+            proxy.restore()
+
+            # Renewed again: the lease outlives the last renewal before the outage.
+            async def renewed() -> bool:
+                past = time.monotonic() > cut + ttl
+                return past and await asyncio.to_thread(_lease_left, postgres_url) > 0
+
+            await eventually(renewed, timeout=3 * ttl, interval=0.2)
+            assert not gateway.lost_lease
+            assert gateway.broker is not None
+            active = gateway.broker.metrics.registry.get_sample_value("keygate_gateway_active")
+            assert active == 1
+        finally:
+            await gateway.stop()

@@ -5,24 +5,31 @@ processes on one PostgreSQL schema (docs/operations.md, "High availability"):
   (past the 1 s lock timeout) keeps polling and takes over, instead of exiting;
 - an active gateway whose link to the database goes silent (a black hole, not a reset)
   stops within a few lease_ttl and exits non-zero, so that a supervisor can restart it as
-  a standby — it used to hang until the link came back.
+  a standby — it used to hang until the link came back;
+- an active gateway whose database refuses every session for longer than lease_ttl (a
+  restart, ``ALLOW_CONNECTIONS false``) stops and exits non-zero before its lease lapses,
+  and the standby, refused as well meanwhile, keeps trying and takes over afterwards —
+  the active used to stay up answering "active" beside it, its renewals dead.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import threading
 import time
+import urllib.error
+import urllib.request
 from contextlib import ExitStack
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
 from gateway.cli import main
 from storage.engine import sync_engine
+from tests.support.postgres import not_accepting_connections, server_port, through
 from tests.support.proxy import TcpProxy
 from tests.support.serve import serve, unused_port
 from tests.support.wait import eventually
@@ -30,14 +37,6 @@ from tests.support.wait import eventually
 pytestmark = pytest.mark.postgres
 
 LEASE_TTL = 2.0
-
-
-def _through(url: str, port: int) -> str:
-    """``url`` with its host and port replaced by the proxy's."""
-    parts = urlsplit(url)
-    netloc = parts.netloc.rsplit("@", 1)
-    host = f"127.0.0.1:{port}"
-    return urlunsplit(parts._replace(netloc=f"{netloc[0]}@{host}" if len(netloc) == 2 else host))
 
 
 def _hold_the_lease_row(url: str, held: threading.Event, release: threading.Event) -> None:
@@ -97,11 +96,10 @@ async def test_an_active_gateway_whose_database_goes_silent_stops_and_exits(
     postgres_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("KEYGATE_LEASE_TTL", str(LEASE_TTL))
-    port = urlsplit(postgres_url).port or 5432
-    async with TcpProxy(port) as proxy:
+    async with TcpProxy(server_port(postgres_url)) as proxy:
         with ExitStack() as stack:
             proc, _, log = await asyncio.to_thread(
-                stack.enter_context, serve(_through(postgres_url, proxy.port), tmp_path)
+                stack.enter_context, serve(through(postgres_url, proxy.port), tmp_path)
             )
             proxy.freeze()
             started = time.monotonic()
@@ -110,3 +108,66 @@ async def test_an_active_gateway_whose_database_goes_silent_stops_and_exits(
             assert code != 0, log.read_text()
             assert "lost the gateway lease" in log.read_text()
             assert stopped_after < 5 * LEASE_TTL, log.read_text()
+
+
+def _health(port: int) -> tuple[int, str] | None:
+    """``/healthz`` of the gateway whose admin port is ``port``: (status, role), or None
+    when nothing answers."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as answer:
+            return answer.status, json.loads(answer.read())["role"]
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())["role"]
+    except OSError:
+        return None
+
+
+async def test_a_database_refusing_sessions_past_lease_ttl_stops_the_active_and_not_the_standby(
+    postgres_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KEYGATE_LEASE_TTL", str(LEASE_TTL))
+    http_b = unused_port()
+
+    async def health(port: int) -> tuple[int, str] | None:
+        # Off the event loop: it runs the proxy the gateways talk to the database through.
+        return await asyncio.to_thread(_health, port)
+
+    async with TcpProxy(server_port(postgres_url)) as proxy:
+        url = through(postgres_url, proxy.port)
+        stack = ExitStack()
+        try:
+            proc_a, ports_a, log_a = await asyncio.to_thread(
+                stack.enter_context, serve(url, tmp_path, name="a")
+            )
+            log_b = tmp_path / "b.log"
+            standby = asyncio.create_task(
+                asyncio.to_thread(
+                    stack.enter_context, serve(url, tmp_path, f"--http-port={http_b}", name="b")
+                )
+            )
+            await eventually(lambda: health(http_b), timeout=30)
+            assert await health(http_b) == (503, "standby")
+            proxy.cut(answer=not_accepting_connections)
+            started = time.monotonic()
+            # The active cannot renew: it stops within lease_ttl (and a little), exit 1.
+            code = await asyncio.to_thread(proc_a.wait, 5 * LEASE_TTL)
+            assert code == 1, log_a.read_text()
+            assert time.monotonic() - started < 2 * LEASE_TTL, log_a.read_text()
+            assert "lost the gateway lease" in log_a.read_text()
+            assert await health(ports_a["http"]) is None
+            # The standby is refused too: it keeps trying, still a standby, past the
+            # moment the lease lapsed.
+            await eventually(
+                lambda: log_b.read_text().count("taking the gateway lease failed") >= 2,
+                timeout=10,
+            )
+            assert not standby.done(), log_b.read_text()
+            assert await health(http_b) == (503, "standby")
+            proxy.restore()
+            proc_b, ports_b, _ = await asyncio.wait_for(standby, 60)  # it became active
+            assert proc_b.poll() is None
+            assert await health(ports_b["http"]) == (200, "active")
+            assert "Traceback" not in log_b.read_text()
+        finally:
+            proxy.restore()
+            await asyncio.to_thread(stack.close)
