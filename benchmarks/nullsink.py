@@ -3,7 +3,7 @@ protocol listener alone, without storage."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Collection, Sequence
 
 from core.errors import KeygateError, PermissionDenied
 from core.model import DEFAULT_MAX_MESSAGE_SIZE, Publication, QueueConfig
@@ -60,6 +60,7 @@ class NullSink:
         *,
         passive: bool = False,
         exist_ok: bool = True,
+        given: Collection[str] | None = None,
     ) -> QueueConfig:
         return config
 
