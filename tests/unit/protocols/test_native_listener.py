@@ -183,7 +183,7 @@ async def test_closing_while_a_client_keeps_sending_confirms_what_was_read_and_l
     after feed_eof" traceback from the transport, and every publish read is confirmed."""
     sink = MemorySink()
     async with _serving(sink) as (listener, port):
-        client = await _client(port)
+        client = await raw_client(port)
         confirmed = 0
 
         async def pump() -> None:
