@@ -32,6 +32,7 @@ from protocols.native.events import (
 from tests.integration.conftest import native_url, start_gateway
 from tests.support.native_raw import RawClient, connect, raw_client
 from tests.support.security import hashed_users
+from tests.support.settings_cases import WRONG_TYPES
 
 
 @pytest.fixture
@@ -56,20 +57,7 @@ async def _alive(client: RawClient) -> None:
     assert await client.request(Ping(request_id=rid)) == Pong(request_id=rid)
 
 
-@pytest.mark.parametrize(
-    ("name", "value", "kind"),
-    [
-        ("partitions", 2.0, "int"),
-        ("partitions", True, "int"),
-        ("partitions", b"\x02", "int"),
-        ("max_deliveries", 3.0, "int"),
-        ("window", 10.0, "int"),
-        ("max_message_size", 100.0, "int"),
-        ("max_depth_messages", 5.0, "int"),
-        ("dead_letter_expired", 1, "bool"),
-        ("rebalance_delay", "x", "float"),
-    ],
-)
+@pytest.mark.parametrize(("name", "value", "kind"), WRONG_TYPES)
 async def test_declare_queue_refuses_a_setting_of_the_wrong_type_and_the_connection_stays(
     gateway: Gateway, raw: RawClient, name: str, value: object, kind: str
 ) -> None:

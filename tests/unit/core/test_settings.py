@@ -9,6 +9,7 @@ import pytest
 from core.errors import InvalidArgument
 from core.model import QueueConfig
 from core.settings import QUEUE_SETTINGS, queue_settings
+from tests.support.settings_cases import WRONG_TYPES
 
 
 def test_the_table_has_one_row_for_every_queue_setting() -> None:
@@ -64,23 +65,7 @@ def test_queue_settings_refuse_a_wrong_type_naming_the_setting(values: dict[str,
         queue_settings(values)
 
 
-@pytest.mark.parametrize(
-    ("name", "value", "kind"),
-    [
-        ("partitions", 2.0, "int"),
-        ("partitions", True, "int"),
-        ("partitions", b"\x02", "int"),
-        ("max_deliveries", 3.0, "int"),
-        ("window", 10.0, "int"),
-        ("max_message_size", 100.0, "int"),
-        ("max_depth_messages", 5.0, "int"),
-        ("dead_letter_expired", 1, "bool"),
-        ("rebalance_delay", "x", "float"),
-        ("ttl", True, "float"),
-        ("key_from", 3, "str"),
-        ("on_dead_letter", b"continue", "str"),
-    ],
-)
+@pytest.mark.parametrize(("name", "value", "kind"), WRONG_TYPES)
 def test_a_queue_config_refuses_a_wrong_type_naming_the_setting_and_its_type(
     name: str, value: object, kind: str
 ) -> None:
