@@ -64,8 +64,8 @@ from gateway import group_ops
 from gateway.broker import Broker
 from gateway.console import STATIC_DIR
 from gateway.http_input import RequestContract
+from gateway.http_server import HttpConnections, HttpStats, app_runner, serve
 from gateway.inspect import inspect_queue, queue_json, queue_summaries, queue_summary
-from gateway.logs import quiet_bad_requests
 from gateway.openapi import openapi_document, package_version
 from protocols.sink import Principal, peer_identity
 from storage import SqlStore
@@ -195,10 +195,20 @@ class AdminServer:
     name = "http"
 
     def __init__(
-        self, broker: Broker, store: SqlStore, *, ports: Mapping[str, int] | None = None
+        self,
+        broker: Broker,
+        store: SqlStore,
+        *,
+        ports: Mapping[str, int] | None = None,
+        connections: HttpConnections | None = None,
     ) -> None:
         self.broker = broker
         self.store = store
+        # Shared by the gateway's HTTP servers (gateway/http_server.py).
+        self.connections = connections or HttpConnections(
+            broker.config.max_http_connections, broker.config.login_timeout
+        )
+        self.stats = HttpStats()
         # The gateway's bound ports by listener, filled in as its listeners start.
         self._ports = ports if ports is not None else {}
         self._contract = RequestContract(openapi_document(package_version()))
@@ -233,8 +243,7 @@ class AdminServer:
             ]
         )
         self.app = app
-        self._runner = web.AppRunner(app, access_log=None)
-        self._site: web.TCPSite | None = None
+        self._runner = app_runner(app, self.connections)
 
     @web.middleware
     async def _authenticate(self, request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -268,11 +277,7 @@ class AdminServer:
         return await handler(request)
 
     async def start(self, host: str, port: int, ssl_context: ssl.SSLContext | None) -> int:
-        quiet_bad_requests()
-        await self._runner.setup()
-        self._site = web.TCPSite(self._runner, host, port, ssl_context=ssl_context)
-        await self._site.start()
-        return int(self._runner.addresses[0][1])
+        return await serve(self._runner, host, port, ssl_context, self.connections, self.stats)
 
     async def close(self) -> None:
         await self._runner.cleanup()

@@ -49,6 +49,7 @@ from gateway.broker import Broker
 from gateway.config import LISTENERS, TLS_LISTENERS, GatewayConfig
 from gateway.housekeeping import Housekeeping
 from gateway.http import AdminServer
+from gateway.http_server import HttpConnections
 from gateway.lease_keeper import keep_lease
 from gateway.metrics import Metrics
 from gateway.security import check_security
@@ -101,6 +102,7 @@ def _listener(
     config: GatewayConfig,
     ports: Mapping[str, int],
     limits: ConnectionLimits,
+    http_connections: HttpConnections,
 ) -> Listener:
     # Imported here so that a protocol package is only loaded when its listener is on.
     if protocol == "native":
@@ -123,21 +125,28 @@ def _listener(
         from protocols.stomp import StompListener
 
         return StompListener(broker, limits=limits)
-    return AdminServer(broker, store, ports=ports)
+    return AdminServer(broker, store, ports=ports, connections=http_connections)
+
+
+def _http_connections(config: GatewayConfig) -> HttpConnections:
+    return HttpConnections(config.max_http_connections, config.login_timeout)
 
 
 def _listeners(
     broker: Broker, store: SqlStore, config: GatewayConfig, ports: Mapping[str, int]
 ) -> dict[str, Listener]:
     """Every enabled listener by name; a ``<protocol>_tls`` twin only with a certificate.
-    They share one set of limits, so connections are counted across all of them."""
+    They share one set of limits, so connections are counted across all of them (the
+    HTTP ports against their own cap, ``max_http_connections``)."""
     limits = config.connection_limits()
+    http_connections = _http_connections(config)
     broker.metrics.watch_connections(limits.connections.per_protocol)
     out: dict[str, Listener] = {}
     for name in LISTENERS:
         if config.port(name) is None or (name in TLS_LISTENERS and not config.tls_cert):
             continue
-        out[name] = _listener(name.removesuffix("_tls"), broker, store, config, ports, limits)
+        protocol = name.removesuffix("_tls")
+        out[name] = _listener(protocol, broker, store, config, ports, limits, http_connections)
     return out
 
 
@@ -212,7 +221,7 @@ class Gateway:
             http_port = self.config.port("http")
             if http_port is not None:
                 dialect = "sqlite" if is_sqlite(self.config.db) else "postgresql"
-                standby = StandbyHealth(self.config.name, dialect)
+                standby = StandbyHealth(self.config.name, dialect, _http_connections(self.config))
                 try:
                     await standby.start(self.config.host, http_port, ssl_context(self.config))
                 except OSError as e:

@@ -173,6 +173,8 @@ SETTINGS: Final = (
     _count("consumer_write_buffer", "bytes a consumer connection may have unsent", "bytes"),
     _count("max_connections", "connections in total", zero="no limit"),
     _count("max_connections_per_user", "logged-in connections of one user", zero="no limit"),
+    _count("max_http_connections", "admin HTTP connections (http and http_tls together)",
+           zero="no limit"),
     _count("max_groups_per_queue", "groups a bind may create per queue", zero="no limit"),
     _count("max_login_frame", "largest frame before login", "bytes"),
     _count("max_unconfirmed_bytes", "unconfirmed publish bytes per connection", "bytes"),

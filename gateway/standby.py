@@ -6,6 +6,9 @@ status`` says what it is.
 
 The protocol ports of a standby stay closed: a client that lists every gateway's address
 is refused at once by the standby and moves on to the next (docs/operations.md).
+
+Its port is bounded like the active gateway's (``gateway.http_server``): the same
+``max_http_connections`` and request head deadline.
 """
 
 from __future__ import annotations
@@ -15,26 +18,23 @@ import ssl
 
 from aiohttp import web
 
-from gateway.logs import quiet_bad_requests
+from gateway.http_server import HttpConnections, HttpStats, app_runner, serve
 from gateway.openapi import package_version
 
 
 class StandbyHealth:
     """The standby's admin port: ``/healthz`` and ``/api/status``."""
 
-    def __init__(self, name: str, database: str) -> None:
+    def __init__(self, name: str, database: str, connections: HttpConnections) -> None:
         self.name = name
         self._database = database
+        self.connections = connections
         app = web.Application()
         app.add_routes([web.get("/healthz", self._health), web.get("/api/status", self._status)])
-        self._runner = web.AppRunner(app, access_log=None)
+        self._runner = app_runner(app, connections)
 
     async def start(self, host: str, port: int, ssl_context: ssl.SSLContext | None) -> int:
-        quiet_bad_requests()
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port, ssl_context=ssl_context)
-        await site.start()
-        return int(self._runner.addresses[0][1])
+        return await serve(self._runner, host, port, ssl_context, self.connections, HttpStats())
 
     async def close(self) -> None:
         await self._runner.cleanup()
