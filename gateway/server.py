@@ -218,15 +218,20 @@ class Gateway:
         _remove_ports_file(self.config.ports_file)
         standby: StandbyHealth | None = None
         try:
-            http_port = self.config.port("http")
+            # The standby answers on the admin port as the active gateway will: plain on
+            # `http`, or over TLS on `http_tls` when plain HTTP is off (it served TLS on
+            # the plain port whenever a certificate was configured).
+            admin = "http" if self.config.port("http") is not None else "http_tls"
+            http_port = self.config.port(admin)
             if http_port is not None:
                 dialect = "sqlite" if is_sqlite(self.config.db) else "postgresql"
                 standby = StandbyHealth(self.config.name, dialect, _http_connections(self.config))
+                tls = context if admin == "http_tls" else None
                 try:
-                    await standby.start(self.config.host, http_port, ssl_context(self.config))
+                    await standby.start(self.config.host, http_port, tls)
                 except OSError as e:
                     if e.errno == errno.EADDRINUSE:
-                        raise PortInUse("http", self.config.host, http_port) from e
+                        raise PortInUse(admin, self.config.host, http_port) from e
                     raise
             self.store, waited = await self._open_store()
             await self._become_active(announced=waited)

@@ -24,6 +24,8 @@ from gateway.server import Gateway
 from tests.integration.conftest import native_url, start_gateway
 from tests.support.pki import Pki, make_pki
 from tests.support.security import ADMIN, hashed_users
+from tests.support.serve import unused_port
+from tests.support.wait import eventually
 
 TLS_PORTS = {f"{name}_port": 0 for name in TLS_LISTENERS}
 
@@ -313,3 +315,29 @@ async def test_the_container_healthcheck_works_with_only_the_tls_admin_port_on(
         await gateway.stop()
     down = await asyncio.to_thread(_healthcheck, env)
     assert down.returncode == 1 and "https port" in down.stderr
+
+
+async def test_a_standby_with_a_certificate_answers_plain_http_on_its_plain_admin_port(
+    sqlite_url: str, pki: Pki
+) -> None:
+    """The standby served TLS on the plain `http` port whenever a certificate was set, so
+    a load balancer's plain health probe could not tell it was a standby."""
+    cert, key = pki.server
+    tls = {"tls_cert": cert, "tls_key": key, **TLS_PORTS}
+    active = await start_gateway(sqlite_url, lease_ttl=1.0, **tls)
+    port = unused_port()
+    standby = asyncio.create_task(start_gateway(sqlite_url, lease_ttl=1.0, http_port=port, **tls))
+
+    async def answers_standby() -> bool:
+        try:
+            url = f"http://127.0.0.1:{port}/healthz"
+            async with aiohttp.ClientSession() as http, http.get(url) as response:
+                return response.status == 503 and (await response.json())["role"] == "standby"
+        except aiohttp.ClientError:
+            return False
+
+    try:
+        await eventually(answers_standby, timeout=10)
+    finally:
+        await active.stop()
+        await (await asyncio.wait_for(standby, 15)).stop()
