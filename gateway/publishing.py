@@ -102,9 +102,10 @@ class Publishing:
     def publish_each(
         self, principal: Principal, publications: Sequence[Publication]
     ) -> Awaitable[list[Receipt | KeygateError]]:
-        """Route ``publications`` and queue them for storage now, behind every append
-        queued before: a connection may call again before this one's commit without
-        either overtaking the other. Each is stored (all its queues) or refused alone; the
+        """Route ``publications`` and queue them for storage now, behind every append the
+        connection queued before: it may call again before this one's commit without
+        either overtaking the other (other connections' appends take turns with it:
+        storage.batcher). Each is stored (all its queues) or refused alone; the
         awaitable gives one outcome per publication, after COMMIT."""
         now = self.clock()
         if self._closing:
@@ -120,7 +121,7 @@ class Publishing:
                 routed.append(e.as_outcome())
         units = [batch for batch in routed if not isinstance(batch, KeygateError)]
         try:
-            stored = self._store.append_each(units, now=now)
+            stored = self._store.append_each(units, now=now, source=principal.connection)
         except KeygateError as e:  # the store is closed
             self._refused(e, len(units))
             e.as_outcome()
@@ -165,7 +166,7 @@ class Publishing:
         try:
             batches = [self._messages(principal, pub, now) for pub in publications]
             flat = [m for batch in batches for m in batch]
-            stored = await self._store.append(flat, now=now, qos2=qos2)
+            stored = await self._store.append(flat, now=now, qos2=qos2, source=principal.connection)
         except KeygateError as e:
             self._count_refusal(e, len(publications))
             raise

@@ -28,7 +28,7 @@ import dataclasses
 import hashlib
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import Any, Final
 
 import sqlalchemy as sa
@@ -94,7 +94,12 @@ class AppendOps(ProtocolStateOps, RetentionOps):
         return self.appender.backlog
 
     async def append(
-        self, messages: Sequence[Message], *, now: float, qos2: tuple[str, int] | None = None
+        self,
+        messages: Sequence[Message],
+        *,
+        now: float,
+        qos2: tuple[str, int] | None = None,
+        source: Hashable = None,
     ) -> list[Message]:
         """Store ``messages`` (all or none); return them as stored, with seqs, after COMMIT.
 
@@ -102,20 +107,24 @@ class AppendOps(ProtocolStateOps, RetentionOps):
         window is not stored again: the originally stored message is returned in its place.
         ``qos2`` (client id, packet id): the MQTT session records the packet id as received
         in the same transaction, so a QoS 2 PUBLISH re-sent after a failover is known.
+        ``source`` (the publishing connection) takes turns with the other sources for
+        room in the append writer's batches (storage.batcher), so a large backlog of one
+        connection does not delay the others.
         """
         if not messages:
             return []
         call = AppendCall(messages, now, qos2)
-        (outcome,) = await self.appender.submit([call], len(messages))
+        (outcome,) = await self.appender.submit([call], len(messages), source=source)
         if isinstance(outcome, KeygateError):
             raise outcome
         return outcome
 
     def append_each(
-        self, units: Sequence[Sequence[Message]], *, now: float
+        self, units: Sequence[Sequence[Message]], *, now: float, source: Hashable = None
     ) -> asyncio.Future[list[AppendOutcome]]:
-        """Queue ``units`` for the append writer now, behind every append queued before
-        (so calls made in order are stored in order, without waiting for each other);
+        """Queue ``units`` for the append writer now, behind every append ``source`` (as
+        ``append``) queued before (so calls made in order are stored in order, without
+        waiting for each other);
         the future gives, after COMMIT, each unit as stored (as ``append`` returns it) or
         the error that refused that unit alone (nothing of it stored). When storage fails
         (StorageError, StorageUnavailable, Fenced), nothing is stored and every unit has
@@ -125,7 +134,7 @@ class AppendOps(ProtocolStateOps, RetentionOps):
             done.set_result([])
             return done
         calls = [AppendCall(unit, now) for unit in units]
-        return self.appender.enqueue(calls, sum(len(unit) for unit in units))
+        return self.appender.enqueue(calls, sum(len(unit) for unit in units), source=source)
 
     async def _write_appends(
         self, submissions: list[list[AppendCall]]

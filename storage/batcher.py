@@ -1,12 +1,22 @@
 """Group commit: many concurrent callers, one writer task, one transaction per batch.
 
-Callers ``submit`` an item and await its result. A single writer task takes everything
+Callers ``submit`` an item and await its result. A single writer task takes what is
 pending (bounded by ``max_weight``, e.g. messages), waits ``linger`` seconds once for
 more when the batch is not full and the writer was idle, and hands the batch to
 ``process``, which runs one transaction and returns one result or exception per item.
 Futures resolve only after ``process`` returns, that is after COMMIT. While a batch
 commits, new calls pile up and form the next batch, which goes at once: its first
 callers have waited a commit already, so under load batches grow without any linger.
+
+Fairness. Each item comes from a ``source`` (a connection), and the sources with items
+pending take turns: a batch is formed one item per source per round, in the order the
+sources last had a turn, until the next item would not fit (then the sources whose item
+does not fit are passed over, keeping their place for the next batch, and smaller items
+of the others still fill the room). A source's own items stay in submit order. So a
+connection with one publish queued waits for at most one item of each other source, not
+for their whole backlog: one connection may have megabytes queued (its unconfirmed
+limit), and in plain arrival order every other publish waited behind all of it. One
+source alone fills every batch exactly as before.
 """
 
 from __future__ import annotations
@@ -14,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import Generic, TypeVar
 
 from core.errors import StorageError, Unavailable
@@ -25,6 +35,8 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 Processor = Callable[[list[T]], Awaitable[Sequence[R | BaseException]]]
+# An item, its weight and its caller's future.
+_Entry = tuple[T, int, "asyncio.Future[R]"]
 
 
 class GroupCommitter(Generic[T, R]):
@@ -34,7 +46,9 @@ class GroupCommitter(Generic[T, R]):
         self._process = process
         self._max_weight = max_weight
         self._linger = linger
-        self._pending: deque[tuple[T, int, asyncio.Future[R]]] = deque()
+        # Each source's pending items in submit order; the sources in turn order (a
+        # source whose items are all taken leaves, and joins at the end with its next).
+        self._pending: dict[Hashable, deque[_Entry[T, R]]] = {}
         self._pending_weight = 0
         self._processing_weight = 0
         self._wakeup = asyncio.Event()
@@ -54,18 +68,22 @@ class GroupCommitter(Generic[T, R]):
         written)."""
         return self._pending_weight + self._processing_weight
 
-    async def submit(self, item: T, weight: int = 1) -> R:
-        """Queue ``item`` for the next batch; return its result once that batch committed."""
-        return await self.enqueue(item, weight)
+    async def submit(self, item: T, weight: int = 1, *, source: Hashable = None) -> R:
+        """Queue ``item`` for a batch; return its result once that batch committed."""
+        return await self.enqueue(item, weight, source=source)
 
-    def enqueue(self, item: T, weight: int = 1) -> asyncio.Future[R]:
-        """``submit`` in two steps: ``item`` is queued now, before anything queued later
-        (batches are processed in order), and the future resolves after its batch's
-        COMMIT. Raises Unavailable once closing."""
+    def enqueue(self, item: T, weight: int = 1, *, source: Hashable = None) -> asyncio.Future[R]:
+        """``submit`` in two steps: ``item`` is queued now, before anything ``source``
+        queues later (batches are processed in order, and a source's items are taken in
+        submit order), and the future resolves after its batch's COMMIT. Raises
+        Unavailable once closing."""
         if self._closing:
             raise Unavailable("the store is closed")
         future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
-        self._pending.append((item, weight, future))
+        queued = self._pending.get(source)
+        if queued is None:
+            queued = self._pending[source] = deque()
+        queued.append((item, weight, future))
         self._pending_weight += weight
         self._wakeup.set()
         return future
@@ -76,13 +94,36 @@ class GroupCommitter(Generic[T, R]):
         self._wakeup.set()
         await self._task
 
-    def _take(self) -> list[tuple[T, int, asyncio.Future[R]]]:
-        batch = [self._pending.popleft()]
-        weight = batch[0][1]
-        while self._pending and weight + self._pending[0][1] <= self._max_weight:
-            entry = self._pending.popleft()
-            weight += entry[1]
-            batch.append(entry)
+    def _take(self) -> list[_Entry[T, R]]:
+        """The next batch: one item per source per round, in turn order (module doc)."""
+        pending = self._pending
+        if len(pending) == 1:  # one source: its items in order, as many as fit
+            ((source, queued),) = pending.items()
+            batch = [queued.popleft()]
+            weight = batch[0][1]
+            while queued and weight + queued[0][1] <= self._max_weight:
+                entry = queued.popleft()
+                weight += entry[1]
+                batch.append(entry)
+            if not queued:
+                del pending[source]
+            self._pending_weight -= weight
+            return batch
+        batch, weight = [], 0
+        added = True
+        while pending and added:
+            added = False
+            for source in list(pending):
+                queued = pending[source]
+                if batch and weight + queued[0][1] > self._max_weight:
+                    continue  # keeps its place: ahead of the sources that had a turn
+                entry = queued.popleft()
+                weight += entry[1]
+                batch.append(entry)
+                added = True
+                del pending[source]
+                if queued:
+                    pending[source] = queued  # to the end of the turn order
         self._pending_weight -= weight
         return batch
 

@@ -15,7 +15,7 @@ module), kept honest by tests/integration/test_store_contract.py.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from core.actions import (
@@ -38,20 +38,27 @@ class PublishStore(Protocol):
     """What the publish path needs: appends and what tells whether they fit."""
 
     async def append(
-        self, messages: Sequence[Message], *, now: float, qos2: tuple[str, int] | None = None
+        self,
+        messages: Sequence[Message],
+        *,
+        now: float,
+        qos2: tuple[str, int] | None = None,
+        source: Hashable = None,
     ) -> list[Message]:
         """Store ``messages`` all or none (MessageTooLarge, QueueFull, QueueNotFound,
         InvalidArgument for a partition the queue lacks); return them as stored, with
         seqs from 1 per (queue, partition), after the commit. A message whose (publisher,
         producer, dedup id) was stored within its queue's dedup window comes back as the
         original instead of being stored again. The messages become the store's: it may
-        give them their seqs in place, so hand in messages built for the call, each once."""
+        give them their seqs in place, so hand in messages built for the call, each once.
+        ``source`` (the publishing connection): sources take turns for the writer's
+        batches, so one connection's backlog does not delay another's appends."""
         ...
 
     def append_each(
-        self, units: Sequence[Sequence[Message]], *, now: float
+        self, units: Sequence[Sequence[Message]], *, now: float, source: Hashable = None
     ) -> asyncio.Future[list[list[Message] | KeygateError]]:
-        """Queue ``units`` for storage now, behind every append queued before; the future
+        """Queue ``units`` for storage now, behind every append ``source`` queued before; the future
         gives each unit as ``append`` would return it, or the error that refused that unit
         alone. Storage failing gives every unit that error, or fails the future."""
         ...

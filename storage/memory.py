@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any, cast
 
 from core.actions import (
@@ -73,9 +73,15 @@ class MemoryStore:
         self._listeners.append(fn)
 
     async def append(
-        self, messages: Sequence[Message], *, now: float, qos2: tuple[str, int] | None = None
+        self,
+        messages: Sequence[Message],
+        *,
+        now: float,
+        qos2: tuple[str, int] | None = None,
+        source: Hashable = None,
     ) -> list[Message]:
-        """As SqlStore's; ``qos2`` is ignored: MQTT sessions are not twinned."""
+        """As SqlStore's; ``qos2`` is ignored: MQTT sessions are not twinned (nor is
+        ``source``: there are no batches to take turns for)."""
         return self._append(messages, now)
 
     def _append(self, messages: Sequence[Message], now: float) -> list[Message]:
@@ -100,7 +106,7 @@ class MemoryStore:
         return result
 
     def append_each(
-        self, units: Sequence[Sequence[Message]], *, now: float
+        self, units: Sequence[Sequence[Message]], *, now: float, source: Hashable = None
     ) -> asyncio.Future[list[list[Message] | KeygateError]]:
         """As SqlStore's (stored at once: there is no commit to wait for)."""
         outcomes: list[list[Message] | KeygateError] = []
