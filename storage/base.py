@@ -58,7 +58,7 @@ from storage.schema import (
     kg_queues,
     kg_subscriptions,
 )
-from storage.writer import Body, WriterThread, wrapped_driver_error
+from storage.writer import Body, WriteLock, WriterThread, wrapped_driver_error
 
 T = TypeVar("T")
 
@@ -135,7 +135,7 @@ class StoreBase:
         # Separate connections racing for it fall into SQLite's busy handler, which
         # sleeps in growing steps (tens of ms); queueing on a lock in this process costs
         # nothing. Other processes (Spark, a standby) still wait on busy_timeout.
-        self._sqlite_lock = asyncio.Lock() if engine.dialect.name == "sqlite" else None
+        self._sqlite_lock = WriteLock() if engine.dialect.name == "sqlite" else None
         self._fence: GatewayLease | None = None
         self._on_fenced: Callable[[Fenced], None] | None = None
         # True once a transaction found the gateway lease taken over.
@@ -247,12 +247,11 @@ class StoreBase:
         prove(conn, self._fence, renew=True)
 
     def _first_write(self, conn: sa.Connection) -> None:
-        """The writer thread's first statement: the fence check, else a ping (PostgreSQL;
-        a dropped connection shows here, before anything was written)."""
+        """The writer thread's first statement: the fence check, else ``_ping``."""
         if self._fence is not None:
             self._check_fence(conn)
-        elif conn.dialect.name == "postgresql":
-            conn.execute(_PING)
+        else:
+            _ping(conn)
 
     async def write(
         self,
@@ -261,6 +260,8 @@ class StoreBase:
         pipelined: bool = False,
         proves_fence: bool = False,
         durable: bool = True,
+        urgent: bool = False,
+        fenced: bool = True,
     ) -> T:
         """Run ``body`` as one fenced write transaction on the writer thread
         (storage.writer); returns its result after COMMIT. Errors as ``transaction``.
@@ -271,19 +272,27 @@ class StoreBase:
         the separate fence check is left out unless the lease is due for renewal.
         ``durable=False``: a write that may be lost in a crash because it is done again
         (retention's deletes): on SQLite its COMMIT does not flush (WriterThread.run), and
-        it never renews the lease."""
-        if self._fence is not None and self.fenced:
+        it never renews the lease. ``urgent``: before every ordinary write waiting (for
+        the gateway's safety: ack offsets, the lease). ``fenced=False``: no fence check
+        (the lease's own statements, as ``transaction``)."""
+        if fenced and self._fence is not None and self.fenced:
             raise self._fenced_off()
         started = time.monotonic()
-        renew = durable and self._renewal_due(started)
+        renew = fenced and durable and self._renewal_due(started)
+        if not fenced:
+            first = _ping
+        elif proves_fence and not renew and self._sqlite_lock is not None:
+            first = _no_check
+        else:
+            first = self._renew_fence if renew else self._first_write
         try:
             if self._sqlite_lock is None:
-                first = self._first(renew)
-                result = await self.writer.run(first, body, pipelined=pipelined, durable=durable)
+                result = await self.writer.run(
+                    first, body, pipelined=pipelined, durable=durable, urgent=urgent
+                )
             else:
-                first = _no_check if proves_fence and not renew else self._first(renew)
-                async with self._sqlite_lock:
-                    result = await self.writer.run(first, body, durable=durable)
+                async with self._sqlite_lock.hold(urgent=urgent):
+                    result = await self.writer.run(first, body, durable=durable, urgent=urgent)
         except LeaseTaken:
             raise self._fenced_off() from None
         except DRIVER_ERRORS as e:
@@ -301,9 +310,6 @@ class StoreBase:
             return False
         self._renewing = now - self.lease_renewed_at >= self._fence.ttl / 3
         return self._renewing
-
-    def _first(self, renew: bool) -> Body[None]:
-        return self._renew_fence if renew else self._first_write
 
     def _driver_error(self, error: BaseException) -> KeygateError:
         """What a driver error means: the lease taken (kg_fence), heads moved
@@ -388,7 +394,7 @@ class StoreBase:
                         await connection.run_sync(self._check_fence)
                     yield connection
             else:
-                async with self._sqlite_lock, self.engine.begin() as connection:
+                async with self._sqlite_lock.hold(), self.engine.begin() as connection:
                     if check:
                         await connection.run_sync(self._check_fence)
                     yield connection
@@ -451,6 +457,13 @@ def _insert_sql(dialect: sa.Dialect) -> str:
         dialect = same_driver(paramstyle="format")
     compiled = sa.insert(kg_messages).compile(dialect=dialect, column_keys=list(MESSAGE_COLUMNS))
     return str(compiled)
+
+
+def _ping(conn: sa.Connection) -> None:
+    """A first statement on PostgreSQL, where a dropped connection shows before anything
+    was written (none on SQLite: its connection is a file)."""
+    if conn.dialect.name == "postgresql":
+        conn.execute(_PING)
 
 
 def _no_check(conn: sa.Connection) -> None:

@@ -169,7 +169,8 @@ class ConsumerOps(AdminOps):
                 stmt = upsert(conn, _d, keys, ("delivery_count", "first_delivery_time"))
                 conn.execute(stmt, deliveries)
 
-        await self.write(advance, pipelined=True)
+        # Urgent: deliveries wait for it, and must not wait behind the publishes queued.
+        await self.write(advance, pipelined=True, urgent=True)
         return [None] * len(calls)
 
     async def write_offsets(
@@ -186,6 +187,7 @@ class ConsumerOps(AdminOps):
             await self.write(
                 lambda conn: self._write_offsets(conn, queue, group, updates, retries),
                 pipelined=True,
+                urgent=True,  # the acks' flush: never behind the publishes queued
             )
 
     def _write_offsets(

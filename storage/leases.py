@@ -63,44 +63,53 @@ class LeaseOps(StoreBase):
         Expiry is computed from the database's clock, never this host's. On PostgreSQL the
         statements wait at most LEASE_LOCK_TIMEOUT for the holder's write transactions
         (which hold the row FOR SHARE), so a frozen holder cannot hang its successor.
+        An urgent write on the writer thread (StoreBase.write): one hand-over, ahead of
+        the writes waiting. Through the async engine each statement waited for the event
+        loop, and on SQLite for the write lock behind the appends: under a publish flood
+        a renewal took seconds and timed out.
         """
         lease = kg_gateway_lease
-        async with self.transaction(fenced=False) as conn:
+
+        def take(conn: sa.Connection) -> int | None:
             now = database_now(conn.dialect.name)
             if conn.dialect.name == "postgresql":
-                await conn.exec_driver_sql(f"SET LOCAL lock_timeout = '{LEASE_LOCK_TIMEOUT_MS}ms'")
+                conn.exec_driver_sql(f"SET LOCAL lock_timeout = '{LEASE_LOCK_TIMEOUT_MS}ms'")
             mine = sa.and_(lease.c.name == name, lease.c.holder == holder)
             if epoch is not None:
-                renewed = await conn.execute(
+                renewed = conn.execute(
                     sa.update(lease)
                     .where(mine, lease.c.epoch == epoch)
                     .values(expires_at=now + ttl)
                 )
                 return epoch if renewed.rowcount == 1 else None
             dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
-            await conn.execute(
+            conn.execute(
                 dialect.insert(lease)
                 .values(name=name, holder=holder, expires_at=now + ttl, epoch=1)
                 .on_conflict_do_nothing(index_elements=["name"])
             )
-            await conn.execute(
+            conn.execute(
                 sa.update(lease)
                 .where(lease.c.name == name, lease.c.holder != holder, lease.c.expires_at <= now)
                 .values(holder=holder, epoch=lease.c.epoch + 1, expires_at=now + ttl)
             )
             # Already ours (taken with the migration, storage.migrate): renewed from now, so
             # that its expiry and the holder's renewal clock start together.
-            await conn.execute(sa.update(lease).where(mine).values(expires_at=now + ttl))
-            held = await conn.execute(sa.select(lease.c.epoch).where(mine))
-            return held.scalar_one_or_none()
+            conn.execute(sa.update(lease).where(mine).values(expires_at=now + ttl))
+            held: int | None = conn.execute(
+                sa.select(lease.c.epoch).where(mine)
+            ).scalar_one_or_none()
+            return held
+
+        return await self.write(take, urgent=True, fenced=False)
 
     async def release_gateway_lease(self, name: str, holder: str) -> None:
         """Let the lease lapse now, so a standby takes over at once. The row (and its epoch)
         stays: epochs only grow, so an old holder's token never becomes valid again."""
         lease = kg_gateway_lease
-        async with self.transaction(fenced=False) as conn:
-            await conn.execute(
-                sa.update(lease)
-                .where(lease.c.name == name, lease.c.holder == holder)
-                .values(expires_at=0.0)
-            )
+        release = (
+            sa.update(lease)
+            .where(lease.c.name == name, lease.c.holder == holder)
+            .values(expires_at=0.0)
+        )
+        await self.write(lambda conn: conn.execute(release), urgent=True, fenced=False)

@@ -17,6 +17,11 @@ The connection is kept for the life of the store. A connection the database drop
 nothing was written then, so the transaction runs once more on a new connection. A
 failure after that, COMMIT included, is reported: the caller cannot know whether it
 committed, exactly as with the async engine.
+
+Urgent transactions (``urgent=True``: the gateway lease's statements, ack offsets,
+dispatch records) go before every ordinary one waiting, on the writer thread and, on
+SQLite, for the store's write lock (``WriteLock``): the gateway's safety must not wait
+behind the publishes queued for the append writer.
 """
 
 from __future__ import annotations
@@ -26,7 +31,8 @@ import contextlib
 import queue
 import select
 import threading
-from collections.abc import Callable
+from collections import deque
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Final, TypeVar
 
 import sqlalchemy as sa
@@ -41,6 +47,8 @@ Body = Callable[[sa.Connection], T]
 _IDLE: Final = 0
 # A job: the loop and future to wake, and the function to run on the writer thread.
 _Job = tuple[asyncio.AbstractEventLoop, "asyncio.Future[Any]", Callable[[], Any]]
+# Put in the ordinary queue for each urgent job, to wake the thread for it.
+_URGENT: Final = "urgent"
 
 
 def _quiet(conn: sa.Connection) -> bool:
@@ -85,14 +93,21 @@ class WriterThread:
     def __init__(self, engine: sa.Engine, *, name: str = "kg-writer") -> None:
         self._engine = engine
         self._conn: sa.Connection | None = None
-        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[_Job | str | None] = queue.SimpleQueue()
+        self._urgent: deque[_Job] = deque()  # served before any job in _jobs
         self._closing = False
         # A daemon: a store nobody closed must not keep the interpreter alive.
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._thread.start()
 
     async def run(
-        self, first: Body[None], body: Body[T], *, pipelined: bool = False, durable: bool = True
+        self,
+        first: Body[None],
+        body: Body[T],
+        *,
+        pipelined: bool = False,
+        durable: bool = True,
+        urgent: bool = False,
     ) -> T:
         """Run ``first`` then ``body`` in one transaction on the writer thread and commit;
         returns what ``body`` returned. ``first`` is the transaction's first statement: if
@@ -114,11 +129,15 @@ class WriterThread:
         again when lost (retention's deletes): a flush per chunk was half of their time on
         the writer, while publishes waited. Not on PostgreSQL: a server that crashed and
         restarted under a running gateway would undo deletes the gateway's caches had
-        already counted (on SQLite the gateway goes down with the machine)."""
+        already counted (on SQLite the gateway goes down with the machine).
+
+        ``urgent``: runs before every ordinary transaction handed over and not yet begun."""
         if durable or self._engine.dialect.name != "sqlite":
-            result: T = await self._call(lambda: self._transaction(first, body, pipelined))
+            result: T = await self._call(
+                lambda: self._transaction(first, body, pipelined), urgent=urgent
+            )
         else:
-            result = await self._call(lambda: self._relaxed(first, body))
+            result = await self._call(lambda: self._relaxed(first, body), urgent=urgent)
         return result
 
     async def close(self) -> None:
@@ -132,25 +151,37 @@ class WriterThread:
         self._jobs.put(None)
         await asyncio.to_thread(self._thread.join)
 
-    def _call(self, function: Callable[[], Any]) -> asyncio.Future[Any]:
+    def _call(self, function: Callable[[], Any], *, urgent: bool = False) -> asyncio.Future[Any]:
         if self._closing:
             raise RuntimeError("the writer thread is closed")
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        self._jobs.put((loop, future, function))
+        if urgent:
+            self._urgent.append((loop, future, function))
+            self._jobs.put(_URGENT)
+        else:
+            self._jobs.put((loop, future, function))
         return future
 
     def _serve(self) -> None:
         while (job := self._jobs.get()) is not None:
-            loop, future, function = job
-            result, error = None, None
-            try:
-                result = function()
-            except BaseException as e:  # handed to the caller, as run_in_executor does
-                error = e
-            with contextlib.suppress(RuntimeError):  # the caller's loop is closed
-                loop.call_soon_threadsafe(_settle, future, result, error)
-            del job, result, error  # no reference to the last result while idle
+            while self._urgent:
+                self._execute(self._urgent.popleft())
+            if isinstance(job, tuple):  # _URGENT: its job ran already, just now or before
+                self._execute(job)
+            del job
+
+    @staticmethod
+    def _execute(job: _Job) -> None:
+        loop, future, function = job
+        result, error = None, None
+        try:
+            result = function()
+        except BaseException as e:  # handed to the caller, as run_in_executor does
+            error = e
+        with contextlib.suppress(RuntimeError):  # the caller's loop is closed
+            loop.call_soon_threadsafe(_settle, future, result, error)
+        del job, result, error  # no reference to the last result while idle
 
     def _shut_down(self) -> None:
         self._disconnect()
@@ -271,4 +302,42 @@ class WriterThread:
                 conn.close()
 
 
-__all__ = ["Body", "WriterThread", "wrapped_driver_error"]
+class WriteLock:
+    """SQLite's one writer, taken in this process: ``asyncio.Lock``'s first come, first
+    served, except that urgent holders go before every ordinary waiter. The lock passes
+    straight from its holder to the next waiter."""
+
+    def __init__(self) -> None:
+        self._held = False
+        self._urgent: deque[asyncio.Future[None]] = deque()
+        self._ordinary: deque[asyncio.Future[None]] = deque()
+
+    @contextlib.asynccontextmanager
+    async def hold(self, *, urgent: bool = False) -> AsyncIterator[None]:
+        if self._held or self._urgent or (self._ordinary and not urgent):
+            turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            (self._urgent if urgent else self._ordinary).append(turn)
+            try:
+                await turn
+            except asyncio.CancelledError:
+                if turn.done() and not turn.cancelled():
+                    self._release()  # handed over just before the cancellation
+                raise
+        else:
+            self._held = True
+        try:
+            yield
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        for waiters in (self._urgent, self._ordinary):
+            while waiters:
+                turn = waiters.popleft()
+                if not turn.done():  # not cancelled
+                    turn.set_result(None)
+                    return
+        self._held = False
+
+
+__all__ = ["Body", "WriteLock", "WriterThread", "wrapped_driver_error"]

@@ -1,16 +1,20 @@
-"""Fairness between publishing connections: a connection with one publish queued rides
-the next commit or the one after, however much other connections have queued
-(storage.batcher takes turns between sources; docs/performance.md, "Fairness")."""
+"""Fairness in the commit path: a connection with one publish queued rides the next
+commit or the one after, however much other connections have queued (storage.batcher
+takes turns between sources), and the writes the gateway's safety depends on (its lease)
+go ahead of the writes waiting (docs/performance.md, "Fairness")."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import functools
+import threading
+import time
 from collections.abc import AsyncIterator, Hashable
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 
 from gateway import server
 from gateway.client import Client
@@ -18,7 +22,8 @@ from gateway.server import Gateway
 from protocols.native.encoding import encode
 from protocols.native.events import Hello, Publish
 from storage.appends import AppendCall
-from storage.store import open_store
+from storage.schema import kg_gateway_lease
+from storage.store import SqlStore, open_store
 from tests.integration.conftest import native_url, start_gateway
 from tests.support.wait import eventually
 
@@ -106,3 +111,29 @@ async def test_a_publish_is_confirmed_within_two_commits_behind_a_flood(
             for flood in floods:
                 with contextlib.suppress(asyncio.CancelledError):
                     await flood
+
+
+async def test_the_gateway_lease_is_renewed_ahead_of_the_writes_waiting(store: SqlStore) -> None:
+    epoch = await store.acquire_gateway_lease("gw", "me", ttl=30)
+    started, release = threading.Event(), threading.Event()
+    seen: list[float] = []
+
+    def busy(conn: sa.Connection) -> None:
+        started.set()
+        release.wait(10)
+
+    def look(conn: sa.Connection) -> None:
+        seen.append(conn.execute(sa.select(kg_gateway_lease.c.expires_at)).scalar_one())
+
+    first = asyncio.ensure_future(store.write(busy))
+    await asyncio.to_thread(started.wait, 10)
+    waiting = asyncio.ensure_future(store.write(look))
+    await asyncio.sleep(0.05)  # queued: for SQLite's write lock, or for the writer thread
+    renewal = asyncio.ensure_future(store.acquire_gateway_lease("gw", "me", ttl=3600, epoch=epoch))
+    await asyncio.sleep(0.05)
+    release.set()
+    assert await renewal == epoch
+    await asyncio.gather(first, waiting)
+    # The write queued first ran after the renewal: it saw the new expiry.
+    ((expires_at,),) = [seen]
+    assert expires_at > time.time() + 1000  # not the first expiry, 30 s from then

@@ -12,7 +12,7 @@ import pytest
 import sqlalchemy as sa
 
 from storage.engine import sync_engine
-from storage.writer import WriterThread
+from storage.writer import WriteLock, WriterThread
 
 
 @pytest.fixture
@@ -145,3 +145,52 @@ async def test_a_transaction_that_need_not_be_durable_commits_without_flushing_a
     assert await thread.run(_nothing, insert_and_read_level, durable=False) == 1
     assert await thread.run(_nothing, insert_and_read_level) == 2
     assert _values(reader) == [1, 1]
+
+
+async def test_an_urgent_transaction_runs_before_the_ordinary_ones_waiting(
+    writer: tuple[WriterThread, sa.Engine],
+) -> None:
+    thread, _ = writer
+    started, release = threading.Event(), threading.Event()
+    order: list[str] = []
+
+    def busy(conn: sa.Connection) -> None:
+        started.set()
+        release.wait(10)
+
+    def note(name: str) -> Callable[[sa.Connection], None]:
+        return lambda conn: order.append(name)
+
+    first = asyncio.ensure_future(thread.run(_nothing, busy))
+    await asyncio.to_thread(started.wait, 10)
+    ordinary = [asyncio.ensure_future(thread.run(_nothing, note(f"o{i}"))) for i in range(3)]
+    urgent = asyncio.ensure_future(thread.run(_nothing, note("urgent"), urgent=True))
+    await asyncio.sleep(0)
+    release.set()
+    await asyncio.gather(first, *ordinary, urgent)
+    assert order == ["urgent", "o0", "o1", "o2"]
+
+
+async def test_the_write_lock_goes_to_urgent_waiters_first_then_in_arrival_order() -> None:
+    lock = WriteLock()
+    order: list[str] = []
+    release = asyncio.Event()
+
+    async def hold(name: str, urgent: bool = False) -> None:
+        async with lock.hold(urgent=urgent):
+            order.append(name)
+            if name == "holder":
+                await release.wait()
+
+    holder = asyncio.create_task(hold("holder"))
+    await asyncio.sleep(0)
+    waiting = [asyncio.create_task(hold(f"o{i}")) for i in range(2)]
+    gone = asyncio.create_task(hold("cancelled", urgent=True))
+    waiting.append(asyncio.create_task(hold("urgent", urgent=True)))
+    await asyncio.sleep(0)
+    gone.cancel()
+    release.set()
+    await asyncio.gather(holder, *waiting)
+    assert order == ["holder", "urgent", "o0", "o1"]
+    async with lock.hold():  # free again
+        pass
