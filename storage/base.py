@@ -332,14 +332,16 @@ class StoreBase:
 
     async def foreign_heads(self, queues: Iterable[str]) -> dict[str, dict[int, int]]:
         """Heads that other writers advanced past this store's cache, per queue and
-        partition, in one query; the cache takes them over, so each is reported once."""
+        partition, in one query; the cache takes them over, so each is reported once.
+        Read on the writer thread, in one hand-over: through the async engine, on SQLite,
+        it held the write lock (its BEGIN IMMEDIATE) for a loop round trip per step, and
+        under a publish flood every append waited seconds behind it."""
         names = sorted(set(queues) & self.queues.keys())
         if not names:
             return {}
         p = kg_partitions
         query = sa.select(p.c.queue, p.c.partition, p.c.head_seq).where(p.c.queue.in_(names))
-        async with self.transaction(fenced=False) as conn:
-            rows = (await conn.execute(query)).all()
+        rows = await self.write(lambda conn: conn.execute(query).all(), fenced=False)
         advanced: dict[str, dict[int, int]] = {}
         for queue, partition, head in rows:
             if head > self.heads.get((queue, partition), 0):
