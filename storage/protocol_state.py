@@ -27,6 +27,10 @@ def _decode_ids(text: str) -> set[int]:
 
 
 class ProtocolStateOps(StoreBase):
+    # An MQTT session's reads and writes come with each connect and disconnect, a storm of
+    # them with a reconnecting fleet: on the writer thread, each in one hand-over.
+    # Through the async engine, on SQLite, each held the write lock for an event-loop
+    # round trip per step (2.6 s under a publish flood) and the appends waited behind it.
     async def amqp_exchanges(self) -> dict[str, str]:
         """Every declared AMQP exchange: name -> type."""
         e = kg_amqp_exchanges
@@ -50,8 +54,7 @@ class ProtocolStateOps(StoreBase):
         query = sa.select(s.c.qos2_waiting).where(
             s.c.client_id == client_id, sa.or_(s.c.expires_at.is_(None), s.c.expires_at > now)
         )
-        async with self.transaction(fenced=False) as conn:
-            text = (await conn.execute(query)).scalar_one_or_none()
+        text = await self.write(lambda conn: conn.execute(query).scalar_one_or_none(), fenced=False)
         return None if text is None else _decode_ids(text)
 
     async def save_mqtt_session(self, client_id: str, *, expires_at: float | None) -> None:
@@ -59,8 +62,9 @@ class ProtocolStateOps(StoreBase):
         connected). Its packet ids change only through ``change_qos2``."""
         s = kg_mqtt_sessions
         row = {"client_id": client_id, "qos2_waiting": "", "expires_at": expires_at}
-        async with self.transaction() as conn:
-            await conn.execute(upsert(conn, s, ("client_id",), ("expires_at",)), [row])
+        await self.write(
+            lambda conn: conn.execute(upsert(conn, s, ("client_id",), ("expires_at",)), [row])
+        )
 
     async def mqtt_released(self, client_id: str, packet_ids: frozenset[int]) -> None:
         """PUBREL: the session no longer waits for these QoS 2 packet ids."""
@@ -92,8 +96,7 @@ class ProtocolStateOps(StoreBase):
 
     async def drop_mqtt_session(self, client_id: str) -> None:
         s = kg_mqtt_sessions
-        async with self.transaction() as conn:
-            await conn.execute(sa.delete(s).where(s.c.client_id == client_id))
+        await self.write(lambda conn: conn.execute(sa.delete(s).where(s.c.client_id == client_id)))
 
     async def orphan_mqtt_sessions(self, *, expires_at: float) -> int:
         """At a gateway's start: sessions still marked connected (no expiry) belonged to
