@@ -147,6 +147,9 @@ async def test_a_database_refusing_sessions_past_lease_ttl_stops_the_active_and_
             )
             await eventually(lambda: health(http_b), timeout=30)
             assert await health(http_b) == (503, "standby")
+            # It has seen the active's lease (its admin port answers before that; a
+            # database that fails its very first contact fails its start instead).
+            await eventually(lambda: "is active elsewhere" in log_b.read_text(), timeout=30)
             proxy.cut(answer=not_accepting_connections)
             started = time.monotonic()
             # The active cannot renew: it stops within lease_ttl (and a little), exit 1.
@@ -158,7 +161,8 @@ async def test_a_database_refusing_sessions_past_lease_ttl_stops_the_active_and_
             # The standby is refused too: it keeps trying, still a standby, past the
             # moment the lease lapsed.
             await eventually(
-                lambda: log_b.read_text().count("taking the gateway lease failed") >= 2,
+                # (it waits in opening the store: it takes the lease with its migration)
+                lambda: log_b.read_text().count("standby: opening the store failed") >= 2,
                 timeout=10,
             )
             assert not standby.done(), log_b.read_text()
