@@ -68,7 +68,7 @@ async def _flood(port: int, ready: asyncio.Event) -> None:
         writer.close()
 
 
-async def test_a_publish_is_confirmed_within_two_commits_behind_a_flood(
+async def test_a_publish_is_confirmed_within_a_few_commits_behind_a_flood(
     small_batch_gateway: Gateway, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     gateway = small_batch_gateway
@@ -101,9 +101,11 @@ async def test_a_publish_is_confirmed_within_two_commits_behind_a_flood(
             await canary.publish("canary", b"canary")
             # Counted in commits from the moment the canary's lot was queued, not in wall
             # time (what the flood's commits take depends on the machine): it waits for
-            # the batch committing then, and rides the next one.
+            # the batch committing then (and, under load, possibly one formed before it
+            # arrived), and rides the next one — not the BACKLOG_BATCHES queued ahead of it
+            # (it waited 29-30 commits before the batches took turns).
             queued, committed = commits
-            assert committed - queued <= 2, f"the canary waited {committed - queued} commits"
+            assert committed - queued <= 3, f"the canary waited {committed - queued} commits"
             assert store.appends_pending > MAX_BATCH, "the flood's backlog was gone too soon"
         finally:
             for flood in floods:
