@@ -291,6 +291,16 @@ class GroupMachine(Membership):
             )
         return self._finish(now)
 
+    def backpressure(self, now: float, flow_id: str, on: bool) -> list[Action]:
+        """The flow's connection has more than its write buffer waiting for the socket
+        (``on``), or has caught up: while it is behind the flow is sent nothing, as if its
+        window were full, so what is not sent stays in storage (DESIGN.md §8)."""
+        self._begin(now)
+        flow = self._flows.get(flow_id)
+        if flow is not None:
+            flow.behind = on
+        return self._finish(now)
+
     def release_key(self, now: float, key: str, *, skip: bool = False) -> list[Action]:
         """Let a parked key flow again (on_dead_letter = park_key), from its oldest held
         message; with ``skip`` its messages stored until now are dead-lettered instead.

@@ -63,6 +63,8 @@ class FlowStatus:
     ack_mode: AckMode
     partitions: frozenset[int]
     bound_at: float
+    # Its connection is behind (GroupMachine.backpressure): it is sent nothing for now.
+    behind: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,9 +125,11 @@ class Flow:
     # read, in the order they asked (core/reads.py; not in shared mode).
     use: BufferUse = field(default_factory=BufferUse)
     reads: dict[int, None] = field(default_factory=dict)
+    # More than its connection's write buffer waits for the socket (GroupMachine.backpressure).
+    behind: bool = False
 
     def has_room(self) -> bool:
-        return self.pending < self.window
+        return self.pending < self.window and not self.behind
 
     def status(self) -> FlowStatus:
         return FlowStatus(
@@ -137,6 +141,7 @@ class Flow:
             ack_mode=self.ack_mode,
             partitions=frozenset(self.partitions),
             bound_at=self.bound_at,
+            behind=self.behind,
         )
 
 

@@ -191,6 +191,37 @@ def test_credit_changes_the_window() -> None:
     assert d.flows["a"].window == 3
 
 
+def test_a_flow_whose_connection_is_behind_is_sent_nothing_until_it_catches_up() -> None:
+    d = make()
+    d.publish("k")
+    d.bind("a", window=10)
+    assert d.seqs("a") == [1]
+    d.call(d.machine.backpressure, "a", True)
+    [d.publish("k") for _ in range(2)]
+    assert d.seqs("a") == [1]  # its window has room: the socket does not
+    (flow,) = d.machine.status().flows
+    assert flow.behind and flow.window == 10
+    d.call(d.machine.backpressure, "a", False)
+    assert d.seqs("a") == [1, 2, 3]
+    assert not d.machine.status().flows[0].behind
+
+
+def test_in_shared_mode_a_flow_that_is_behind_leaves_the_messages_to_the_others() -> None:
+    d = make(mode=GroupMode.SHARED)
+    d.bind("a", window=10)
+    d.bind("b", window=10)
+    d.call(d.machine.backpressure, "a", True)
+    [d.publish(f"k{i}") for i in range(4)]
+    assert d.seqs("a") == []
+    assert len(d.seqs("b")) == 4
+
+
+def test_backpressure_of_an_unknown_flow_is_ignored() -> None:
+    d = make()
+    d.bind("a")
+    assert d.call(d.machine.backpressure, "nope", True) == []
+
+
 def test_binding_a_flow_id_twice_is_a_conflict() -> None:
     d = make()
     d.bind("a")

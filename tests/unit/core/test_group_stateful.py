@@ -47,6 +47,8 @@ class GroupMachineRules(RuleBasedStateMachine):
         self.published: list[Message] = []
         self.settle_log: dict[str | None, list[int]] = defaultdict(list)
         self.seen = 0  # deliveries already checked
+        # Flows whose connection is behind -> how many deliveries they had when it fell behind.
+        self.behind: dict[str, int] = {}
 
     @initialize(
         mode=st.sampled_from(GroupMode),
@@ -143,6 +145,7 @@ class GroupMachineRules(RuleBasedStateMachine):
         flow = data.draw(st.sampled_from(sorted(self.bound)))
         self.last_held[self.bound.pop(flow)] = self.d.machine.partitions_of(flow)
         self.d.unacked.pop(flow, None)
+        self.behind.pop(flow, None)
         self.d.call(self.d.machine.unbind, flow, shutdown=shutdown)
 
     @rule(key=st.sampled_from(KEYS), draw=st.integers(0, 3))
@@ -180,6 +183,19 @@ class GroupMachineRules(RuleBasedStateMachine):
     def credit(self, data: st.DataObject, window: int) -> None:
         flow = data.draw(st.sampled_from(sorted(self.bound)))
         self.d.call(self.d.machine.credit, flow, window)
+
+    @precondition(lambda self: bool(self.bound))
+    @rule(data=st.data(), on=st.booleans())
+    def backpressure(self, data: st.DataObject, on: bool) -> None:
+        flow = data.draw(st.sampled_from(sorted(self.bound)))
+        if on:
+            self.behind.setdefault(flow, self.delivered_to(flow))
+        else:
+            self.behind.pop(flow, None)
+        self.d.call(self.d.machine.backpressure, flow, on)
+
+    def delivered_to(self, flow: str) -> int:
+        return sum(1 for x in self.d.deliveries if x.flow_id == flow)
 
     @rule(seconds=st.sampled_from([0.5, 1.0, 2.5, 6.0]))
     def advance(self, seconds: float) -> None:
@@ -228,6 +244,11 @@ class GroupMachineRules(RuleBasedStateMachine):
         for flow in m._flows.values():
             owned = [part for part in m._parts if part.owner == flow.flow_id]
             assert flow.use.bytes == sum(part.buffered_bytes for part in owned)
+
+    @invariant()
+    def a_flow_whose_connection_is_behind_is_sent_nothing(self) -> None:
+        for flow, count in self.behind.items():
+            assert self.delivered_to(flow) == count, flow
 
     @invariant()
     def strict_groups_have_one_unacked_message_per_key(self) -> None:
