@@ -44,6 +44,7 @@ from gateway.runtime import GroupRuntime
 from protocols.sink import (
     Ack,
     AckCumulative,
+    Backpressure,
     BindRequest,
     BindResult,
     Credit,
@@ -371,6 +372,8 @@ class Broker(Publishing, ProtocolState):
                 runtime.undeliverable(flow_id, event.message_ids)
             case Credit():
                 runtime.credit(flow_id, min(event.window, self.config.max_window))
+            case Backpressure():
+                runtime.backpressure(flow_id, event.on)
             case Unbind():
                 self.groups.remove_flow(flow_id)
                 runtime.unbind(flow_id, shutdown=event.shutdown)

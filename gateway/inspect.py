@@ -106,6 +106,8 @@ async def inspect_queue(broker: Broker, store: SqlStore, name: str) -> dict[str,
                 "window": flow.window,
                 "pending": flow.pending,
                 "slots": max(0, flow.window - flow.pending),
+                # Its connection is behind: it is sent nothing until the socket drains.
+                "behind": flow.behind,
                 "partitions": sorted(flow.partitions),
                 "bound_at": flow.bound_at,
             }

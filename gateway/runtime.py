@@ -249,6 +249,10 @@ class GroupRuntime:
     def credit(self, flow_id: str, window: int) -> None:
         self.submit(self.machine.credit(self._clock(), flow_id, window))
 
+    def backpressure(self, flow_id: str, on: bool) -> None:
+        """The flow's connection is behind (``on``) or caught up (GroupMachine.backpressure)."""
+        self.submit(self.machine.backpressure(self._clock(), flow_id, on))
+
     def release_key(self, key: str, *, skip: bool) -> None:
         """Let a parked key flow again (see GroupMachine.release_key); raises KeyNotParked."""
         self.submit(self.machine.release_key(self._clock(), key, skip=skip))

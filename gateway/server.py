@@ -120,11 +120,11 @@ def _listener(
     if protocol == "amqp":
         from protocols.amqp import AmqpListener
 
-        return AmqpListener(broker, limits=limits)
+        return AmqpListener(broker, limits=limits, write_buffer=config.consumer_write_buffer)
     if protocol == "stomp":
         from protocols.stomp import StompListener
 
-        return StompListener(broker, limits=limits)
+        return StompListener(broker, limits=limits, write_buffer=config.consumer_write_buffer)
     return AdminServer(broker, store, ports=ports, connections=http_connections)
 
 

@@ -11,10 +11,17 @@ bounded by their flows' windows.
 A frame pushed with ``remake`` (how to encode it again) is not kept as bytes while more
 than ``high`` bytes wait for the kernel (``holding``): the outbox holds ``remake``
 instead, in order with everything pushed after it, and calls it when the socket has taken
-enough. A reader that stalls thus costs ``high`` bytes plus its window of messages, which
-the group holds anyway, rather than a second, encoded copy of the window. A caller that
+enough, so the messages the group holds for it are not kept a second time, encoded. A caller that
 sees ``holding`` may push the remake alone, without making the bytes it would only drop
 (native client-ack deliveries: each is then encoded once, when it leaves).
+
+A connection that is behind holds its flows back (DESIGN.md §8): each flow's output asks
+its ``FlowGate`` after pushing deliveries, which tells the group once (``Backpressure``)
+that the outbox is ``holding``; the group then sends the flow nothing, as if its window
+were full, and what is not sent stays in storage. When nothing is held and at most half
+of ``high`` waits for the kernel, the writer task tells it to go on (``on_caught_up``).
+So a reader that stops costs ``high`` plus what the group had handed over before it
+heard, whatever its window, and a reader that keeps up is never held back.
 
 Auto-ack deliveries (AMQP ``no_ack``, STOMP ``ack:auto``, native AUTO) ride with the bytes
 that carry them and are settled once the kernel has taken their last byte (the transport's
@@ -34,7 +41,7 @@ from typing import Final
 
 from core.errors import KeygateError, StorageError, Unavailable
 from core.model import Publication
-from protocols.sink import Principal, Receipt, Sink
+from protocols.sink import Backpressure, Principal, Receipt, Sink
 
 log = logging.getLogger("keygate.io")
 
@@ -70,6 +77,7 @@ SettleWritten = Callable[[str, tuple[str, ...]], None]
 # (flow id, message ids): the auto-ack deliveries some bytes carry.
 AutoAcked = tuple[str, Sequence[str]]
 Remake = Callable[[], bytes]
+Tell = Callable[[bool], None]
 
 
 class Outbox:
@@ -101,6 +109,8 @@ class Outbox:
         self._flushed = asyncio.Event()  # everything queued has been written
         self._flushed.set()
         self._closed = False
+        # Called once from the writer task when it has caught up (on_caught_up).
+        self._caught_up: list[Callable[[], None]] = []
         self.broken = False  # the socket failed: everything pushed from now on is dropped
         self.last_sent = asyncio.get_running_loop().time()
 
@@ -143,6 +153,12 @@ class Outbox:
             self._held.append((remake, auto_acked))
         else:
             self._queue(remake() if data is None else data, auto_acked)
+        self._wake.set()
+
+    def on_caught_up(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once, from the writer task, when nothing is held and at most
+        half of ``high`` waits for the kernel; never once the outbox is closed or broken."""
+        self._caught_up.append(callback)
         self._wake.set()
 
     async def room(self) -> None:
@@ -197,12 +213,14 @@ class Outbox:
                     self._settle_taken()
                     continue
                 self._settle_taken()
+                if self._caught_up and not self._held and self.pending <= self._high // 2:
+                    self._tell_caught_up()
                 if not self._held:
                     self._flushed.set()
                 if self._closed and not self._held:
                     return
                 self._wake.clear()
-                if self._held or self._unacked:
+                if self._held or self._unacked or self._caught_up:
                     with contextlib.suppress(TimeoutError):
                         async with asyncio.timeout(WRITE_POLL):
                             await self._wake.wait()
@@ -213,6 +231,7 @@ class Outbox:
             self.broken = True
             self._chunks.clear()
             self._held.clear()
+            self._caught_up.clear()
             self._room.set()
             self._flushed.set()
 
@@ -230,6 +249,17 @@ class Outbox:
         while self._held and self.pending <= self._high:
             frame, auto_acked = self._held.popleft()
             self._queue(frame if isinstance(frame, bytes) else frame(), auto_acked)
+
+    def _tell_caught_up(self) -> None:
+        callbacks, self._caught_up = self._caught_up, []
+        if self._closed:
+            return
+        for callback in callbacks:
+            try:
+                callback()
+            except Exception:
+                # The flow was unbound meanwhile, or a bug: the connection keeps writing.
+                log.exception("a flow of a connection that caught up could not be told")
 
     def _settle_taken(self) -> None:
         """Settle the auto-ack deliveries whose last byte the kernel has taken."""
@@ -249,6 +279,39 @@ class Outbox:
                 # The flow was unbound meanwhile (its messages went back for redelivery),
                 # or a bug: the connection keeps writing either way.
                 log.exception("auto-ack of flow %s failed", flow_id)
+
+
+class FlowGate:
+    """Holds one flow back while its connection's outbox is behind (see the module doc).
+    ``tell(True)``: the group must send the flow nothing more for now; ``tell(False)``:
+    it may go on. Call ``check`` after pushing the flow's deliveries."""
+
+    __slots__ = ("_on", "_outbox", "_tell")
+
+    def __init__(self, outbox: Outbox, tell: Tell) -> None:
+        self._outbox = outbox
+        self._tell = tell
+        self._on = False
+
+    def check(self) -> None:
+        """Tell the group once that the outbox is behind, if it is."""
+        if not self._on and self._outbox.holding:
+            self._on = True
+            self._tell(True)
+            self._outbox.on_caught_up(self._lift)
+
+    def _lift(self) -> None:
+        self._on = False
+        self._tell(False)
+
+
+def tell_backpressure(sink: Sink, principal: Principal | None, flow_id: str, on: bool) -> None:
+    """A ``FlowGate``'s ``tell`` for a listener: the flow's connection is behind (``on``)
+    or caught up. Nothing before login or bind; a flow unbound meanwhile is ignored."""
+    if principal is None or not flow_id:
+        return
+    with contextlib.suppress(KeygateError):
+        sink.settle(principal, flow_id, Backpressure(on))
 
 
 async def linger(
@@ -381,13 +444,16 @@ __all__ = [
     "DEFAULT_HIGH",
     "LINGER",
     "AutoAcked",
+    "FlowGate",
     "Outbox",
     "Remake",
     "SettleWritten",
+    "Tell",
     "keep_alive",
     "linger",
     "publish_in_order",
     "publish_receipts",
     "send_heartbeats",
     "store_each",
+    "tell_backpressure",
 ]

@@ -153,6 +153,15 @@ class Credit:
 
 
 @dataclass(frozen=True, slots=True)
+class Backpressure:
+    """The flow's connection has more than its write buffer waiting for the socket
+    (``on``: send the flow nothing more for now, as if its window were full), or has
+    caught up (not ``on``). Sent by the protocol, not by the client (``FlowGate``)."""
+
+    on: bool
+
+
+@dataclass(frozen=True, slots=True)
 class Unbind:
     """Detach the flow. ``shutdown`` releases its partitions at once; otherwise they are
     kept for the same client through the rebalance delay."""
@@ -160,7 +169,7 @@ class Unbind:
     shutdown: bool = False
 
 
-Settle = Ack | AckCumulative | Nack | Reject | Undeliverable | Credit | Unbind
+Settle = Ack | AckCumulative | Nack | Reject | Undeliverable | Credit | Backpressure | Unbind
 
 
 class Sink(Protocol):
@@ -356,6 +365,7 @@ class Listener(Protocol):
 __all__ = [
     "Ack",
     "AckCumulative",
+    "Backpressure",
     "BindRequest",
     "BindResult",
     "Credit",

@@ -36,6 +36,7 @@ from core.actions import Deliver
 from core.errors import KeygateError
 from core.model import AckMode
 from protocols import sink as settles
+from protocols._io import FlowGate, Outbox, tell_backpressure
 from protocols.amqp import events as ev
 from protocols.amqp.connection import AmqpConnection
 from protocols.amqp.consumers import ConsumeRequest, Outcome
@@ -64,11 +65,14 @@ class _ConsumerOutput:
     key: _Key
     no_ack: bool
     flow_id: str = ""
+    gate: FlowGate | None = None  # holds the flow back while the connection is behind
 
     def deliver(self, deliveries: Sequence[Deliver]) -> Sequence[Deliver]:
         channel, serial, tag = self.key
         failed, sent = self.flows.connection.deliver(channel, serial, tag, deliveries)
         self.flows.flush((self.flow_id, sent) if self.no_ack else None)
+        if self.gate is not None:
+            self.gate.check()
         return failed
 
     def partitions_changed(self, partitions: frozenset[int]) -> None:
@@ -110,10 +114,12 @@ class ConsumerFlows:
         sink: Sink,
         connection: AmqpConnection,
         flush: Callable[[tuple[str, Sequence[str]] | None], None],
+        outbox: Outbox | None = None,
     ) -> None:
         self.sink = sink
         self.connection = connection
         self.flush = flush
+        self.outbox = outbox  # the connection's, whose backlog holds consumers back
         self._session = uuid.uuid4().hex[:12]
         self.outputs: dict[_Key, _ConsumerOutput | _GetterOutput] = {}
 
@@ -194,6 +200,12 @@ class ConsumerFlows:
         request = op.request
         key = (op.channel, op.serial, request.consumer_tag)
         output = _ConsumerOutput(self, key, request.no_ack)
+        if self.outbox is not None:
+
+            def tell(on: bool) -> None:
+                tell_backpressure(self.sink, principal, output.flow_id, on)
+
+            output.gate = FlowGate(self.outbox, tell)
         try:
             await self._bind(principal, request, output)
         except KeygateError as e:

@@ -30,7 +30,7 @@ from typing import Final
 
 from protocols._accept import Acceptor
 from protocols._intake import Intake
-from protocols._io import LINGER, Outbox, linger, send_heartbeats
+from protocols._io import DEFAULT_HIGH, LINGER, Outbox, linger, send_heartbeats
 from protocols._limits import DEFAULT_LIMITS, ConnectionLimits
 from protocols._log import ConnectionLog
 from protocols._tasks import Tasks
@@ -74,7 +74,9 @@ class _Connection:
         self._login_deadline = asyncio.get_running_loop().time() + limits.login_timeout
         self.tasks = Tasks(f"amqp {self.peer}")
         self.writing = Tasks(f"amqp {self.peer} writer", failed=self.tasks.failed)
-        self.outbox = Outbox(writer, settle_written=self._settle_written)
+        self.outbox = Outbox(
+            writer, settle_written=self._settle_written, high=listener.write_buffer
+        )
         self.session = Session(
             listener.sink,
             self.connection,
@@ -176,9 +178,11 @@ class AmqpListener:
         heartbeat: int = 60,
         name: str = "amqp",
         limits: ConnectionLimits = DEFAULT_LIMITS,
+        write_buffer: int = DEFAULT_HIGH,
     ) -> None:
         self.name = name
         self.limits = limits
+        self.write_buffer = write_buffer  # consumer_write_buffer: see protocols/_io.py
         self.sink = sink
         self.exchanges = Exchanges()
         self.frame_max = frame_max

@@ -109,7 +109,7 @@ class Session:
         self._saving = False
         # no_ack deliveries whose frames wait in the connection while exchanges are saved.
         self._held_acks: list[tuple[str, Sequence[str]]] = []
-        self.flows = ConsumerFlows(sink, connection, self.flush)
+        self.flows = ConsumerFlows(sink, connection, self.flush, outbox)
 
     def settle_written(self, flow_id: str, message_ids: tuple[str, ...]) -> None:
         if self.principal is not None:

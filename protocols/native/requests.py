@@ -41,7 +41,7 @@ from core.errors import InvalidArgument, KeygateError, NotFound
 from core.ingress import MAX_WINDOW, validate_client_name, validate_delay
 from core.model import AckMode, Publication
 from protocols import sink
-from protocols._io import Outbox, store_each
+from protocols._io import FlowGate, Outbox, store_each, tell_backpressure
 from protocols._limits import Admission, ByteBudget, ConnectionLimits, publication_bytes
 from protocols._log import ConnectionLog
 from protocols._tasks import Tasks
@@ -113,11 +113,18 @@ class FlowOutput:
         self.requests = requests
         self.flow_id = ""
         self.auto_ack = auto_ack
+        self.gate = FlowGate(requests.outbox, self._backpressure)
 
     def deliver(self, deliveries: Sequence[actions.Deliver]) -> Sequence[actions.Deliver]:
         # Those not encodable (a field longer than the wire carries, a frame over the
         # peer's max_frame) come back: the group dead-letters them as undeliverable.
-        return self.requests.deliver(deliveries, auto_ack=self.auto_ack)
+        failed = self.requests.deliver(deliveries, auto_ack=self.auto_ack)
+        self.gate.check()
+        return failed
+
+    def _backpressure(self, on: bool) -> None:
+        requests = self.requests
+        tell_backpressure(requests.sink, requests.principal, self.flow_id, on)
 
     def partitions_changed(self, partitions: frozenset[int]) -> None:
         self.requests.send(PartitionsChanged(flow_id=self.flow_id, partitions=partitions))

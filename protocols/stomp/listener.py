@@ -35,7 +35,7 @@ from typing import Final
 from core.errors import KeygateError
 from protocols._accept import Acceptor
 from protocols._intake import Intake
-from protocols._io import LINGER, Outbox, linger, send_heartbeats
+from protocols._io import DEFAULT_HIGH, LINGER, Outbox, linger, send_heartbeats
 from protocols._limits import DEFAULT_LIMITS, ConnectionLimits
 from protocols._log import ConnectionLog
 from protocols._tasks import Tasks
@@ -76,7 +76,9 @@ class _Connection:
         )
         self.admission = listener.limits.connections.open("stomp")
         self.tasks = Tasks(f"stomp {self.peer}")
-        self.outbox = Outbox(writer, settle_written=self._settle_written)
+        self.outbox = Outbox(
+            writer, settle_written=self._settle_written, high=listener.write_buffer
+        )
         self.session = Session(
             listener.sink,
             self.conn,
@@ -206,6 +208,7 @@ class StompListener:
         name: str = "stomp",
         heartbeat: tuple[int, int] = DEFAULT_HEARTBEAT,
         limits: ConnectionLimits = DEFAULT_LIMITS,
+        write_buffer: int = DEFAULT_HIGH,
         server_name: str = "keygate",
     ) -> None:
         self.sink = sink
@@ -218,6 +221,7 @@ class StompListener:
         self.max_headers = max_headers
         self.heartbeat = heartbeat
         self.limits = limits
+        self.write_buffer = write_buffer  # consumer_write_buffer: see protocols/_io.py
         self.server_name = server_name
         self._acceptor = Acceptor(
             "stomp", lambda r, w: _Connection(self, r, w), read_limit=READ_SIZE

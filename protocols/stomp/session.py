@@ -30,7 +30,7 @@ from core.actions import Deliver
 from core.errors import KeygateError, Unavailable
 from core.model import AckMode
 from protocols import sink as settles
-from protocols._io import Outbox, publish_in_order
+from protocols._io import FlowGate, Outbox, publish_in_order, tell_backpressure
 from protocols._limits import Admission, publication_bytes
 from protocols._log import ConnectionLog
 from protocols._queue import WorkQueue
@@ -106,6 +106,7 @@ class _Subscriber:
         self.serial = serial
         self.auto = auto
         self.flow_id = ""
+        self.gate = FlowGate(session.outbox, self._backpressure)
 
     def deliver(self, deliveries: Sequence[Deliver]) -> Sequence[Deliver]:
         sent: list[str] = []
@@ -121,7 +122,11 @@ class _Subscriber:
             sent.append(delivery.message.message_id)
         auto_acked = (self.flow_id, sent) if self.auto else None
         self.session.outbox.push(conn.data_to_send(), auto_acked)
+        self.gate.check()
         return failed
+
+    def _backpressure(self, on: bool) -> None:
+        tell_backpressure(self.session.sink, self.session.principal, self.flow_id, on)
 
     def partitions_changed(self, partitions: frozenset[int]) -> None:
         """STOMP has no frame for it: a consumer sees its partitions in ``x-partition``."""

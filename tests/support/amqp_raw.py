@@ -24,6 +24,16 @@ class RawAmqp:
     async def confirming(cls, port: int, channel: int = 1) -> RawAmqp:
         """Open a connection and ``channel`` in confirm mode."""
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        client = await cls.opened(reader, writer, channel)
+        client.send(channel, commands.Confirm.Select())
+        await client.expect(commands.Confirm.SelectOk)
+        return client
+
+    @classmethod
+    async def opened(
+        cls, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, channel: int = 1
+    ) -> RawAmqp:
+        """Log in as guest on a connected socket and open ``channel``."""
         client = cls(reader, writer)
         writer.write(b"AMQP\x00\x00\x09\x01")
         await client.expect(commands.Connection.Start)
@@ -35,8 +45,6 @@ class RawAmqp:
         await client.expect(commands.Connection.OpenOk)
         client.send(channel, commands.Channel.Open())
         await client.expect(commands.Channel.OpenOk)
-        client.send(channel, commands.Confirm.Select())
-        await client.expect(commands.Confirm.SelectOk)
         return client
 
     def send(self, channel: int, method: base.Frame) -> None:

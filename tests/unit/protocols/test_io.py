@@ -2,7 +2,7 @@
 stored or refused alone; where a refusal stops the protocol, one by one only when a
 publication spoils the batch, nothing after the refusal. The outbox: push order, auto-acks
 settled once the kernel took their bytes, frames above the high-water mark held as
-remakes."""
+remakes, and a flow held back while its connection is behind."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 
 from core.errors import MessageTooLarge, StorageError, Unavailable
 from core.model import Publication, QueueConfig
-from protocols._io import Outbox, publish_in_order
+from protocols._io import FlowGate, Outbox, publish_in_order
 from protocols.sink import Principal
 from tests.support.memory_sink import MemorySink
 from tests.support.wait import eventually
@@ -174,6 +174,27 @@ async def test_a_frame_pushed_as_only_its_remake_is_made_once_when_it_is_queued(
         expected = b"00000" + b"x" * 200_000 + b"".join(b"%05d" % n for n in range(1, 100))
         assert await _read(peer, len(expected)) == expected
         assert made == list(range(100))  # each made once, in order
+
+
+async def test_a_flow_is_held_back_once_its_outbox_is_behind_and_let_go_once_it_caught_up() -> None:
+    told: list[bool] = []
+    async with _Pipe([], high=4096) as (outbox, peer):
+        gate = FlowGate(outbox, told.append)
+        outbox.push(b"a" * 1000)
+        gate.check()
+        assert told == []  # below the high-water mark
+        outbox.push(b"x" * 200_000)  # more than the socket and the transport take
+        gate.check()
+        assert told == [True]
+        outbox.push(b"y")
+        gate.check()
+        await asyncio.sleep(0.05)
+        assert told == [True]  # told once, and nothing was read
+        assert await _read(peer, 201_001) == b"a" * 1000 + b"x" * 200_000 + b"y"
+        await eventually(lambda: told == [True, False])
+        outbox.push(b"z")
+        gate.check()
+        assert told == [True, False]
 
 
 def test_a_push_after_the_transport_closed_ends_the_writer_as_a_lost_connection() -> None:
