@@ -117,8 +117,10 @@ class DeliveryBook(Reads, Pump):
         self._buffer_size = buffer_size
         self._buffer_bytes = 0
         self.set_buffer_bytes(buffer_bytes)
-        # Buffered cost of a typical message (moving average), to size fetch pages.
+        # Buffered cost of a typical message (moving average), to size fetch pages; until
+        # a message was seen, pages are of one message (core/reads.py).
         self._msg_cost = 1024 + MESSAGE_OVERHEAD
+        self._sized = False
         # Partitions with an owner (the ones that buffer outside shared mode).
         self._owned = 0
         saved = snapshot.partitions if snapshot else {}
@@ -219,7 +221,10 @@ class DeliveryBook(Reads, Pump):
             self._expire(part, message, prior)
             return
         cost = part.put(message)
-        self._msg_cost += (cost - self._msg_cost) // 8
+        if self._sized:
+            self._msg_cost += (cost - self._msg_cost) // 8
+        else:
+            self._msg_cost, self._sized = cost, True
         self._work.add(part.index)
         if message.deliver_at is not None and message.deliver_at > now:
             heapq.heappush(self._timers, (message.deliver_at, WAKE, part.index, seq, 0))

@@ -6,7 +6,9 @@ How it works. A group's buffered messages are bounded in bytes (``buffered_cost`
 its partitions hold buffered plus what the reads on their way reserved stays within its
 budget, and (outside shared mode) what each flow's partitions hold within the flow's part
 of it, its partitions' shares (budget x its partitions / the partitions that deliver).
-A partition asks for its next page (Fetch, sized in messages from the average cost) once
+A partition asks for its next page (Fetch, sized in messages from the average cost; one
+message until the group has seen one, so a first read cannot guess a backlog of large
+messages into memory) once
 it holds half a page or less, and a page is a turn's worth of messages (TURN, what the
 pump sends from a partition before the next one's turn) or, with few partitions, its
 share of the budget (up to buffer_size and its flow's part). A read reserves what its
@@ -47,6 +49,7 @@ class Reads:
     _buffer_size: int
     _buffer_bytes: int
     _msg_cost: int
+    _sized: bool
     _owned: int
     _use: BufferUse
     _fetch_check: set[int]
@@ -190,7 +193,9 @@ class Reads:
         """The page the partition asks for, (messages, bytes reserved), or None while it
         holds more than half a page."""
         size = len(part.buffer)
-        target = max(TURN, self._share() // self._msg_cost)
+        # Before the group has seen a message it cannot tell how many fit its budget: one
+        # each (a page of 1 KiB guesses read 170 MiB of 256 KiB messages for 1 MiB).
+        target = max(TURN, self._share() // self._msg_cost) if self._sized else 1
         target = max(1, min(self._buffer_size, self._budget(part) // self._msg_cost, target))
         if size > target // 2:
             return None

@@ -100,7 +100,7 @@ class Driver:
             partition,
             seq,
             key,
-            b"x",
+            fields.pop("payload", b"x"),  # type: ignore[arg-type]
             **fields,  # type: ignore[arg-type]
         )
         stored.append(message)
