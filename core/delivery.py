@@ -17,15 +17,16 @@ that follow need no commit of their own; the position sent travels lazily with t
 ``OffsetUpdate``, as a low-water mark (``Partition.low_water``: every unsettled seq at or
 below it was sent; a held-back or scheduled message keeps it below itself). A partition
 that cannot send (no owner, window full) gives its reservation back at once in memory and
-with that update in storage. Recovery (``_recovered_count``) counts an unsettled seq with
-no record at or below dispatched_seq as seen once; one in (dispatched_seq, reserved_seq]
-as maybe seen: counted too, but that count alone never dead-letters it (it is delivered
-once more, flagged redelivered, with its count capped at max_deliveries and recorded
-before it is sent, so a message that crashes the gateway still reaches the dead-letter
-queue); and none that cannot have been sent (not due yet; in strict key order, behind an
-earlier unsettled message of its key). ``GroupMachine.close`` records every unacked
-message and ends the reservation at the low-water mark, so a clean restart counts
-exactly.
+with that update in storage; one whose flow only waits for its connection's socket
+(``backpressure``) keeps it, as a flowing one does. Recovery (``_recovered_count``)
+counts an unsettled seq with no record at or below dispatched_seq as seen once; one in
+(dispatched_seq, reserved_seq] as maybe seen: counted too, but that count alone never
+dead-letters it (it is delivered once more, flagged redelivered, with its count capped at
+max_deliveries and recorded before it is sent, so a message that crashes the gateway
+still reaches the dead-letter queue); and none that cannot have been sent (not due yet;
+in strict key order, behind an earlier unsettled message of its key).
+``GroupMachine.close`` records every unacked message and ends the reservation at the
+low-water mark, so a clean restart counts exactly.
 
 Poison policy (QueueConfig.on_dead_letter). When a message of key K is dead-lettered for
 failing (max deliveries, rejected; not expiry), ``park_key`` parks K in its partition: its
@@ -109,6 +110,7 @@ class DeliveryBook(Reads, Pump):
         snapshot: GroupSnapshot | None,
         buffer_size: int,
         buffer_bytes: int,
+        message_size: int | None = None,
     ) -> None:
         if buffer_size < 1:
             raise InvalidArgument("buffer_size must be >= 1")
@@ -118,9 +120,10 @@ class DeliveryBook(Reads, Pump):
         self._buffer_bytes = 0
         self.set_buffer_bytes(buffer_bytes)
         # Buffered cost of a typical message (moving average), to size fetch pages; until
-        # a message was seen, pages are of one message (core/reads.py).
-        self._msg_cost = 1024 + MESSAGE_OVERHEAD
-        self._sized = False
+        # one was seen or the queue's average size given, pages are of one message
+        # (core/reads.py).
+        self._sized = message_size is not None
+        self._msg_cost = (1024 if message_size is None else message_size) + MESSAGE_OVERHEAD
         # Partitions with an owner (the ones that buffer outside shared mode).
         self._owned = 0
         saved = snapshot.partitions if snapshot else {}

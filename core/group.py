@@ -74,8 +74,11 @@ class GroupMachine(Membership):
         snapshot: GroupSnapshot | None = None,
         buffer_size: int = 1000,
         buffer_bytes: int = 8 * 1024 * 1024,
+        message_size: int | None = None,
     ) -> None:
-        super().__init__(queue, group, snapshot, buffer_size, buffer_bytes)
+        """``message_size``: the queue's average stored message size, if known, to size
+        the first reads (otherwise they take one message each: core/reads.py)."""
+        super().__init__(queue, group, snapshot, buffer_size, buffer_bytes, message_size)
         self._next_order = 0
         self._begin(now)
 
@@ -285,7 +288,7 @@ class GroupMachine(Membership):
         self._begin(now)
         flow = self._flows.get(flow_id)
         if flow is not None and flow.window != window:
-            flow.window = window
+            flow.set_limit(window=window, behind=flow.behind)
             self._out.append(
                 FlowChanged(flow_id, flow.client, FlowState.RUNNING, window, flow.ack_mode)
             )
@@ -298,7 +301,7 @@ class GroupMachine(Membership):
         self._begin(now)
         flow = self._flows.get(flow_id)
         if flow is not None:
-            flow.behind = on
+            flow.set_limit(window=flow.window, behind=on)
         return self._finish(now)
 
     def release_key(self, now: float, key: str, *, skip: bool = False) -> list[Action]:

@@ -34,8 +34,9 @@ class Membership(DeliveryBook):
         snapshot: GroupSnapshot | None,
         buffer_size: int,
         buffer_bytes: int,
+        message_size: int | None = None,
     ) -> None:
-        super().__init__(queue, group, snapshot, buffer_size, buffer_bytes)
+        super().__init__(queue, group, snapshot, buffer_size, buffer_bytes, message_size)
         # Partitions kept for a disconnected flow's client through the rebalance delay.
         self._reservations: dict[str, Reservation] = {}
         self._rebalance = True

@@ -127,9 +127,18 @@ class Flow:
     reads: dict[int, None] = field(default_factory=dict)
     # More than its connection's write buffer waits for the socket (GroupMachine.backpressure).
     behind: bool = False
+    # What it may hold now: its window, 0 while it is behind (``set_limit``).
+    limit: int = 0
+
+    def __post_init__(self) -> None:
+        self.limit = self.window
+
+    def set_limit(self, *, window: int, behind: bool) -> None:
+        self.window, self.behind = window, behind
+        self.limit = 0 if behind else window
 
     def has_room(self) -> bool:
-        return self.pending < self.window and not self.behind
+        return self.pending < self.limit
 
     def status(self) -> FlowStatus:
         return FlowStatus(

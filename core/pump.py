@@ -133,13 +133,16 @@ class Pump:
                 self._fetch_check.add(p)
 
     def _pick_room(self, part: Partition) -> Flow | None:
-        """A flow the partition could send to now, without taking a round-robin turn."""
+        """A flow the partition could send to but for its connection being behind (for
+        now), without taking a round-robin turn: while there is one, the partition keeps
+        its reservation, as a flowing one does, so the sends that follow once the socket
+        caught up need no dispatch record of their own."""
         if self._group.mode is GroupMode.SHARED:
-            return next((f for f in self._shared_flows if f.has_room()), None)
+            return next((f for f in self._shared_flows if f.pending < f.window), None)
         if part.state not in DELIVERING or part.owner is None:
             return None
         flow = self._flows[part.owner]
-        return flow if flow.has_room() else None
+        return flow if flow.pending < flow.window else None
 
     def _blocked(self, part: Partition, key: str | None, held_back: set[str]) -> bool:
         if key is None:
@@ -220,7 +223,7 @@ class Pump:
             part.turn += len(sends)
             self._record(part, dispatched, redeliveries, stalled)
             self._out.extend(sends)
-        if stalled:
+        if stalled and part.reserved > part.dispatched and self._pick_room(part) is None:
             self._give_back(part)
         return stalled
 

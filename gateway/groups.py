@@ -82,6 +82,7 @@ class Groups:
                     wanted, exist_ok=True, limit=self._config.max_groups_per_queue
                 )
                 queue = self._queue_of(wanted.queue)
+                stored, size = self._store.depths.get(wanted.queue, (0, 0))
                 machine = GroupMachine(
                     queue,
                     group,
@@ -89,6 +90,8 @@ class Groups:
                     snapshot=snapshot,
                     buffer_size=self._config.buffer_size,
                     buffer_bytes=self._config.group_buffer_bytes,
+                    # Its first reads are sized by what the queue holds, on average.
+                    message_size=size // stored if stored else None,
                 )
                 runtime = GroupRuntime(
                     self._store, machine, queue, group, self._hooks, clock=self._clock

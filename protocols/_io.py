@@ -16,12 +16,13 @@ sees ``holding`` may push the remake alone, without making the bytes it would on
 (native client-ack deliveries: each is then encoded once, when it leaves).
 
 A connection that is behind holds its flows back (DESIGN.md §8): each flow's output asks
-its ``FlowGate`` after pushing deliveries, which tells the group once (``Backpressure``)
-that the outbox is ``holding``; the group then sends the flow nothing, as if its window
-were full, and what is not sent stays in storage. When nothing is held and at most half
-of ``high`` waits for the kernel, the writer task tells it to go on (``on_caught_up``).
-So a reader that stops costs ``high`` plus what the group had handed over before it
-heard, whatever its window, and a reader that keeps up is never held back.
+its ``FlowGate`` before pushing deliveries, which tells the group once (``Backpressure``)
+when the outbox is still ``holding`` what was pushed before (the socket did not take it;
+one burst into an outbox that keeps up is not "behind"); the group then sends the flow
+nothing, as if its window were full, and what is not sent stays in storage. When nothing
+is held and at most half of ``high`` waits for the kernel, the writer task tells it to go
+on (``on_caught_up``). So a reader that stops costs ``high`` plus what the group handed
+over before it heard (at most two steps' deliveries), whatever its window.
 
 Auto-ack deliveries (AMQP ``no_ack``, STOMP ``ack:auto``, native AUTO) ride with the bytes
 that carry them and are settled once the kernel has taken their last byte (the transport's
@@ -284,7 +285,7 @@ class Outbox:
 class FlowGate:
     """Holds one flow back while its connection's outbox is behind (see the module doc).
     ``tell(True)``: the group must send the flow nothing more for now; ``tell(False)``:
-    it may go on. Call ``check`` after pushing the flow's deliveries."""
+    it may go on. Call ``check`` before pushing the flow's deliveries."""
 
     __slots__ = ("_on", "_outbox", "_tell")
 
@@ -294,7 +295,9 @@ class FlowGate:
         self._on = False
 
     def check(self) -> None:
-        """Tell the group once that the outbox is behind, if it is."""
+        """Tell the group once that the outbox is behind, if it still holds more than
+        ``high`` (the deliveries about to be pushed go out all the same: the group has
+        counted them)."""
         if not self._on and self._outbox.holding:
             self._on = True
             self._tell(True)

@@ -68,11 +68,11 @@ class _ConsumerOutput:
     gate: FlowGate | None = None  # holds the flow back while the connection is behind
 
     def deliver(self, deliveries: Sequence[Deliver]) -> Sequence[Deliver]:
+        if self.gate is not None:
+            self.gate.check()
         channel, serial, tag = self.key
         failed, sent = self.flows.connection.deliver(channel, serial, tag, deliveries)
         self.flows.flush((self.flow_id, sent) if self.no_ack else None)
-        if self.gate is not None:
-            self.gate.check()
         return failed
 
     def partitions_changed(self, partitions: frozenset[int]) -> None:

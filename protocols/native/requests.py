@@ -118,9 +118,8 @@ class FlowOutput:
     def deliver(self, deliveries: Sequence[actions.Deliver]) -> Sequence[actions.Deliver]:
         # Those not encodable (a field longer than the wire carries, a frame over the
         # peer's max_frame) come back: the group dead-letters them as undeliverable.
-        failed = self.requests.deliver(deliveries, auto_ack=self.auto_ack)
         self.gate.check()
-        return failed
+        return self.requests.deliver(deliveries, auto_ack=self.auto_ack)
 
     def _backpressure(self, on: bool) -> None:
         requests = self.requests

@@ -121,8 +121,8 @@ class _Subscriber:
                 continue
             sent.append(delivery.message.message_id)
         auto_acked = (self.flow_id, sent) if self.auto else None
-        self.session.outbox.push(conn.data_to_send(), auto_acked)
         self.gate.check()
+        self.session.outbox.push(conn.data_to_send(), auto_acked)
         return failed
 
     def _backpressure(self, on: bool) -> None:
