@@ -8,8 +8,8 @@ One test per consuming protocol, each with a raw client whose receive buffer is 
 whose window (10,000) holds the whole backlog: 120 messages of 256 KiB, 30 MiB. What the
 gateway holds for the flow is read from its group (the messages delivered and not acked,
 each kept whole until it is settled); it may hold at most the write buffer, the group's
-read-ahead handed over in one step, what the kernel's socket buffers took and one
-message more.
+read-ahead handed over in each of the two steps before it heard, what the kernel's socket
+buffers took and one message more.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ STREAM_LIMIT: Final = 64 * 1024  # asyncio's StreamReader pauses reading above t
 def _bound() -> int:
     wmem = int(Path("/proc/sys/net/ipv4/tcp_wmem").read_text().split()[2])
     # The kernel doubles SO_RCVBUF; the client's stream buffers up to twice its limit.
-    return WRITE_BUFFER + GROUP_BUFFER + wmem + 2 * RCVBUF + 2 * STREAM_LIMIT + SIZE
+    return WRITE_BUFFER + 2 * GROUP_BUFFER + wmem + 2 * RCVBUF + 2 * STREAM_LIMIT + SIZE
 
 
 @pytest.fixture
