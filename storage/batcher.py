@@ -92,7 +92,9 @@ class GroupCommitter(Generic[T, R]):
         """Process everything already submitted, then stop the writer task."""
         self._closing = True
         self._wakeup.set()
-        await self._task
+        # A task that already ended (a bug, or cancelled: the gateway stops for it) has
+        # nothing left to write; its outcome must not stop the store closing after it.
+        await asyncio.gather(self._task, return_exceptions=True)
 
     def _take(self) -> list[_Entry[T, R]]:
         """The next batch: one item per source per round, in turn order (module doc)."""
