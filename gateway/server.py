@@ -222,7 +222,9 @@ class Gateway:
             # `http`, or over TLS on `http_tls` when plain HTTP is off (it served TLS on
             # the plain port whenever a certificate was configured).
             admin = "http" if self.config.port("http") is not None else "http_tls"
-            http_port = self.config.port(admin)
+            # http_tls has a port even without a certificate; it serves only with one.
+            tls_off = admin == "http_tls" and context is None
+            http_port = None if tls_off else self.config.port(admin)
             if http_port is not None:
                 dialect = "sqlite" if is_sqlite(self.config.db) else "postgresql"
                 standby = StandbyHealth(self.config.name, dialect, _http_connections(self.config))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import ssl
 import subprocess
 import sys
@@ -341,3 +342,18 @@ async def test_a_standby_with_a_certificate_answers_plain_http_on_its_plain_admi
     finally:
         await active.stop()
         await (await asyncio.wait_for(standby, 15)).stop()
+
+
+async def test_without_a_certificate_the_tls_admin_port_is_never_bound(sqlite_url: str) -> None:
+    """With plain HTTP off, the standby's admin port fell back to http_tls, which has a
+    port (8443 by default) even with no certificate: a gateway whose TLS port was taken
+    failed to start (two benchmark gateways at once did)."""
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    try:
+        port = taken.getsockname()[1]
+        gateway = await start_gateway(sqlite_url, http_port="off", http_tls_port=port)
+        await gateway.stop()
+    finally:
+        taken.close()
