@@ -16,7 +16,7 @@ three rules:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from core.frozen import frozen
@@ -73,6 +73,23 @@ class RecordDispatch:
     # (seq, delivery_count, first_delivery_time) of redeliveries; empty for first sends.
     redeliveries: tuple[tuple[int, int, float], ...] = ()
     reserved_seq: int = 0
+
+
+def merge_dispatch(records: Iterable[RecordDispatch]) -> list[RecordDispatch]:
+    """One record per partition for one write: the highest positions, every redelivery."""
+    merged: dict[int, RecordDispatch] = {}
+    for rec in records:
+        old = merged.get(rec.partition)
+        if old is None:
+            merged[rec.partition] = rec
+        else:
+            merged[rec.partition] = RecordDispatch(
+                rec.partition,
+                max(old.dispatched_seq, rec.dispatched_seq),
+                old.redeliveries + rec.redeliveries,
+                max(old.reserved_seq, rec.reserved_seq),
+            )
+    return list(merged.values())
 
 
 @dataclass(frozen=True, slots=True)

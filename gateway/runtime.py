@@ -37,7 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from typing import Any, Final, Protocol
 
 from core.actions import (
@@ -57,6 +57,7 @@ from core.actions import (
     PartitionsChanged,
     RecordDispatch,
     RetryScheduled,
+    merge_dispatch,
 )
 from core.errors import Fenced, KeygateError, Unavailable
 from core.group import GroupMachine
@@ -78,22 +79,6 @@ class RuntimeHooks(Protocol):
     def delivered(self, queue: str, group: str, deliveries: Sequence[Deliver]) -> None: ...
     def dead_lettered(self, queue: str, group: str, count: int) -> None: ...
     def dropped(self, queue: str, group: str, reason: str) -> None: ...
-
-
-def _merge_dispatch(records: Iterable[RecordDispatch]) -> list[RecordDispatch]:
-    merged: dict[int, RecordDispatch] = {}
-    for rec in records:
-        old = merged.get(rec.partition)
-        if old is None:
-            merged[rec.partition] = rec
-        else:
-            merged[rec.partition] = RecordDispatch(
-                rec.partition,
-                max(old.dispatched_seq, rec.dispatched_seq),
-                old.redeliveries + rec.redeliveries,
-                max(old.reserved_seq, rec.reserved_seq),
-            )
-    return list(merged.values())
 
 
 class GroupRuntime:
@@ -358,7 +343,7 @@ class GroupRuntime:
                     self._hooks.dropped(self.queue.name, self.group.name, action.reason)
         name, group = self.queue.name, self.group.name
         if dispatch:
-            records = _merge_dispatch(dispatch)
+            records = merge_dispatch(dispatch)
             await self._flushed()
             await self._persist(lambda: self.store.record_dispatch(name, group, records))
         if letters or moves or (flush and (self._pending_offsets or self._pending_retries)):
