@@ -119,4 +119,11 @@ def typed_setting(setting: QueueSetting, value: object) -> object:
     )
 
 
-__all__ = ["QUEUE_SETTINGS", "SETTING_NAMES", "QueueSetting", "queue_settings", "typed_setting"]
+__all__ = [
+    "QUEUE_SETTINGS",
+    "SETTING_NAMES",
+    "QueueSetting",
+    "SettingType",
+    "queue_settings",
+    "typed_setting",
+]

@@ -22,6 +22,7 @@ from typing import Final
 
 from core.errors import InvalidArgument
 from core.ingress import MAX_WINDOW
+from core.settings import SettingType
 
 TRUE_WORDS: Final = frozenset(("1", "true", "yes", "on"))
 FALSE_WORDS: Final = frozenset(("0", "false", "no", "off"))
@@ -36,9 +37,6 @@ class ConfigError(InvalidArgument):
 def bad(name: str, source: str, shown: str, expected: str) -> ConfigError:
     """The one-line error: ``bad setting NAME (SOURCE) = VALUE: expected WHAT``."""
     return ConfigError(f"bad setting {name} ({source}) = {shown}: expected {expected}")
-
-
-SettingType = type[int] | type[float] | type[str] | type[bool]
 
 
 @dataclass(frozen=True, slots=True)
