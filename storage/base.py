@@ -51,7 +51,7 @@ from storage.fence import (
     LeaseTaken,
     prove,
 )
-from storage.outage import DRIVER_ERRORS, OutageLog, storage_error
+from storage.outage import OutageLog, driver_errors, storage_error
 from storage.schema import (
     kg_messages,
     kg_partitions,
@@ -136,6 +136,7 @@ class StoreBase:
         # sleeps in growing steps (tens of ms); queueing on a lock in this process costs
         # nothing. Other processes (Spark, a standby) still wait on busy_timeout.
         self._sqlite_lock = WriteLock() if engine.dialect.name == "sqlite" else None
+        self._driver_errors = driver_errors(engine.dialect.name)
         self._fence: GatewayLease | None = None
         self._on_fenced: Callable[[Fenced], None] | None = None
         # True once a transaction found the gateway lease taken over.
@@ -295,7 +296,7 @@ class StoreBase:
                     result = await self.writer.run(first, body, durable=durable, urgent=urgent)
         except LeaseTaken:
             raise self._fenced_off() from None
-        except DRIVER_ERRORS as e:
+        except self._driver_errors as e:
             raise self._driver_error(e) from e
         finally:
             self._renewing = self._renewing and not renew
@@ -359,7 +360,7 @@ class StoreBase:
         try:
             conn = await self.engine.connect()
             driver: Any = (await conn.get_raw_connection()).driver_connection
-        except DRIVER_ERRORS as e:
+        except self._driver_errors as e:
             raise storage_error(e, self.outage) from e
 
         def notified(*_: object) -> None:
@@ -368,7 +369,7 @@ class StoreBase:
         async def stop() -> None:
             with suppress(Exception):  # the connection may be gone already
                 await driver.remove_listener(HEADS_CHANNEL, notified)
-            with suppress(*DRIVER_ERRORS):
+            with suppress(*self._driver_errors):
                 await conn.close()
 
         try:
@@ -402,7 +403,7 @@ class StoreBase:
                     yield connection
         except LeaseTaken:
             raise self._fenced_off() from None
-        except DRIVER_ERRORS as e:
+        except self._driver_errors as e:
             raise self._driver_error(e) from e
         self.outage.answered()
 

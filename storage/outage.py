@@ -6,7 +6,7 @@ the session was lost, StorageError when the database refused the statement. Driv
 not always raise through SQLAlchemy: asyncpg refusing a session while connecting
 (``ALTER DATABASE ... ALLOW_CONNECTIONS false``, a server starting up or shutting down)
 raises its own PostgresError subclass, which SQLAlchemy's pool lets through as it is.
-``DRIVER_ERRORS`` is therefore what the store catches at its edge (StoreBase.transaction,
+``driver_errors(dialect)`` is therefore what the store catches at its edge (StoreBase.transaction,
 StoreBase.write), not SQLAlchemy's errors alone; a driver error that SQLAlchemy did not wrap
 can only have been raised while connecting, so it means unavailable. Through SQLAlchemy,
 the SQLSTATE tells a server that ends or refuses sessions (classes 08 and 57P0x, too many
@@ -22,6 +22,7 @@ and an INFO once a transaction commits again. It runs on the event loop only.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -32,9 +33,9 @@ import sqlalchemy as sa
 from core.errors import StorageError, StorageUnavailable
 
 __all__ = [
-    "DRIVER_ERRORS",
     "OUTAGE_SUMMARY_INTERVAL",
     "OutageLog",
+    "driver_errors",
     "is_unavailable",
     "storage_error",
 ]
@@ -45,9 +46,15 @@ _log = logging.getLogger("keygate.storage")
 OUTAGE_SUMMARY_INTERVAL: Final = 10.0
 
 
-def _driver_errors() -> tuple[type[BaseException], ...]:
+@functools.cache
+def driver_errors(dialect: str) -> tuple[type[BaseException], ...]:
+    """What a store on ``dialect`` catches as "the driver failed" (the rest, keygate's
+    errors and bugs, pass). PostgreSQL's drivers are imported only for a PostgreSQL store:
+    importing asyncpg and psycopg costs a SQLite gateway 12 MB of memory."""
     errors: list[type[BaseException]] = [sa.exc.SQLAlchemyError, OSError]
-    # Each driver is optional (SQLite needs neither): one that is not installed raises nothing.
+    if dialect != "postgresql":
+        return tuple(errors)
+    # Each driver is optional (a store uses one of them): one not installed raises nothing.
     with contextlib.suppress(ImportError):
         import asyncpg  # type: ignore[import-untyped]
 
@@ -58,9 +65,6 @@ def _driver_errors() -> tuple[type[BaseException], ...]:
         errors.append(psycopg.Error)
     return tuple(errors)
 
-
-# What the store catches as "the driver failed" (the rest, keygate's errors and bugs, pass).
-DRIVER_ERRORS: Final = _driver_errors()
 
 # SQLAlchemy's classes for failures to reach the database, not "this write is bad".
 _UNAVAILABLE: Final = (

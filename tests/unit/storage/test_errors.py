@@ -9,7 +9,7 @@ import pytest
 import sqlalchemy as sa
 
 from core.errors import StorageError, StorageUnavailable
-from storage.outage import DRIVER_ERRORS, OutageLog, storage_error
+from storage.outage import OutageLog, driver_errors, storage_error
 
 STATEMENT = "INSERT INTO kg_messages (payload) VALUES (?)"
 PARAMS = ("another client's secret payload",)
@@ -47,11 +47,11 @@ class _Refused(Exception):
 
 def test_a_session_refused_while_connecting_is_storage_unavailable() -> None:
     """asyncpg raises its own error while connecting, not one of SQLAlchemy's: the store
-    catches it (DRIVER_ERRORS) and it means the database cannot be reached."""
+    catches it (driver_errors) and it means the database cannot be reached."""
     refused = asyncpg.exceptions.ObjectNotInPrerequisiteStateError(
         'database "keygate" is not currently accepting connections'
     )
-    assert isinstance(refused, DRIVER_ERRORS)
+    assert isinstance(refused, driver_errors("postgresql"))
     assert isinstance(storage_error(refused), StorageUnavailable)
     starting = asyncpg.exceptions.CannotConnectNowError("the database system is starting up")
     assert isinstance(storage_error(starting), StorageUnavailable)
