@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Final
 
 from core.frozen import frozen
 from core.model import AckMode, DeadLetterReason, FlowState, Message, PartitionState
@@ -45,11 +46,39 @@ class PartitionsChanged:
 @dataclass(frozen=True, slots=True)
 class Fetch:
     """Load up to ``limit`` messages of ``partition`` with seq > ``after_seq`` from storage
-    and feed them back, as a ``Page``, with ``GroupMachine.loaded``."""
+    and feed them back, as a ``Page``, with ``GroupMachine.loaded``. ``max_bytes`` is what
+    the read reserved of the group's budget: storage ends the page with the large message
+    that takes it past that (``fetched``; the store's ``read_for_delivery``), so a backlog of
+    messages much larger than the group's estimate is not read into memory whole."""
 
     partition: int
     after_seq: int
     limit: int
+    max_bytes: int
+
+
+# A message whose stored size is over this many bytes is large: a page ends with the large
+# message that takes the page's large messages past its Fetch's max_bytes (storage finds
+# them in a partial index of kg_messages that no smaller message is in).
+LARGE_MESSAGE: Final = 4096
+
+
+def fetched(messages: Iterable[Message], limit: int, max_bytes: int) -> list[Message]:
+    """The page a Fetch reads from ``messages``, its partition's after its ``after_seq`` in
+    seq order: up to ``limit`` of them, ending with the large message that takes the
+    page's large messages past ``max_bytes``. The sizing of pages guesses how large
+    messages are; this keeps a wrong guess (a backlog of 4 MiB messages read by a group
+    that has seen 1 KiB ones) from reading far more than the read reserved: at most
+    ``max_bytes``, plus ``limit`` messages of up to LARGE_MESSAGE bytes, plus one message."""
+    page: list[Message] = []
+    large = 0
+    for message in messages:
+        if len(page) >= limit or large > max_bytes:
+            break
+        page.append(message)
+        if message.size > LARGE_MESSAGE:
+            large += message.size
+    return page
 
 
 @dataclass(frozen=True, slots=True)

@@ -228,7 +228,7 @@ class Reads:
         part.known_at_fetch = part.known
         self._use.reading += cost
         part.owner_use.reading += cost
-        self._out.append(Fetch(part.index, part.cursor, limit))
+        self._out.append(Fetch(part.index, part.cursor, limit, cost))
 
     def _unreserve(self, part: Partition) -> int:
         """Give back what the partition's read reserved; returns it."""

@@ -450,7 +450,7 @@ class GroupRuntime:
                 delay = min(delay * 2, _RETRY_MAX)
 
     async def _fetch(self, fetches: list[Fetch]) -> None:
-        pages = [(f.partition, f.after_seq, f.limit) for f in fetches]
+        pages = [(f.partition, f.after_seq, f.limit, f.max_bytes) for f in fetches]
         delay = 0.05
         while True:
             try:

@@ -129,10 +129,11 @@ class GroupStore(Protocol):
     ) -> None: ...
 
     async def read_for_delivery(
-        self, queue: str, pages: Sequence[tuple[int, int, int]]
+        self, queue: str, pages: Sequence[tuple[int, int, int, int]]
     ) -> dict[int, tuple[list[Message], frozenset[int]]]:
-        """For each (partition, after_seq, limit) page the messages, and the seqs of those
-        that could not be read back whole (to dead-letter as undeliverable)."""
+        """For each (partition, after_seq, limit, max_bytes) page the messages
+        ``core.actions.fetched`` takes of the partition's after ``after_seq``, and the seqs
+        of those that could not be read back whole (to dead-letter as undeliverable)."""
         ...
 
 

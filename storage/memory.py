@@ -30,6 +30,7 @@ from core.actions import (
     OffsetUpdate,
     RecordDispatch,
     RetryScheduled,
+    fetched,
 )
 from core.errors import (
     AlreadyExists,
@@ -144,12 +145,14 @@ class MemoryStore:
         return [m for m in stored if m.seq > after_seq][:limit]
 
     async def read_for_delivery(
-        self, queue: str, pages: Sequence[tuple[int, int, int]]
+        self, queue: str, pages: Sequence[tuple[int, int, int, int]]
     ) -> dict[int, tuple[list[Message], frozenset[int]]]:
-        """As ``read`` per page; every message kept in memory reads back whole."""
-        return {
-            p: (await self.read(queue, p, after, limit), frozenset()) for p, after, limit in pages
-        }
+        """``fetched`` of each page; every message kept in memory reads back whole."""
+        found: dict[int, tuple[list[Message], frozenset[int]]] = {}
+        for p, after, limit, max_bytes in pages:
+            after_seq = (m for m in self._messages.get((queue, p), []) if m.seq > after)
+            found[p] = (fetched(after_seq, limit, max_bytes), frozenset())
+        return found
 
     async def head_seqs(self, queue: str) -> dict[int, int]:
         return {p: self.heads.get((queue, p), 0) for p in range(self.queue(queue).slots)}

@@ -20,9 +20,14 @@ from typing import Any, Final
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB
 
+from core.actions import LARGE_MESSAGE
 from core.ingress import MAX_CLIENT_NAME_BYTES, MAX_ID_BYTES, MAX_KEY_BYTES, MAX_TOPIC_BYTES
 
 metadata: Final = sa.MetaData()
+
+# The rows of kg_messages in ix_kg_messages_large; a query must name the same condition
+# for either database to use that index.
+LARGE_ROWS: Final = sa.text(f"size > {LARGE_MESSAGE}")
 
 # JSON text on SQLite, JSONB on PostgreSQL (indexable, queryable with ->>).
 JsonType: Final = sa.JSON().with_variant(JSONB(), "postgresql")
@@ -101,6 +106,18 @@ kg_messages: Final = sa.Table(
     # The expiry sweep (SqlStore.retention, every few seconds) finds expired messages here;
     # without it the sweep read the whole table with the write lock held. Partial: most
     # messages have no TTL and cost the index nothing.
+    # The large messages (core.actions.LARGE_MESSAGE) with their sizes, so that a delivery
+    # read ends its page once they pass what the read reserved (core.actions.fetched)
+    # without reading the rows: an entry per large message only.
+    sa.Index(
+        "ix_kg_messages_large",
+        "queue",
+        "partition",
+        "seq",
+        "size",
+        sqlite_where=LARGE_ROWS,
+        postgresql_where=LARGE_ROWS,
+    ),
     sa.Index(
         "ix_kg_messages_expire_at",
         "queue",

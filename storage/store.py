@@ -29,7 +29,7 @@ from storage.inspection import InspectionOps
 from storage.leases import LeaseOps
 from storage.migrate import LeaseClaim, migrate
 from storage.retention import Riders
-from storage.schema import kg_messages
+from storage.schema import LARGE_ROWS, kg_messages
 from storage.statements import json_rows
 from storage.writer import WriterThread
 
@@ -54,6 +54,26 @@ def _partition_query(queue: str, partition: int, after_seq: int, limit: int) -> 
 READ_PAGES: Final = 64
 _SEQ: Final = attrgetter("seq")
 _COLUMNS: Final = ", ".join(f'"{column.name}"' for column in kg_messages.c)
+# Past any seq: a page that meets no large message it must end before.
+_NO_SEQ: Final = 2**63 - 1
+
+
+def _page_end(partition: str, after: str, limit: str, max_bytes: str) -> str:
+    """SQL for the last seq a page may hold (core.actions.fetched): that of the large
+    message with which the sizes of its large messages pass ``max_bytes``, found in
+    ix_kg_messages_large alone. Arguments: SQL for the page's values. The sum is asked for
+    only when the partition has a large message past ``after``: a seek in that index, where
+    the window over none cost SQLite 4 µs a page."""
+    large = (
+        f'kg_messages WHERE queue = :queue AND "partition" = {partition} AND seq > {after}'
+        f" AND {LARGE_ROWS.text}"
+    )
+    return (
+        f"CASE WHEN EXISTS (SELECT 1 FROM {large}) THEN COALESCE((SELECT seq FROM"
+        f" (SELECT seq, SUM(size) OVER (ORDER BY seq) AS upto FROM {large} ORDER BY seq"
+        f" LIMIT {limit}) AS large WHERE upto > {max_bytes} LIMIT 1), {_NO_SEQ})"
+        f" ELSE {_NO_SEQ} END"
+    )
 
 
 @functools.cache
@@ -72,7 +92,9 @@ def _pages_query(pages: int) -> sa.TextClause:
     selected = "rowid" if pages > 1 else _COLUMNS
     arms = " UNION ALL ".join(
         f"SELECT * FROM (SELECT {selected} FROM kg_messages WHERE queue = :queue"
-        f' AND "partition" = :p{i} AND seq > :a{i} ORDER BY seq LIMIT :l{i}) AS page{i}'
+        f' AND "partition" = :p{i} AND seq > :a{i}'
+        f" AND seq <= {_page_end(f':p{i}', f':a{i}', f':l{i}', f':b{i}')}"
+        f" ORDER BY seq LIMIT :l{i}) AS page{i}"
         for i in range(pages)
     )
     if pages > 1:
@@ -92,28 +114,36 @@ def _pages_query(pages: int) -> sa.TextClause:
 _PAGES: Final = sa.text(
     "SELECT m.* FROM "
     + json_rows(
-        {"partition": "integer", "after": "bigint", "max_rows": "integer"},
+        {"partition": "integer", "after": "bigint", "max_rows": "integer", "max_bytes": "bigint"},
         postgres=True,
         param="pages",
     )
     + f" CROSS JOIN LATERAL (SELECT {_COLUMNS} FROM kg_messages WHERE queue = :queue"
-    ' AND "partition" = j."partition" AND seq > j.after ORDER BY seq LIMIT j.max_rows) AS m'
+    ' AND "partition" = j."partition" AND seq > j.after'
+    + " AND seq <= "
+    + _page_end('j."partition"', "j.after", "j.max_rows", "j.max_bytes")
+    + " ORDER BY seq LIMIT j.max_rows) AS m"
 )
 
 
 def _page_statements(
-    queue: str, pages: Sequence[tuple[int, int, int]], postgres: bool
+    queue: str, pages: Sequence[tuple[int, int, int, int]], postgres: bool
 ) -> list[tuple[sa.TextClause, dict[str, Any]]]:
-    """The statements that read ``pages`` (partition, after_seq, limit), with parameters."""
+    """The statements that read ``pages`` (partition, after_seq, limit, max_bytes), with
+    parameters."""
     if postgres:
-        document = [{"partition": p, "after": a, "max_rows": n} for p, a, n in pages]
+        document = [
+            {"partition": p, "after": a, "max_rows": n, "max_bytes": b} for p, a, n, b in pages
+        ]
         return [(_PAGES, {"queue": queue, "pages": json.dumps(document)})]
     statements = []
     for start in range(0, len(pages), READ_PAGES):
         chunk = pages[start:][:READ_PAGES]
         params: dict[str, Any] = {"queue": queue}
-        for i, (partition, after_seq, limit) in enumerate(chunk):
-            params.update({f"p{i}": partition, f"a{i}": after_seq, f"l{i}": limit})
+        for i, (partition, after_seq, limit, max_bytes) in enumerate(chunk):
+            params.update(
+                {f"p{i}": partition, f"a{i}": after_seq, f"l{i}": limit, f"b{i}": max_bytes}
+            )
         statements.append((_pages_query(len(chunk)), params))
     return statements
 
@@ -156,9 +186,10 @@ class SqlStore(InspectionOps, LeaseOps, AppendOps, ConsumerOps):
             return [message_from_row(row) for row in (await conn.execute(query)).mappings()]
 
     async def read_for_delivery(
-        self, queue: str, pages: Sequence[tuple[int, int, int]]
+        self, queue: str, pages: Sequence[tuple[int, int, int, int]]
     ) -> dict[int, tuple[list[Message], frozenset[int]]]:
-        """For each (partition, after_seq, limit) page: ``read``, except that a row whose
+        """For each (partition, after_seq, limit, max_bytes) page: ``read`` ended as
+        ``core.actions.fetched`` ends it (by ix_kg_messages_large), except that a row whose
         properties cannot be decoded (written by an older version, or by hand) does not
         fail the read: it comes back salvaged (the unreadable values as JSON text) and its
         seq is in the returned set, for the group to dead-letter as undeliverable. One

@@ -52,6 +52,8 @@ from tests.support.fuzz import fuzz_settings
 MessageFactory = Callable[..., Message]
 
 NOW = 1_700_000_000.0
+# A page's max_bytes that no test's messages come near.
+ROOMY = 1 << 40
 
 
 class Store(PublishStore, GroupStore, AdminStore, Protocol):
@@ -198,7 +200,9 @@ async def test_read_for_delivery_reads_each_page_from_its_seq_up_to_its_limit(
 ) -> None:
     await twin.create_queue(QueueConfig("orders", partitions=3))
     stored = await twin.append([make_message("orders", p % 2) for p in range(8)], now=NOW)
-    pages = await twin.read_for_delivery("orders", [(0, 1, 2), (1, 0, 10), (2, 0, 5)])
+    pages = await twin.read_for_delivery(
+        "orders", [(0, 1, 2, ROOMY), (1, 0, 10, ROOMY), (2, 0, 5, ROOMY)]
+    )
     assert {p: _positions(found) for p, (found, _) in pages.items()} == {
         0: [("orders", 0, 2), ("orders", 0, 3)],
         1: [("orders", 1, s) for s in (1, 2, 3, 4)],
@@ -206,6 +210,30 @@ async def test_read_for_delivery_reads_each_page_from_its_seq_up_to_its_limit(
     }
     assert all(unreadable == frozenset() for _, unreadable in pages.values())
     assert pages[1][0] == [m for m in stored if m.partition == 1]
+
+
+async def test_a_page_ends_with_the_large_message_that_takes_it_past_its_max_bytes(
+    twin: Store, make_message: MessageFactory
+) -> None:
+    """core.actions.fetched, as every store answers it: up to the limit, ending with the
+    large message (over LARGE_MESSAGE bytes) that takes the page's large ones past
+    max_bytes."""
+    await twin.create_queue(QueueConfig("orders", partitions=2))
+    small, large = b"s" * 100, b"L" * 10_000
+    payloads = [small, small, small, large, small, large, large, small]
+    await twin.append([make_message("orders", 0, payload=p) for p in payloads], now=NOW)
+    await twin.append([make_message("orders", 1, payload=p) for p in (large * 2, small)], now=NOW)
+    pages = [(0, 0, 100, 15_000), (1, 0, 100, 1_000)]
+    found = await twin.read_for_delivery("orders", pages)
+    # Partition 0: the second large message makes 20 kB of large ones; partition 1: its
+    # first message alone is past max_bytes.
+    assert [m.seq for m in found[0][0]] == [1, 2, 3, 4, 5, 6]
+    assert [m.seq for m in found[1][0]] == [1]
+    found = await twin.read_for_delivery("orders", [(0, 5, 100, 15_000), (1, 0, 1, ROOMY)])
+    assert [m.seq for m in found[0][0]] == [6, 7]
+    assert [m.seq for m in found[1][0]] == [1]
+    everything = await twin.read_for_delivery("orders", [(0, 0, 100, ROOMY)])
+    assert [m.payload for m in everything[0][0]] == payloads
 
 
 async def test_a_read_of_many_pages_answers_each_as_a_read_of_its_partition_would(
@@ -218,14 +246,14 @@ async def test_a_read_of_many_pages_answers_each_as_a_read_of_its_partition_woul
     await twin.append(
         [make_message("orders", p % 61, payload=bytes([p % 256])) for p in range(300)], now=NOW
     )
-    pages = [(p, p % 3, 1 + p % 5) for p in range(partitions)]
+    pages = [(p, p % 3, 1 + p % 5, ROOMY) for p in range(partitions)]
     found = await twin.read_for_delivery("orders", pages)
     assert sorted(found) == list(range(partitions))
-    for partition, after_seq, limit in pages:
+    for partition, after_seq, limit, _ in pages:
         alone = await twin.read("orders", partition, after_seq, limit)
         assert found[partition] == (alone, frozenset())
     stored = [sum(1 for i in range(300) if i % 61 == p) for p in range(partitions)]
-    expected = {p: min(limit, max(0, stored[p] - after)) for p, after, limit in pages}
+    expected = {p: min(limit, max(0, stored[p] - after)) for p, after, limit, _ in pages}
     assert {p: len(messages) for p, (messages, _) in found.items()} == expected
 
 

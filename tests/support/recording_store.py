@@ -72,7 +72,7 @@ class RecordingStore(MemoryStore):
         return moved
 
     async def read_for_delivery(
-        self, queue: str, pages: Sequence[tuple[int, int, int]]
+        self, queue: str, pages: Sequence[tuple[int, int, int, int]]
     ) -> dict[int, tuple[list[Message], frozenset[int]]]:
         found = await super().read_for_delivery(queue, pages)
         return {

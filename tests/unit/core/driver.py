@@ -24,6 +24,7 @@ from core.actions import (
     ParkedKey,
     PartitionsChanged,
     RecordDispatch,
+    fetched,
 )
 from core.group import GroupMachine
 from core.model import (
@@ -166,7 +167,7 @@ class Driver:
             stored = self.store.get(partition, [])
             issued = self.rows_at_issue.pop(partition)
             rows = [m for m in (stored[:issued] if stale else stored) if m.seq > fetch.after_seq]
-            pages.append(Page(partition, rows[: fetch.limit]))
+            pages.append(Page(partition, fetched(rows, fetch.limit, fetch.max_bytes)))
         self.run(self.machine.loaded(self.now, pages), nested=True)
 
     def run(self, actions: list[Action], *, nested: bool = False) -> None:

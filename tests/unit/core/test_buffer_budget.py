@@ -4,7 +4,7 @@ reads on past them while the group has room."""
 
 from __future__ import annotations
 
-from core.actions import Fetch
+from core.actions import LARGE_MESSAGE, Fetch, fetched
 from core.model import GroupConfig, Message, QueueConfig
 from core.partition import buffered_cost
 from core.pump import TURN
@@ -211,3 +211,34 @@ def test_a_group_reads_one_message_a_partition_until_it_knows_how_large_they_are
         d.answer(len(d.pending_fetches))
         d.ack("a", *[x.message for x in d.unacked["a"].values()])
     assert all(d.settled(m.partition, m.seq) for m in published)
+
+
+def test_a_backlog_of_large_messages_after_small_ones_is_read_within_what_a_read_reserved() -> None:
+    """A group that has seen 1 KiB messages sizes its pages for them; a backlog of 4 MiB
+    messages behind them was read whole (60 of them, 240 MiB, for a 2 MiB budget: the
+    gateway's peak RSS went 118 -> 360 MB). A page now ends with the large message that
+    takes it past what its read reserved, so what a read brings stays within that
+    plus one message and the small ones a page may hold; every message is still delivered,
+    in order."""
+    budget = 2 * 1024 * 1024
+    d = Driver(QueueConfig("q"), GROUP, buffer_bytes=budget, auto_fetch=False)
+    small = [d.publish("k", 0, payload=b"s" * 1024) for _ in range(3000)]
+    d.bind("a", window=2000)
+    while d.pending_fetches:
+        d.answer()
+    assert len(d.unacked["a"]) == 2000  # the window is full, the rest is buffered
+    large = [d.publish("k", 0, payload=b"L" * 4 * 1024 * 1024) for _ in range(60)]
+    later = [d.publish("k", 0, payload=b"s" * 1024) for _ in range(10)]
+    largest_read = 0
+    while d.pending_fetches or d.unacked["a"]:
+        d.ack("a", *[x.message for x in d.unacked["a"].values()])
+        for fetch in list(d.pending_fetches.values()):
+            rows = [m for m in d.store[0] if m.seq > fetch.after_seq]
+            page = fetched(rows, fetch.limit, fetch.max_bytes)
+            read = sum(m.size for m in page)
+            biggest = max((m.size for m in page), default=0)
+            assert read <= fetch.max_bytes + fetch.limit * LARGE_MESSAGE + biggest
+            largest_read = max(largest_read, read)
+            d.answer()
+    assert largest_read < 3 * buffered_cost(large[0])
+    assert [m.seq for m in d.received("a")] == [m.seq for m in [*small, *large, *later]]

@@ -29,6 +29,7 @@ from core.model import (
     PartitionState,
     QueueConfig,
 )
+from core.partition import MESSAGE_OVERHEAD
 from tests.unit.core.driver import Driver
 
 
@@ -499,20 +500,26 @@ def test_unbind_returns_unacked_messages_in_shared_mode() -> None:
 # -- memory, recovery, durability ------------------------------------------------------------
 
 
+def _page(fetch: Fetch) -> tuple[int, int]:
+    """Where a Fetch reads from and how many messages it asks for."""
+    return fetch.after_seq, fetch.limit
+
+
 def test_buffer_is_bounded_and_refilled_by_one_fetch_at_a_time() -> None:
     queue = QueueConfig("q")
     d = Driver(queue, GroupConfig("q", "g"), buffer_size=4, auto_fetch=False)
     d.bind("a", window=100)
-    assert d.pending_fetches == {0: Fetch(0, 0, 1)}  # one until it knows their size
+    # One until it knows their size, reserving a 1 KiB message's cost of the budget.
+    assert d.pending_fetches == {0: Fetch(0, 0, 1, 1024 + MESSAGE_OVERHEAD)}
     for _ in range(10):
         d.publish("k")
     assert set(d.pending_fetches) == {0}
     d.answer()
     assert d.seqs("a") == [1]
-    assert d.pending_fetches == {0: Fetch(0, 1, 4)}
+    assert _page(d.pending_fetches[0]) == (1, 4)
     d.answer()
     assert d.seqs("a") == list(range(1, 6))
-    assert d.pending_fetches == {0: Fetch(0, 5, 4)}
+    assert _page(d.pending_fetches[0]) == (5, 4)
     d.answer_fetches()
     assert d.seqs("a") == list(range(1, 11))
 
@@ -692,7 +699,9 @@ def test_an_append_during_a_fetch_whose_query_missed_it_is_read_again_not_lost()
     eleven = Message("m11", "q", 0, 11, "k", b"")
     assert machine.append(0.0, [eleven]) == []  # a Fetch is outstanding: dropped for now
     again = [a for a in machine.loaded(0.0, [Page(0, [])]) if isinstance(a, Fetch)]
-    assert again == [Fetch(0, 10, again[0].limit)]  # the empty answer predates 11's commit
+    assert [_page(a) for a in again] == [
+        (10, again[0].limit)
+    ]  # the empty answer predates 11's commit
     sent = [a for a in machine.loaded(0.0, [Page(0, [eleven])]) if isinstance(a, Deliver)]
     assert [d.message.seq for d in sent] == [11]
 
@@ -705,7 +714,7 @@ def test_an_appended_seq_past_a_gap_is_fetched_rather_than_settling_the_gap() ->
     actions = machine.append(0.0, [twelve])
     assert not any(isinstance(a, OffsetUpdate) for a in actions)  # 11 is not settled
     # One message: the group has not seen one yet, so it cannot tell how many fit.
-    assert [a for a in actions if isinstance(a, Fetch)] == [Fetch(0, 10, 1)]
+    assert [_page(a) for a in actions if isinstance(a, Fetch)] == [(10, 1)]
 
 
 @pytest.mark.parametrize(("client", "window"), [("c" * 600, 10), ("a", 3_000_000_000)])
