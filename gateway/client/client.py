@@ -6,7 +6,8 @@ the gateway sends only after the message is committed. While the client is recon
 new calls wait for the new connection. A publish that was in flight when the connection
 dropped raises ``ConnectionLost`` (it may or may not be stored) — unless it has a
 ``dedup_id``, in which case it is resent on the new connection and the gateway's dedup
-window drops the copy (on a queue that enables dedup).
+window drops the copy (on a queue that enables dedup). ``close()`` is graceful: the
+publishes in flight get their confirms first (docs/native-protocol.md, CLOSE).
 
 Identity. A ``Client`` object is one client for the gateway across all its reconnects: it
 sends the same ``client_name`` in every HELLO — the one given, else one generated when the
@@ -44,6 +45,9 @@ from protocols.native.mapping import check_setting_names, queue_from_ok
 
 DEFAULT_URL: Final = "keygate://127.0.0.1:55555"
 DEFAULT_PORT: Final = 55555
+# How long close() waits for the confirms of publishes in flight: a little longer than the
+# gateway waits for their commits before it answers CLOSE (10 s), so its answers arrive.
+CLOSE_TIMEOUT: Final = 15.0
 
 
 def parse_url(url: str) -> tuple[tuple[tuple[str, int], ...], bool]:
@@ -86,6 +90,7 @@ class Client:
         max_frame: int = 0,
         ack_batch_size: int = 256,
         ack_flush_interval: float = 0.005,
+        close_timeout: float = CLOSE_TIMEOUT,
     ) -> None:
         addresses, tls = parse_url(service_url)
         if tls and ssl_context is None:
@@ -105,6 +110,7 @@ class Client:
             heartbeat=heartbeat,
             backoff=backoff or Backoff(),
             max_reconnect_attempts=max_reconnect_attempts,
+            close_timeout=close_timeout,
         )
         self._ack_batch_size = ack_batch_size
         self._ack_flush_interval = ack_flush_interval
@@ -138,7 +144,14 @@ class Client:
         await self.close()
 
     async def close(self) -> None:
-        """Close every consumer (flushing acks, unbinding), then the connection."""
+        """Close gracefully; blocks until done. From the call on, new calls (a publish
+        included) raise ClientClosed at once. Closes every consumer (flushing acks,
+        unbinding), then the connection: sends CLOSE and waits, at most ``close_timeout``,
+        for the gateway to confirm every publish still in flight — each then returns its
+        message id or raises the gateway's error, as it would have without the close — and
+        to answer CLOSE. Publishes still unconfirmed at the timeout, or when the connection
+        drops meanwhile, raise ConnectionLost (outcome unknown)."""
+        self._session.refuse()
         for consumer in list(self._consumers):
             await consumer.close()
         self._consumers.clear()
@@ -267,7 +280,7 @@ class Client:
             try:
                 reply = await conn.request(lambda rid: publish(request_id=rid))
             except ConnectionLost:
-                if publish.keywords["dedup_id"] is None:
+                if publish.keywords["dedup_id"] is None or self._session.closed:
                     raise
                 continue
             assert isinstance(reply, PublishOk)

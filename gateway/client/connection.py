@@ -9,8 +9,11 @@ aborts the socket when PONGs stop. Frames are not written one by one: what the
 application sends during one pass of the event loop leaves in one ``write`` (one system
 call for a thousand pipelined PUBLISHes rather than a thousand). Whatever ends the
 connection — EOF, a socket error, a protocol error, CLOSE, ``close()`` — fails every
-pending future with ``ConnectionLost`` and calls ``on_lost`` once. This object never
-reconnects; ``robust.py`` does.
+pending future with ``ConnectionLost`` and calls ``on_lost`` once. ``close()`` is a
+handshake (docs/native-protocol.md, CLOSE): it sends CLOSE and reads on until the gateway
+has answered what was sent before it (the PUBLISH_OKs of publishes in flight) and sent its
+own CLOSE, for at most ``timeout``; requests are refused from the CLOSE on. This object
+never reconnects; ``robust.py`` does.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from collections.abc import Callable
 from typing import Final, Protocol
 
 from core.errors import KeygateError
-from gateway.client.errors import ConnectionLost, error_from_code
+from gateway.client.errors import ClientClosed, ConnectionLost, error_from_code
 from protocols.native import (
     ClientConnection,
     Close,
@@ -66,6 +69,8 @@ class Connection:
         self._pending: dict[int, tuple[asyncio.Future[Event], Callable[[Event], None] | None]] = {}
         self.flows: dict[str, FlowHandler] = {}
         self.lost: BaseException | None = None
+        # CLOSE was sent: nothing more may be (the answers to what went before still come).
+        self.closing = False
         self._closed = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         # Encoded frames not yet handed to the transport, written by _flush (call_soon).
@@ -131,9 +136,14 @@ class Connection:
 
     def send(self, event: Event) -> None:
         """Queue a frame that expects no response (ACK, NACK, CREDIT with id 0)."""
+        self._check_usable()
+        self._write(self._proto.send(event))
+
+    def _check_usable(self) -> None:
         if self.lost is not None:
             raise ConnectionLost(f"connection lost: {self.lost}") from self.lost
-        self._write(self._proto.send(event))
+        if self.closing:
+            raise ClientClosed("the connection is closing: nothing more is sent")
 
     def _write(self, data: bytes) -> None:
         """Queue encoded bytes; the first of a loop pass schedules the flush."""
@@ -153,9 +163,9 @@ class Connection:
     ) -> Event:
         """Send ``make(request_id)`` and wait for its response. Blocks until the response
         arrives; raises the gateway's error for ERROR, ConnectionLost if the connection
-        ends first. ``on_response`` runs in the reader, before later frames are handled."""
-        if self.lost is not None:
-            raise ConnectionLost(f"connection lost: {self.lost}") from self.lost
+        ends first, ClientClosed once ``close()`` has begun. ``on_response`` runs in the
+        reader, before later frames are handled."""
+        self._check_usable()
         rid = self._proto.next_request_id()
         future: asyncio.Future[Event] = asyncio.get_running_loop().create_future()
         self._pending[rid] = (future, on_response)
@@ -252,13 +262,20 @@ class Connection:
         """Drop the socket at once, no CLOSE: to the gateway this is a network cut."""
         self._writer.transport.abort()
 
-    async def close(self, reason: str = "client closing") -> None:
-        """Send CLOSE and close the socket; waits until the reader has stopped."""
-        if self.lost is None:
+    async def close(self, timeout: float, reason: str = "client closing") -> None:
+        """Send CLOSE, wait up to ``timeout`` seconds for the gateway's answers to the
+        requests sent before it and for its CLOSE, then close the socket. Blocks until the
+        reader has stopped. Requests still unanswered then fail with ConnectionLost."""
+        if self.lost is None and not self.closing:
+            self.closing = True
             with contextlib.suppress(OSError, RuntimeError):
                 self._write(self._proto.send(Close(reason=reason)))
                 self._flush()
                 await self._writer.drain()
+            # The reader ends the connection at the gateway's CLOSE (or at EOF).
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout):
+                    await self._closed.wait()
             for task in self._tasks:
                 task.cancel()
             self._lose(ConnectionLost("connection closed by the client"))

@@ -60,6 +60,7 @@ class Session:
         heartbeat: float,
         backoff: Backoff,
         max_reconnect_attempts: int | None,
+        close_timeout: float,
         rng: random.Random | None = None,
     ) -> None:
         if not addresses:
@@ -72,6 +73,7 @@ class Session:
         self._heartbeat = heartbeat
         self._backoff = backoff
         self._max_attempts = max_reconnect_attempts
+        self._close_timeout = close_timeout
         self._rng = rng or random.Random()
         self._conn: Connection | None = None
         self._ready = asyncio.Event()
@@ -83,6 +85,11 @@ class Session:
     @property
     def session_id(self) -> str | None:
         return self._conn.session_id if self._conn is not None else None
+
+    @property
+    def closed(self) -> bool:
+        """Closed, closing or given up: every call is refused."""
+        return self._error is not None
 
     async def connect(self) -> None:
         """First connection; its failure is raised (no retry)."""
@@ -108,21 +115,29 @@ class Session:
         if consumer in self._consumers:
             self._consumers.remove(consumer)
 
-    async def close(self) -> None:
-        """Stop reconnecting and close the connection."""
+    def refuse(self) -> None:
+        """Refuse every call from now on (ClientClosed), never reconnect: ``close`` has
+        begun. Calls already sent are answered as usual."""
         if self._error is None:
-            self._error = ClientClosed("the client is closed")
+            self._error = ClientClosed("the client is closed: close() was called")
+        self._ready.set()
+
+    async def close(self) -> None:
+        """Stop reconnecting and close the connection gracefully: the gateway's answers to
+        the requests in flight (their publishes' confirms) are awaited, at most
+        ``close_timeout`` (Connection.close)."""
+        self.refuse()
         task, self._reconnect_task = self._reconnect_task, None
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-        self._ready.set()
+        assert self._error is not None
         for consumer in self._consumers:
             consumer.fail(self._error)
         self._consumers.clear()
         conn, self._conn = self._conn, None
         if conn is not None:
-            await conn.close()
+            await conn.close(self._close_timeout)
 
     def abort(self) -> None:
         """Stop at once: drop the socket without CLOSE or UNBIND and never reconnect.

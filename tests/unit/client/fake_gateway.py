@@ -1,8 +1,9 @@
 """A small scripted gateway speaking the real native codec through ServerConnection.
 
 It records every event it receives, answers requests the simple way (publishes go to a
-per-queue list, BIND assigns ``partitions_for_bind``), and lets a test push DELIVER and
-PARTITIONS_CHANGED frames, hold publish confirmations, and cut connections.
+per-queue list, BIND assigns ``partitions_for_bind``, CLOSE is answered with CLOSE), and
+lets a test push DELIVER and PARTITIONS_CHANGED frames, hold publish confirmations and the
+answer to CLOSE, and cut connections.
 """
 
 from __future__ import annotations
@@ -56,6 +57,10 @@ class FakeGateway:
         self.queues: dict[str, int] = {}
         self.password: str | None = None
         self.hold_publishes = False
+        # CLOSE is answered only at release_close(), as the gateway answers it once the
+        # publishes sent before it are confirmed.
+        self.hold_close = False
+        self._closing: list[Peer] = []
         self.answer_pings = True
         self.partitions_for_bind: Callable[[Bind], frozenset[int]] = lambda bind: (
             bind.previous_partitions if bind.previous_partitions is not None else frozenset({0, 1})
@@ -101,6 +106,17 @@ class FakeGateway:
             peer.writer.close()
         self.sessions.clear()
         self.flow_ids.clear()
+
+    def release_close(self) -> None:
+        """Answer the CLOSEs held (``hold_close``) and close those connections."""
+        self.hold_close = False
+        for peer in self._closing:
+            self._close(peer)
+        self._closing.clear()
+
+    def _close(self, peer: Peer) -> None:
+        peer.send(Close(reason="client closing"))
+        peer.writer.close()
 
     def deliver(self, flow_id: str, seq: int, payload: bytes = b"x", **fields: object) -> Deliver:
         event = Deliver(
@@ -187,5 +203,10 @@ class FakeGateway:
             case Ping():
                 if self.answer_pings:
                     s.send(Pong(request_id=event.request_id))
+            case Close():
+                if self.hold_close:
+                    self._closing.append(s)
+                else:
+                    self._close(s)
             case _:
                 pass

@@ -15,12 +15,14 @@ from protocols.native import (
     Ack,
     AckCumulative,
     Bind,
+    Close,
     Credit,
     DeclareQueue,
     Hello,
     Nack,
     NackOutcome,
     Publish,
+    PublishOk,
     Unbind,
 )
 from tests.unit.client.fake_gateway import FakeGateway
@@ -63,8 +65,6 @@ async def test_publishes_are_pipelined_and_each_gets_its_own_confirmation(
     await gateway.wait_for(lambda: len(gateway.of_type(Publish)) == 50)
     assert not any(t.done() for t in tasks)
     session = gateway.sessions[0]
-    from protocols.native import PublishOk
-
     for event in reversed(gateway.of_type(Publish)):
         session.send(
             PublishOk(request_id=event.request_id, message_ids=(f"m-{event.payload.decode()}",))
@@ -333,6 +333,46 @@ async def test_giving_up_reconnecting_fails_consumers_and_calls(gateway: FakeGat
         await client.publish("orders", b"x")
     await client.close()
     await gateway.start()
+
+
+async def test_close_waits_for_the_confirm_of_a_publish_in_flight(gateway: FakeGateway) -> None:
+    gateway.hold_publishes = gateway.hold_close = True
+    client = await Client(gateway.url, heartbeat=0, backoff=FAST).connect()
+    pending = asyncio.create_task(client.publish("orders", b"x"))
+    await gateway.wait_for(lambda: bool(gateway.of_type(Publish)))
+    closing = asyncio.create_task(client.close())
+    await gateway.wait_for(lambda: bool(gateway.of_type(Close)))
+    assert not pending.done() and not closing.done()
+    (publish,) = gateway.of_type(Publish)
+    gateway.sessions[0].send(PublishOk(request_id=publish.request_id, message_ids=("m-1",)))
+    gateway.release_close()
+    assert await asyncio.wait_for(pending, 5) == "m-1"
+    await asyncio.wait_for(closing, 5)
+
+
+async def test_close_fails_a_publish_still_unconfirmed_after_close_timeout(
+    gateway: FakeGateway,
+) -> None:
+    gateway.hold_publishes = gateway.hold_close = True
+    client = await Client(gateway.url, heartbeat=0, backoff=FAST, close_timeout=0.1).connect()
+    pending = asyncio.create_task(client.publish("orders", b"x"))
+    await gateway.wait_for(lambda: bool(gateway.of_type(Publish)))
+    await asyncio.wait_for(client.close(), 5)
+    with pytest.raises(ConnectionLost):
+        await pending
+    gateway.release_close()
+
+
+async def test_a_publish_after_close_began_is_refused_at_once(gateway: FakeGateway) -> None:
+    gateway.hold_close = True
+    client = await Client(gateway.url, heartbeat=0, backoff=FAST).connect()
+    closing = asyncio.create_task(client.close())
+    await gateway.wait_for(lambda: bool(gateway.of_type(Close)))
+    with pytest.raises(ClientClosed, match="close\\(\\) was called"):
+        await client.publish("orders", b"late", dedup_id="d-1")
+    assert not gateway.of_type(Publish)
+    gateway.release_close()
+    await asyncio.wait_for(closing, 5)
 
 
 def test_backoff_is_exponential_capped_and_jittered_downwards() -> None:
