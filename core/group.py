@@ -403,7 +403,7 @@ class GroupMachine(Membership):
             self._group.name,
             self._group.mode,
             tuple(parts),
-            tuple(flow.status() for flow in flows),
+            tuple(flow.status(self.partitions_of(flow.flow_id)) for flow in flows),
         )
 
     # -- event frame ----------------------------------------------------------------------

@@ -61,6 +61,8 @@ class FlowStatus:
     window: int
     pending: int
     ack_mode: AckMode
+    # The partitions it is served from, as its BIND_OK says: those it owns; in shared
+    # mode every partition.
     partitions: frozenset[int]
     bound_at: float
     # Its connection is behind (GroupMachine.backpressure): it is sent nothing for now.
@@ -140,7 +142,8 @@ class Flow:
     def has_room(self) -> bool:
         return self.pending < self.limit
 
-    def status(self) -> FlowStatus:
+    def status(self, partitions: frozenset[int]) -> FlowStatus:
+        """Its status, served from ``partitions`` (GroupMachine.partitions_of)."""
         return FlowStatus(
             flow_id=self.flow_id,
             client=self.client,
@@ -148,7 +151,7 @@ class Flow:
             window=self.window,
             pending=self.pending,
             ack_mode=self.ack_mode,
-            partitions=frozenset(self.partitions),
+            partitions=partitions,
             bound_at=self.bound_at,
             behind=self.behind,
         )

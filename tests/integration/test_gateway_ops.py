@@ -144,6 +144,24 @@ async def test_metrics_count_publishes_and_the_admin_api_inspects_queues(
         assert next(q for q in listed if q["name"] == "orders") == orders
 
 
+async def test_inspect_lists_for_a_shared_flow_every_partition_its_bind_ok_did(
+    gateway: Gateway,
+) -> None:
+    base = f"http://127.0.0.1:{gateway.ports['http']}"
+    async with Client(native_url(gateway)) as client, aiohttp.ClientSession() as http:
+        await client.declare_queue("jobs", partitions=3)
+        await client.declare_queue("tasks")  # non-partitioned: its groups are shared
+        consumers = {
+            "jobs": await client.subscribe("jobs", group="workers", mode="shared"),
+            "tasks": await client.subscribe("tasks", group="workers"),
+        }
+        for queue, consumer in consumers.items():
+            inspected = await (await http.get(f"{base}/api/queues/{queue}/inspect")).json()
+            ((flow,),) = [g["flows"] for g in inspected["groups"]]
+            assert flow["partitions"] == sorted(consumer.partitions), queue
+        assert consumers["jobs"].partitions == {0, 1, 2}
+
+
 async def test_the_ports_file_is_replaced_at_start_and_removed_at_stop(
     sqlite_url: str, tmp_path: Path
 ) -> None:

@@ -69,6 +69,19 @@ async def test_queue_and_group_gauges_follow_a_consumer(gateway: Gateway) -> Non
         await eventually(settled)
 
 
+async def test_every_consumer_of_a_shared_group_is_an_owner(gateway: Gateway) -> None:
+    async with (
+        Client(native_url(gateway)) as first,
+        Client(native_url(gateway)) as second,
+    ):
+        await first.declare_queue("jobs", partitions=3)
+        for client in (first, second):
+            await client.subscribe("jobs", group="workers", mode="shared")
+        samples = await _scrape(gateway)
+        # Both are served from every partition: an alert on owners == 0 must not fire.
+        assert _value(samples, "keygate_group_owners", queue="jobs", group="workers") == 2
+
+
 async def test_oldest_message_age_per_queue_follows_its_slowest_group(gateway: Gateway) -> None:
     def age(samples: Samples) -> float | None:
         return _value(samples, "keygate_queue_oldest_message_age_seconds", queue="orders")
