@@ -209,11 +209,14 @@ class Dropped:
 
 @dataclass(frozen=True, slots=True)
 class AssignmentChanged:
-    """Write-through: the partition's state and owner changed."""
+    """Write-through: the partition's state, owner or handoff start changed."""
 
     partition: int
     state: PartitionState
     flow_id: str | None
+    # While PAUSED: when the keys that wait began to, the move that started the oldest
+    # handoff still pending (kg_partition_assignments.handoff_since); None otherwise.
+    handoff_since: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -117,7 +117,7 @@ class Membership(DeliveryBook):
             for sent in part.inflight.values()
             if sent.flow_id == holder and sent.message.key is not None
         )
-        part.handoffs[holder] = Handoff(keys, now + self._queue.max_handoff_time)
+        part.handoffs[holder] = Handoff(keys, now, now + self._queue.max_handoff_time)
         part.handoff_keys.update(keys)
         self._paused.add(part.index)
 
@@ -127,6 +127,7 @@ class Membership(DeliveryBook):
         part.handoff_keys -= handoff.keys
         if not part.handoffs:
             self._paused.discard(part.index)
+        self._touched.add(part.index)  # the oldest pending handoff may be another now
 
     def _end_handoff(self, part: Partition, holder: str, now: float) -> None:
         """A previous owner's leftovers return for redelivery (first, to the owner); its
@@ -164,10 +165,15 @@ class Membership(DeliveryBook):
     def _announce(self) -> None:
         for p in sorted(self._touched):
             part = self._parts[p]
-            now_state = (part.state, part.holder)
+            since = None
+            if part.state is PartitionState.PAUSED:
+                # The keys that wait now began to at the oldest pending handoff's move
+                # (A -> B -> C while A still holds keys: A -> B).
+                since = min(h.since for h in part.handoffs.values())
+            now_state = (part.state, part.holder, since)
             if part.announced != now_state:
                 part.announced = now_state
-                self._out.append(AssignmentChanged(p, part.state, part.holder))
+                self._out.append(AssignmentChanged(p, part.state, part.holder, since))
         self._touched.clear()
         moved = [self._flows[f] for f in self._moved if f in self._flows]
         self._moved.clear()

@@ -101,9 +101,11 @@ class Retry:
 @dataclass(slots=True)
 class Handoff:
     """What a partition's previous owner still holds of it after the partition moved on:
-    how many unacked messages of each key (those keys wait), until ``deadline``."""
+    how many unacked messages of each key (those keys wait), from the move (``since``)
+    until ``deadline``."""
 
     keys: Counter[str]
+    since: float
     deadline: float
 
 
@@ -187,8 +189,8 @@ class Partition:
         # their keys summed, which wait (the others flow to the owner).
         self.handoffs: dict[str, Handoff] = {}
         self.handoff_keys: Counter[str] = Counter()
-        # (state, flow id) last written through; None forces the first write.
-        self.announced: tuple[PartitionState, str | None] | None = None
+        # (state, flow id, handoff_since) last written through; None forces the first write.
+        self.announced: tuple[PartitionState, str | None, float | None] | None = None
         self.ledger = AckLedger(snapshot.committed_seq, snapshot.acked_above)
         # Highest seq sent a first time (a high-water mark: seqs below it may be waiting,
         # held back or scheduled); first sends up to ``reserved`` need no record (the

@@ -377,10 +377,11 @@ class ConsumerOps(AdminOps):
                 "state": c.state.value,
                 "flow_id": c.flow_id,
                 "updated_at": now,
+                "handoff_since": c.handoff_since,
             }
             for c in changes
         ]
-        changed = ("state", "flow_id", "updated_at")
+        changed = ("state", "flow_id", "updated_at", "handoff_since")
         await self.write(
             lambda conn: conn.execute(upsert(conn, kg_partition_assignments, keys, changed), rows)
         )

@@ -216,6 +216,8 @@ kg_partition_assignments: Final = sa.Table(
     sa.Column("state", sa.String(20), nullable=False),
     sa.Column("flow_id", sa.String(64)),
     sa.Column("updated_at", Time, nullable=False),
+    # While paused: when the keys that wait began to (core.actions.AssignmentChanged).
+    sa.Column("handoff_since", Time),
 )
 
 kg_dedup: Final = sa.Table(

@@ -319,7 +319,7 @@ def _key_status() -> sa.Select[Any]:
         null(sa.String),
         null(sa.Integer),
         null(sa.Integer),
-        a.c.updated_at,
+        a.c.handoff_since,
     ).where(a.c.state == "paused")
     union = sa.union_all(parked, retrying, _strict_holds(), handoff)
     return sa.select(union.subquery("key_status"))

@@ -2,9 +2,11 @@
 moves to a consumer that joins, only the key the old owner still holds waits; the other
 keys of the partition reach the new owner at once, and the busy key follows in order
 once the old owner acks. A partition that moves on again while it waits keeps the first
-owner's keys waiting."""
+owner's keys waiting, and kg_key_status says they have waited since the first move."""
 
 from __future__ import annotations
+
+import time
 
 import pytest
 import sqlalchemy as sa
@@ -25,6 +27,17 @@ async def key_status(engine: AsyncEngine) -> list[tuple[object, ...]] | None:
     async with engine.connect() as conn:
         rows = [tuple(r) for r in await conn.execute(query)]
     return rows or None
+
+
+async def handoff_since(engine: AsyncEngine, owner: str | None) -> float | None:
+    """blocked_since of the handoff row of orders/g once ``owner`` is its new owner."""
+    query = sa.text(
+        "SELECT blocked_since FROM kg_key_status WHERE queue = 'orders' AND group_name = 'g'"
+        " AND reason = 'handoff' AND detail = :owner"
+    )
+    async with engine.connect() as conn:
+        since = (await conn.execute(query, {"owner": owner})).scalar_one_or_none()
+    return None if since is None else float(since)
 
 
 async def test_a_busy_key_does_not_hold_back_the_other_keys_of_a_moving_partition(
@@ -83,8 +96,10 @@ async def test_a_second_handoff_keeps_the_keys_the_first_owner_still_holds_waiti
         for n in range(20):
             await producer.publish("orders", f"k{n}:1".encode(), key=f"k{n}")
         held = [await a.receive(timeout=5) for _ in range(20)]
+        before_first_move = time.time()
         b = await b_client.subscribe("orders", group="g", window=100)
         await eventually(lambda: len(b.partitions) == 1)
+        after_first_move = time.time()
         (moving,) = b.partitions
         c = await c_client.subscribe("orders", group="g", window=100)  # standby
         if leaving == "shutdown":
@@ -104,6 +119,9 @@ async def test_a_second_handoff_keeps_the_keys_the_first_owner_still_holds_waiti
             early.append((got.payload, got.redelivered))
         assert early == []
         assert await eventually(lambda: key_status(engine)) == [(moving, "handoff")]
+        # A's keys have waited since the move to B, not since the move on to C.
+        since = await eventually(lambda: handoff_since(engine, c.flow_id))
+        assert since is not None and before_first_move <= since <= after_first_move
         for message in held:
             await a.acknowledge(message)
         follows = [await c.receive(timeout=5) for _ in keys]

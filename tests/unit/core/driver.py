@@ -76,6 +76,7 @@ class Driver:
         self.parked: dict[tuple[int, str], ParkedKey] = {}
         self.dropped: list[Dropped] = []
         self.assignment: dict[int, tuple[PartitionState, str | None]] = {}
+        self.handoff_since: dict[int, float | None] = {}
         self.partitions: dict[str, frozenset[int]] = {}
         self.flows: dict[str, FlowChanged] = {}
         # What storage holds: RecordDispatch moves both marks up; an OffsetUpdate moves
@@ -232,6 +233,7 @@ class Driver:
                 self.dropped.append(action)
             elif isinstance(action, AssignmentChanged):
                 self.assignment[action.partition] = (action.state, action.flow_id)
+                self.handoff_since[action.partition] = action.handoff_since
             elif isinstance(action, PartitionsChanged):
                 self.partitions[action.flow_id] = action.partitions
             elif isinstance(action, FlowChanged):

@@ -115,6 +115,24 @@ def test_an_earlier_holder_that_settles_releases_its_keys_while_another_still_wa
     assert d.assignment[3] == (PartitionState.READY, "c")
 
 
+def test_a_paused_partition_says_since_when_its_waiting_keys_wait_through_a_chain() -> None:
+    # Four partitions: B takes 3 from A at t=1, C takes it from B at t=3 (kg_key_status).
+    d = make(4, max_handoff_time=6.0)
+    a1 = d.publish("a", partition=3)
+    d.bind("a")
+    d.advance(1.0)
+    d.bind("b")
+    b1 = d.publish("b", partition=3)
+    d.advance(2.0)
+    d.bind("c")
+    assert d.assignment[3] == (PartitionState.PAUSED, "c")
+    assert d.handoff_since[3] == 1.0  # A's "a" has waited since the first move
+    d.ack("a", a1)
+    assert d.handoff_since[3] == 3.0  # only B's "b" waits, since the second move
+    d.ack("b", b1)
+    assert (d.assignment[3], d.handoff_since[3]) == ((PartitionState.READY, "c"), None)
+
+
 def test_moving_back_to_an_earlier_holder_makes_its_unacked_messages_its_own_again() -> None:
     d = make(4, max_handoff_time=6.0)
     a1 = d.publish("a", partition=3)
