@@ -7,8 +7,8 @@ gateway now writes the start of the oldest handoff still pending; rows written b
 are cleared when a gateway becomes active (SqlStore.forget_consumers), so none is left
 NULL while paused.
 
-Revision ID: 0019
-Revises: 0018
+Revision ID: 0020
+Revises: 0019
 Create Date: 2026-11-28 08:00:00
 """
 
@@ -19,8 +19,8 @@ from alembic import op
 
 from storage.views import drop_views
 
-revision = "0019"
-down_revision = "0018"
+revision = "0020"
+down_revision = "0019"
 branch_labels = None
 depends_on = None
 
