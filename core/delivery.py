@@ -405,19 +405,11 @@ class DeliveryBook(Reads, Pump):
     def _return_inflight(self, part: Partition, flow_id: str, now: float) -> None:
         """The flow's unacked messages of the partition come back for immediate redelivery."""
         for seq in sorted(s for s, sent in part.inflight.items() if sent.flow_id == flow_id):
-            sent = self._remove_inflight(part, seq)
-            self._end_delivery(part, sent.message, sent.count, sent.first_time, now, 0.0)
+            self._end_delivery(part, self._remove_inflight(part, seq), now, 0.0)
 
-    def _end_delivery(
-        self,
-        part: Partition,
-        message: Message,
-        count: int,
-        first_time: float,
-        now: float,
-        delay: float | None,
-    ) -> None:
-        """The ``count``-th delivery ended unsettled: retry later, or dead-letter."""
+    def _end_delivery(self, part: Partition, sent: Sent, now: float, delay: float | None) -> None:
+        """The ``sent.count``-th delivery ended unsettled: retry later, or dead-letter."""
+        message, count, first_time = sent.message, sent.count, sent.first_time
         if self._follows_dead_letter(part, message):
             reason = DeadLetterReason.KEY_DEAD_LETTERED
             self._dead_letter(part, message, reason, count, first_time)
@@ -426,7 +418,7 @@ class DeliveryBook(Reads, Pump):
             self._dead_letter(part, message, DeadLetterReason.MAX_DELIVERIES, count, first_time)
             return
         due = now + redelivery_delay(self._queue, count, delay)
-        part.retry[message.seq] = Retry(message, count + 1, first_time, due)
+        part.retry[message.seq] = Retry(message, count + 1, first_time, due, sent.flow_id)
         self._out.append(RetryScheduled(part.index, message.seq, count, first_time, due))
         self._by_id[message.message_id] = (part.index, message.seq)
         if message.key is not None:

@@ -217,8 +217,10 @@ class GroupMachine(Membership):
         return self._finish(now)
 
     def ack(self, now: float, flow_id: str, message_ids: Iterable[str]) -> list[Action]:
-        """Settle messages by id. Unknown or already settled ids are ignored; a late ack of
-        a message that was returned for redelivery settles it too."""
+        """Settle the flow's messages by id: those in flight to it, and those taken back
+        from it (a NACK, an ack timeout, a handoff that ended) until they are delivered
+        again. Other ids — unknown, settled, or another flow's — are ignored, as NACK and
+        reject ignore them: a flow settles only what was delivered to it."""
         self._begin(now)
         for message_id in message_ids:
             where = self._by_id.get(message_id)
@@ -226,10 +228,15 @@ class GroupMachine(Membership):
                 continue
             part = self._parts[where[0]]
             seq = where[1]
-            if seq in part.inflight:
+            sent = part.inflight.get(seq)
+            if sent is not None:
+                if sent.flow_id != flow_id:
+                    continue
                 self._remove_inflight(part, seq)
-            else:
+            elif part.retry[seq].holder == flow_id:
                 self._remove_retry(part, seq)
+            else:
+                continue
             self._settle(part, seq)
         return self._finish(now)
 
@@ -259,8 +266,7 @@ class GroupMachine(Membership):
         dead-letter when this was the last allowed delivery."""
         self._begin(now)
         for part, seq in self._held_by(flow_id, message_ids):
-            sent = self._remove_inflight(part, seq)
-            self._end_delivery(part, sent.message, sent.count, sent.first_time, now, delay)
+            self._end_delivery(part, self._remove_inflight(part, seq), now, delay)
         return self._finish(now)
 
     def reject(self, now: float, flow_id: str, message_ids: Iterable[str]) -> list[Action]:
@@ -432,8 +438,7 @@ class GroupMachine(Membership):
             elif kind == ACK_TIMEOUT:
                 sent = part.inflight.get(seq)
                 if sent is not None and sent.count == count:
-                    self._remove_inflight(part, seq)
-                    self._end_delivery(part, sent.message, count, sent.first_time, now, None)
+                    self._end_delivery(part, self._remove_inflight(part, seq), now, None)
 
     def _finish(self, now: float) -> list[Action]:
         if self._rebalance:

@@ -90,12 +90,14 @@ class Sent:
 
 @dataclass(slots=True)
 class Retry:
-    """A message waiting for its next delivery (``count`` is that delivery's number)."""
+    """A message waiting for its next delivery (``count`` is that delivery's number).
+    ``holder`` is the flow whose delivery ended: it may still ack the message until then."""
 
     message: Message
     count: int
     first_time: float | None
     due: float
+    holder: str
 
 
 @dataclass(slots=True)

@@ -99,3 +99,61 @@ async def test_another_connection_cannot_ack_nack_reject_credit_or_unbind_a_flow
         await owner.close()
     finally:
         await gateway.stop()
+
+
+@pytest.mark.parametrize("attacker", ["alice", "mallory"])
+async def test_a_connections_own_flow_cannot_settle_another_flows_messages(
+    db_url: str, attacker: str
+) -> None:
+    # The thief binds its own flow in the owner's group and names the owner's message ids
+    # with it: the flow is the thief's, so only what that flow holds may be settled.
+    gateway = await start_gateway(
+        db_url, users=hashed_users(**USERS), permissions={name: ADMIN for name in USERS}
+    )
+    url = native_url(gateway)
+    try:
+        owner = await Client(url, username="alice", password="secret").connect()
+        thief = await Client(url, username=attacker, password=USERS[attacker]).connect()
+        await owner.declare_queue("orders", partitions=0)
+        consumer = await owner.subscribe("orders", "billing", window=1, mode="shared")
+        stolen = await thief.subscribe("orders", "billing", window=1, mode="shared")
+        for i in range(2):
+            await owner.publish("orders", f"m{i}".encode())
+        (held,) = await _receive(consumer, 1)
+        (its_own,) = await _receive(stolen, 1)  # its window stays full from here on
+        owner_conn = await owner.session.connection()
+        thief_conn = await thief.session.connection()
+
+        def ack(message: Message) -> Callable[[int], Event]:
+            flow_id = stolen.flow_id or ""
+            ids = (message.message_id,)
+            return lambda rid: Ack(request_id=rid, flow_id=flow_id, message_ids=ids)
+
+        def nack(message: Message, delay: float) -> Callable[[int], Event]:
+            flow_id = consumer.flow_id or ""
+            ids = (message.message_id,)
+            return lambda rid: Nack(request_id=rid, flow_id=flow_id, message_ids=ids, delay=delay)
+
+        # In flight to the owner: the thief's ACK is a no-op (answered OK, as for any id its
+        # flow does not hold), and the owner's NACK still brings the message back.
+        await thief_conn.request(ack(held))
+        await owner_conn.request(nack(held, 0.0))
+        await owner.publish("orders", b"later")  # a retry goes first: it must come before
+        (again,) = await _receive(consumer, 1)
+        assert (again.message_id, again.delivery_count) == (held.message_id, 2)
+
+        # Waiting for its retry: the thief's ACK does not cancel the retry either.
+        await owner_conn.request(nack(again, 1.0))
+        await thief_conn.request(ack(again))
+        (later,) = await _receive(consumer, 1)  # sent while the retry waits
+        assert later.payload == b"later"
+        await consumer.acknowledge(later)
+        (third,) = await _receive(consumer, 1)
+        assert (third.message_id, third.delivery_count) == (held.message_id, 3)
+        await consumer.acknowledge(third)
+        assert its_own.message_id != held.message_id
+        assert (await _get(gateway.ports["http"], "orders.dlq"))["depth"] == 0
+        await thief.close()
+        await owner.close()
+    finally:
+        await gateway.stop()

@@ -652,19 +652,6 @@ def test_ack_cumulative_only_settles_the_flows_own_messages() -> None:
     assert d.seqs("a") == [1, 2, 3]
 
 
-def test_a_late_ack_from_the_old_owner_settles_a_handed_off_message_once() -> None:
-    d = make(partitions=2)
-    m = d.publish("k", partition=1)
-    d.publish("k", partition=0)
-    d.bind("a")
-    d.bind("b")
-    d.advance(3.0)
-    assert [x.flow_id for x in d.deliveries if x.message == m][-1] == "b"
-    d.ack("a", m)
-    assert d.settled(1, 1)
-    assert d.ack("b", m) == []
-
-
 def test_messages_of_a_partition_out_of_range_are_refused() -> None:
     d = make(partitions=2)
     with pytest.raises(InvalidArgument):

@@ -28,7 +28,7 @@ from core.model import (
     PartitionState,
     QueueConfig,
 )
-from core.partition import buffered_cost
+from core.partition import Sent, buffered_cost
 from tests.unit.core.driver import Driver
 
 KEYS = ("A", "B", "C", "D", None)
@@ -177,6 +177,28 @@ class GroupMachineRules(RuleBasedStateMachine):
         else:
             self.d.unacked[flow].pop(target.message_id)
             self.d.call(self.d.machine.reject, flow, [target.message_id])
+
+    @precondition(lambda self: bool(self.bound))
+    @rule(data=st.data())
+    def ack_another_flows_message(self, data: st.DataObject) -> None:
+        # What is in flight to another flow, or waits for its retry after another flow's
+        # delivery, is not this flow's to settle.
+        flow = data.draw(st.sampled_from(sorted(self.bound)))
+        parts = self.d.machine._parts
+        foreign = [
+            (part.index, seq)
+            for part in parts
+            for seq, held in (*part.inflight.items(), *part.retry.items())
+            if (held.flow_id if isinstance(held, Sent) else held.holder) != flow
+        ]
+        if not foreign:
+            return
+        p, seq = data.draw(st.sampled_from(sorted(foreign)))
+        part = parts[p]
+        held = part.inflight.get(seq) or part.retry[seq]
+        self.d.call(self.d.machine.ack, flow, [held.message.message_id])
+        assert seq in part.inflight or seq in part.retry
+        assert not self.d.settled(p, seq)
 
     @precondition(lambda self: bool(self.bound))
     @rule(data=st.data(), window=st.integers(0, 4))
