@@ -46,7 +46,8 @@ def _http(args: argparse.Namespace, method: str, path: str, body: Any = None) ->
 
 
 def _print_table(rows: list[dict[str, Any]], columns: Sequence[str]) -> None:
-    widths = [max(len(c), *(len(str(r.get(c, ""))) for r in rows)) for c in columns]
+    # A list, not max(a, *rest): with no rows, max(a) would iterate the int a.
+    widths = [max([len(c), *(len(str(r.get(c, ""))) for r in rows)]) for c in columns]
     print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)))
     for row in rows:
         print("  ".join(str(row.get(c, "")).ljust(w) for c, w in zip(columns, widths, strict=True)))

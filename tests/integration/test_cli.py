@@ -81,6 +81,22 @@ def test_status_shows_the_role_the_version_and_every_listener(served: dict[str, 
     assert data["listeners"] == served
 
 
+def test_queue_list_with_no_queues_prints_the_heading_and_succeeds(
+    served: dict[str, int],
+) -> None:
+    """It crashed with a TypeError when the caller could see no queue."""
+    listed = _run("queue", "list", f"--url=http://127.0.0.1:{served['http']}")
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.split() == [
+        "name",
+        "partitions",
+        "depth",
+        "bytes",
+        "in_flight",
+        "dead_letters",
+    ]
+
+
 def test_a_queue_is_altered_and_purged_from_the_command_line(served: dict[str, int]) -> None:
     url = f"--url=http://127.0.0.1:{served['http']}"
     assert _run("queue", "create", "jobs", "--partitions", "2", url).returncode == 0
