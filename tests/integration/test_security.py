@@ -157,11 +157,18 @@ def _stomp(host: str, port: int, user: str | None) -> str | None:
 
 
 async def _users_gateway(db_url: str, **settings: Any) -> Gateway:
-    """alice may do anything; eve has no permissions entry; watcher may monitor orders."""
+    """alice may do anything; eve has no permissions entry; watcher may monitor orders;
+    sender may publish to it."""
     gateway = await start_gateway(
         db_url,
-        users=hashed_users(alice="alice-pw", eve="eve-pw", watcher="watcher-pw"),
-        permissions={"alice": ADMIN, "watcher": Permission(monitor=("orders",))},
+        users=hashed_users(
+            alice="alice-pw", eve="eve-pw", watcher="watcher-pw", sender="sender-pw"
+        ),
+        permissions={
+            "alice": ADMIN,
+            "watcher": Permission(monitor=("orders",)),
+            "sender": Permission(publish=("orders",)),
+        },
         **settings,
     )
     url = native_url(gateway)
@@ -301,6 +308,28 @@ async def test_the_monitor_permission_allows_inspection_but_not_consuming_or_pub
                 await w.subscribe("orders", group="g")
             with pytest.raises(PermissionDenied):
                 await w.publish("orders", b"x")
+    finally:
+        await gateway.stop()
+
+
+async def test_a_publisher_may_passively_declare_its_queue_without_learning_its_depth(
+    sqlite_url: str,
+) -> None:
+    """docs/protocols/amqp.md said a passive queue.declare needs monitor; publish suffices
+    (publishers check their queue at start-up), and the count is 0 without monitor."""
+    gateway = await _users_gateway(sqlite_url)
+    counts: list[int] = []
+
+    def passive(channel: Any) -> None:
+        counts.append(channel.queue_declare("orders", passive=True).method.message_count)
+
+    try:
+        for user in ("sender", "watcher"):
+            refused = await asyncio.to_thread(
+                _pika, "127.0.0.1", gateway.ports["amqp"], user, passive
+            )
+            assert refused is None, user
+        assert counts == [0, 1]  # watcher may monitor: the stored message of alice's
     finally:
         await gateway.stop()
 
