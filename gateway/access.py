@@ -54,5 +54,14 @@ class Access:
         ``consume`` or ``admin``."""
         self.authorize(principal, "monitor", queue)
 
+    def check_monitor_all(self, principal: Principal) -> None:
+        """The gateway-wide metrics name every queue: they need ``admin``, or ``monitor``
+        or ``consume`` on the pattern ``*``."""
+        if not self._config.permission(principal.username).monitors_every_queue():
+            raise PermissionDenied(
+                f"{principal.username!r} may not read metrics: they need admin, or monitor "
+                "or consume on '*'"
+            )
+
 
 __all__ = ["Access"]

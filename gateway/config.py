@@ -88,6 +88,12 @@ class Permission:
             patterns = self.publish if action == "publish" else self.consume
         return any(fnmatch.fnmatchcase(queue, p) for p in patterns)
 
+    def monitors_every_queue(self) -> bool:
+        """``admin``, or ``monitor``/``consume`` granted by the pattern ``*`` itself: what
+        the gateway-wide ``/metrics`` needs. Asking ``allows("monitor", "*")`` instead
+        would match the name ``*`` against the patterns, and ``?`` or ``[*]`` match it."""
+        return self.admin or "*" in self.monitor + self.consume
+
 
 # Every right: what anonymous clients get when the gateway has no users.
 FULL_PERMISSION: Final = Permission(("*",), ("*",), ("*",), admin=True)

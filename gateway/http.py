@@ -316,7 +316,7 @@ class AdminServer:
         return web.json_response(openapi_document(package_version()))
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        self.broker.access.check_monitor(_principal(request), "*")
+        self.broker.access.check_monitor_all(_principal(request))
         metrics = self.broker.metrics
         try:
             await metrics.refresh_oldest(self.store.oldest_waiting)

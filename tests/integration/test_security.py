@@ -334,6 +334,25 @@ async def test_a_publisher_may_passively_declare_its_queue_without_learning_its_
         await gateway.stop()
 
 
+async def test_metrics_need_a_permission_that_covers_every_queue(sqlite_url: str) -> None:
+    """/metrics names every queue: monitor = ["?"] matched the name "*" it was checked
+    against, and was let in (QA)."""
+    gateway = await start_gateway(
+        sqlite_url,
+        users=hashed_users(star="star-pw", all="all-pw"),
+        permissions={"star": Permission(monitor=("?",)), "all": Permission(monitor=("*",))},
+    )
+    url = f"http://127.0.0.1:{gateway.ports['http']}/metrics"
+    try:
+        async with aiohttp.ClientSession() as http:
+            refused = await http.get(url, headers=_basic("star", "star-pw"))
+            assert refused.status == 403
+            assert (await refused.json())["error"] == "permission-denied"
+            assert (await http.get(url, headers=_basic("all", "all-pw"))).status == 200
+    finally:
+        await gateway.stop()
+
+
 async def test_repeated_failed_logins_from_one_address_are_throttled(sqlite_url: str) -> None:
     gateway = await start_gateway(sqlite_url, host="0.0.0.0", users=hashed_users(alice="alice-pw"))
     url = f"keygate://127.0.0.1:{gateway.ports['native']}"
