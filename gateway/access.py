@@ -3,10 +3,16 @@
 ``Access`` holds the gateway's ``Authenticator`` (passwords, certificates, throttling;
 gateway/security.py) and answers permission questions from the configuration —
 deny by default (docs/operations.md, "Security"). Answers are cached per (user, action,
-queue): the configuration is fixed for the life of the process.
+queue), the configuration being fixed for the life of the process, in a least-recently
+used cache of ``CACHED_DECISIONS`` entries: the names asked about come from clients, and
+a cache of every name ever asked (refused publishes to made-up queues included) grew
+without bound.
 """
 
 from __future__ import annotations
+
+import functools
+from typing import Final
 
 from core.errors import PermissionDenied
 from gateway.config import GatewayConfig
@@ -15,9 +21,11 @@ from protocols.sink import Principal
 
 
 class Access:
+    CACHED_DECISIONS: Final = 8192
+
     def __init__(self, config: GatewayConfig) -> None:
         self._config = config
-        self._allowed: dict[tuple[str | None, str, str], bool] = {}
+        self._decide = functools.lru_cache(maxsize=self.CACHED_DECISIONS)(self._decision)
         self.auth = Authenticator(
             config.users,
             certificate_users=config.certificate_users,
@@ -25,12 +33,10 @@ class Access:
         )
 
     def allows(self, principal: Principal, action: str, queue: str) -> bool:
-        key = (principal.username, action, queue)
-        allowed = self._allowed.get(key)
-        if allowed is None:
-            permission = self._config.permission(principal.username)
-            allowed = self._allowed[key] = permission.allows(action, queue)
-        return allowed
+        return self._decide(principal.username, action, queue)
+
+    def _decision(self, username: str | None, action: str, queue: str) -> bool:
+        return self._config.permission(username).allows(action, queue)
 
     def authorize(self, principal: Principal, action: str, queue: str) -> None:
         """Raise PermissionDenied unless ``principal`` may ``action`` on ``queue``."""
