@@ -10,7 +10,7 @@ keygate inspect QUEUE [--json]                        (admin HTTP API, --url)
 keygate publish QUEUE|--topic T PAYLOAD [--delay S] [--ttl S] [--dedup-id ID]
 keygate consume QUEUE --group G                       (native protocol, --server)
 keygate passwd < password                             (a password hash for [users])
-keygate healthcheck [--config FILE]                   (probe this host's /healthz)
+keygate healthcheck [--config FILE] [--active]        (probe this host's /healthz)
 keygate demo                                          (a self-contained end-to-end run)
 """
 
@@ -178,7 +178,9 @@ def _passwd(args: argparse.Namespace) -> int:
 
 def _healthcheck(args: argparse.Namespace) -> int:
     """Probe this host's own admin API (``/healthz``) on the port the configuration gives:
-    plain HTTP if on, else HTTPS — what a container healthcheck needs with TLS on."""
+    plain HTTP if on, else HTTPS — what a container healthcheck needs with TLS on. A
+    standby (503, role ``standby``) is healthy: it is waiting for the lease, and restarting
+    it would not make it active; ``--active`` asks for the active role."""
     import ssl
 
     config = load_config(args.config)
@@ -197,9 +199,24 @@ def _healthcheck(args: argparse.Namespace) -> int:
                 f"{scheme}://127.0.0.1:{port}/healthz", timeout=args.timeout, context=context
             ):
                 return 0
+        except urllib.error.HTTPError as e:
+            if _role(e) != "standby":
+                raise CliError(f"{scheme} port {port}: {e}") from e
+            if args.active:
+                raise CliError(f"{scheme} port {port}: this gateway is a standby") from e
+            return 0
         except (urllib.error.URLError, OSError) as e:
             raise CliError(f"{scheme} port {port}: {e}") from e
     raise CliError("no HTTP or HTTPS listener on a fixed port to probe")
+
+
+def _role(answer: urllib.error.HTTPError) -> str | None:
+    """The role a /healthz error answer names (a standby's 503), if it is one."""
+    try:
+        role = json.loads(answer.read()).get("role")
+    except (ValueError, AttributeError, OSError):
+        return None
+    return role if isinstance(role, str) else None
 
 
 def _int_from(low: int, high: int | None = None) -> Callable[[str], int]:
@@ -418,6 +435,11 @@ def build_parser() -> argparse.ArgumentParser:
     health.add_argument("--config", help="TOML configuration file (as given to serve)")
     health.add_argument(
         "--timeout", type=float, default=2.0, help="seconds to wait for an answer (default 2)"
+    )
+    health.add_argument(
+        "--active",
+        action="store_true",
+        help="healthy only while active (default: a standby is healthy too)",
     )
     health.set_defaults(func=_healthcheck)
 
