@@ -111,6 +111,9 @@ class GatewayConfig:
     users: Mapping[str, str] = field(default_factory=dict)
     permissions: Mapping[str, Permission] = field(default_factory=dict)
     allow_anonymous: bool = False
+    # Without users, the admin HTTP port answers only under these names, localhost and IP
+    # addresses (gateway/http_guard.py: DNS rebinding).
+    http_allowed_hosts: tuple[str, ...] = ()
     allow_plaintext_passwords: bool = False
     # TLS listeners start only with a certificate; tls_ca turns on client certificates,
     # whose subject CN names a user (certificate_users maps a CN to another user name).

@@ -43,12 +43,12 @@ import binascii
 import logging
 import platform
 import ssl
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, Final
 
 from aiohttp import web
 
-from core.errors import AuthenticationFailed, InvalidArgument, KeygateError, PermissionDenied
+from core.errors import InvalidArgument, KeygateError
 from core.model import (
     GroupConfig,
     GroupMode,
@@ -63,16 +63,15 @@ from core.settings import queue_settings
 from gateway import group_ops
 from gateway.broker import Broker
 from gateway.console import STATIC_DIR
+from gateway.http_guard import PRINCIPAL, Guard, json_errors, same_origin
 from gateway.http_input import RequestContract
 from gateway.http_server import HttpConnections, HttpStats, app_runner, serve
 from gateway.inspect import inspect_queue, queue_json, queue_summaries, queue_summary
 from gateway.openapi import openapi_document, package_version
-from protocols.sink import Principal, peer_identity
+from protocols.sink import Principal
 from storage import SqlStore
 
 log = logging.getLogger("keygate.http")
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 # The largest request body (413 beyond): a message of the default 5 MiB maximum fits,
 # base64-encoded, in a JSON publish. It was 64 MiB: a few clients posting that much held
@@ -137,42 +136,6 @@ def publication_from_json(
     )
 
 
-@web.middleware
-async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    try:
-        return await handler(request)
-    except web.HTTPException as e:
-        if e.status < 400:
-            raise
-        code = e.reason.lower().replace(" ", "-")
-        return web.json_response({"error": code, "message": e.reason}, status=e.status)
-    except KeygateError as e:
-        response = web.json_response({"error": e.code, "message": e.message}, status=e.status)
-        if isinstance(e, AuthenticationFailed):
-            response.headers["WWW-Authenticate"] = 'Basic realm="keygate"'
-        return response
-
-
-PRINCIPAL: Final = web.RequestKey("principal", Principal)
-_SAFE_METHODS: Final = frozenset({"GET", "HEAD", "OPTIONS"})
-
-
-@web.middleware
-async def _same_origin(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Refuse a request that changes something when a browser may have sent it from
-    another site (cross-site request forgery: a browser attaches the HTTP Basic
-    credentials it cached for the console): one whose Origin is not this server, or whose
-    body is not JSON (a form or text/plain body is what a cross-site page can send without
-    asking). The CLI and other programs send neither an Origin nor another body type."""
-    if request.method not in _SAFE_METHODS:
-        origin = request.headers.get("Origin")
-        if origin is not None and origin != f"{request.scheme}://{request.host}":
-            raise PermissionDenied("cross-site requests may not change anything")
-        if request.can_read_body and request.content_type != "application/json":
-            raise InvalidArgument("a request body must be application/json")
-    return await handler(request)
-
-
 def _principal(request: web.Request) -> Principal:
     return request[PRINCIPAL]
 
@@ -213,7 +176,11 @@ class AdminServer:
         self._ports = ports if ports is not None else {}
         self._contract = RequestContract(openapi_document(package_version()))
         app = web.Application(
-            middlewares=[_errors, _same_origin, self._authenticate],
+            middlewares=[
+                json_errors,
+                same_origin,
+                Guard(broker.access, broker.config).authenticate,
+            ],
             client_max_size=MAX_BODY,
         )
         app.add_routes(
@@ -244,37 +211,6 @@ class AdminServer:
         )
         self.app = app
         self._runner = app_runner(app, self.connections)
-
-    @web.middleware
-    async def _authenticate(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        """HTTP Basic credentials or a client certificate, checked like every protocol's
-        (``/healthz`` stays open for probes)."""
-        if request.path == "/healthz":
-            request[PRINCIPAL] = Principal(None, "http")
-            return await handler(request)
-        username = password = None
-        if "Authorization" in request.headers:
-            scheme, _, encoded = request.headers["Authorization"].partition(" ")
-            try:
-                username, sep, password = (
-                    base64.b64decode(encoded, validate=True).decode().partition(":")
-                )
-            except (binascii.Error, UnicodeDecodeError):
-                sep = ""
-            if scheme.lower() != "basic" or not sep:
-                raise AuthenticationFailed("HTTP Basic credentials required")
-        peer, certificate_user = (
-            (None, None) if request.transport is None else peer_identity(request.transport)
-        )
-        request[PRINCIPAL] = await self.broker.authenticate(
-            username,
-            password,
-            protocol="http",
-            client_id=None,
-            peer=peer,
-            certificate_user=certificate_user,
-        )
-        return await handler(request)
 
     async def start(self, host: str, port: int, ssl_context: ssl.SSLContext | None) -> int:
         return await serve(self._runner, host, port, ssl_context, self.connections, self.stats)

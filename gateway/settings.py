@@ -51,6 +51,7 @@ class Setting:
     zero: str = ""  # what 0 means, where it is allowed and means something special
     choices: tuple[str, ...] = ()  # case-insensitive; the value is kept upper-case
     optional: bool = False  # an empty string means unset (None)
+    listed: bool = False  # a list of non-empty strings: a TOML array, or comma-separated text
 
     @property
     def env(self) -> str:
@@ -59,6 +60,8 @@ class Setting:
     @property
     def expected(self) -> str:
         """What a good value is, as the error message and the docs say it."""
+        if self.listed:
+            return "a list of names (text: comma-separated)"
         if self.kind is bool:
             return "true or false (text: 1/0, true/false, yes/no, on/off)"
         if self.kind is str:
@@ -79,6 +82,8 @@ class Setting:
         def refuse() -> ConfigError:
             return bad(self.name, source, repr(value), self.expected)
 
+        if self.listed:
+            return _names(value, text, refuse)
         if self.kind is bool:
             return _boolean(value, text, refuse)
         if self.kind is str:
@@ -112,6 +117,17 @@ def _boolean(value: object, text: bool, refuse: Callable[[], ConfigError]) -> bo
         if word in FALSE_WORDS:
             return False
     raise refuse()
+
+
+def _names(value: object, text: bool, refuse: Callable[[], ConfigError]) -> tuple[str, ...]:
+    if text and isinstance(value, str):
+        value = [name.strip() for name in value.split(",") if name.strip()]
+    if not isinstance(value, list | tuple):
+        raise refuse()
+    for name in value:
+        if not isinstance(name, str) or not name or name != name.strip():
+            raise refuse()
+    return tuple(value)
 
 
 def _number(
@@ -152,6 +168,8 @@ SETTINGS: Final = (
     Setting("log_level", str, "log level", choices=LOG_LEVELS),
     Setting("log_json", bool, "one JSON object per log line"),
     Setting("allow_anonymous", bool, "anonymous clients from any address, not only loopback"),
+    Setting("http_allowed_hosts", str, "names the admin HTTP port answers anonymous "
+            "requests under, beside localhost and IP addresses", listed=True),
     Setting("allow_plaintext_passwords", bool, "accept [users] passwords that are not hashes"),
     Setting("tls_cert", str, "certificate file: the TLS listeners start", optional=True),
     Setting("tls_key", str, "private key file of tls_cert", optional=True),

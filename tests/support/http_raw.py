@@ -12,8 +12,10 @@ WAIT: Final = 10.0
 
 
 def request(path: str, *, keep_alive: bool = False) -> bytes:
+    """A GET under the address connected to (an anonymous gateway refuses other names)."""
     connection = "keep-alive" if keep_alive else "close"
-    return f"GET {path} HTTP/1.1\r\nHost: keygate\r\nConnection: {connection}\r\n\r\n".encode()
+    head = f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: {connection}\r\n\r\n"
+    return head.encode()
 
 
 async def get(port: int, path: str) -> tuple[int, bytes]:

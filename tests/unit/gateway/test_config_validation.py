@@ -45,6 +45,10 @@ def _toml(tmp_path: Path, text: str) -> Path:
          "list of queue globs"),
         ('[permissions.alice]\nadmin = "yes"\n', "permissions.alice.admin", "'yes'",
          "true or false"),
+        ('http_allowed_hosts = "a.example"\n', "http_allowed_hosts", "'a.example'",
+         "list of names"),
+        ('http_allowed_hosts = ["a.example", 5]\n', "http_allowed_hosts", "5", "list of names"),
+        ('http_allowed_hosts = [""]\n', "http_allowed_hosts", "['']", "list of names"),
     ],
 )  # fmt: skip
 def test_a_bad_value_in_the_file_names_the_file_key_value_and_what_is_expected(
@@ -138,6 +142,14 @@ def test_good_values_are_read_with_their_types(tmp_path: Path) -> None:
     assert config.tls_ca is None
     assert config.ack_flush_interval == 0.5
     assert config.max_window == 20
+
+
+def test_a_list_is_a_toml_array_or_comma_separated_text(tmp_path: Path) -> None:
+    file = _toml(tmp_path, 'http_allowed_hosts = ["a.example", "B.example"]\n')
+    assert load_config(file, env={}).http_allowed_hosts == ("a.example", "B.example")
+    variable = {"KEYGATE_HTTP_ALLOWED_HOSTS": " a.example, b.example ,"}
+    assert load_config(env=variable).http_allowed_hosts == ("a.example", "b.example")
+    assert load_config(env={}).http_allowed_hosts == ()
 
 
 def test_the_first_bad_value_is_reported_before_anything_else_is_read(tmp_path: Path) -> None:
