@@ -3,8 +3,9 @@ shuts down gracefully (stop accepting, drain, flush acks, close the store).
 
 Active/standby: gateways sharing one database elect the active one through a lease row in
 ``kg_gateway_lease`` (named after ``config.name``). A standby waits, its protocol ports
-closed (its admin port answers only ``/healthz``, 503 "standby"), until the lease is free
-or has lapsed (by the database's clock), changing nothing in the database meanwhile; it then
+closed (its admin port answers only ``/healthz``, 503 "standby", and ``/api/status``, to
+users), until the lease is free or has lapsed (by the database's clock), changing nothing
+in the database meanwhile; it then
 migrates the schema (if an older gateway left it behind) and takes the lease in one
 transaction (storage.migrate). Taking it over increments the lease's epoch. The active
 gateway fences its store with that epoch, so every write transaction proves in the
@@ -227,7 +228,7 @@ class Gateway:
             http_port = None if tls_off else self.config.port(admin)
             if http_port is not None:
                 dialect = "sqlite" if is_sqlite(self.config.db) else "postgresql"
-                standby = StandbyHealth(self.config.name, dialect, _http_connections(self.config))
+                standby = StandbyHealth(self.config, dialect, _http_connections(self.config))
                 tls = context if admin == "http_tls" else None
                 try:
                     await standby.start(self.config.host, http_port, tls)

@@ -2,7 +2,10 @@
 the admin HTTP port, answering 503 with its role, so that load balancers and probes tell
 the standby from the active gateway (whose ``/healthz`` answers 200 ``"role": "active"``),
 and ``GET /api/status`` (200: its name, role, version and database), so that ``keygate
-status`` says what it is.
+status`` says what it is. Requests pass the active gateway's checks
+(``gateway.http_guard``): ``/api/status`` needs the same credentials, a gateway without
+users answers only under the names it is served under, and every error, an unknown path
+included, is the API's JSON.
 
 The protocol ports of a standby stay closed: a client that lists every gateway's address
 is refused at once by the standby and moves on to the next (docs/operations.md).
@@ -18,6 +21,9 @@ import ssl
 
 from aiohttp import web
 
+from gateway.access import Access
+from gateway.config import GatewayConfig
+from gateway.http_guard import Guard, json_errors
 from gateway.http_server import HttpConnections, HttpStats, app_runner, serve
 from gateway.openapi import package_version
 
@@ -25,11 +31,12 @@ from gateway.openapi import package_version
 class StandbyHealth:
     """The standby's admin port: ``/healthz`` and ``/api/status``."""
 
-    def __init__(self, name: str, database: str, connections: HttpConnections) -> None:
-        self.name = name
+    def __init__(self, config: GatewayConfig, database: str, connections: HttpConnections) -> None:
+        self.name = config.name
         self._database = database
         self.connections = connections
-        app = web.Application()
+        guard = Guard(Access(config), config)
+        app = web.Application(middlewares=[json_errors, guard.authenticate])
         app.add_routes([web.get("/healthz", self._health), web.get("/api/status", self._status)])
         self._runner = app_runner(app, connections)
 

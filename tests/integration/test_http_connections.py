@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from gateway.client import Client
+from gateway.config import GatewayConfig
 from gateway.http_server import HttpConnections
 from gateway.server import Gateway
 from gateway.standby import StandbyHealth
@@ -204,7 +205,8 @@ async def test_a_keep_alive_connection_serves_requests_sent_in_time(strict: Gate
 
 
 async def _standby_is_capped_and_closes_a_silent_socket() -> None:
-    standby = StandbyHealth("keygate", "sqlite", HttpConnections(limit=1, header_timeout=1.0))
+    connections = HttpConnections(limit=1, header_timeout=1.0)
+    standby = StandbyHealth(GatewayConfig(), "sqlite", connections)
     port = await standby.start("127.0.0.1", 0, None)
     try:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)

@@ -14,6 +14,7 @@ from typing import Any
 import aiohttp
 
 from tests.integration.conftest import start_gateway
+from tests.support.security import ADMIN, hashed_users
 from tests.support.serve import unused_port
 from tests.support.wait import eventually
 
@@ -64,3 +65,44 @@ async def test_the_container_healthcheck_passes_on_a_standby_unless_the_active_r
         active = await asyncio.to_thread(_healthcheck, port, "--active")
         assert active.returncode == 1
         assert "standby" in active.stderr
+
+
+async def test_a_standby_answers_status_only_to_users_and_every_error_as_json(
+    sqlite_url: str,
+) -> None:
+    """Its /api/status answered without credentials where users are configured, and its
+    other paths answered text/plain "404: Not Found" (QA)."""
+    users = {"users": hashed_users(alice="alice-pw"), "permissions": {"alice": ADMIN}}
+    async with _standby(sqlite_url, **users) as port, aiohttp.ClientSession() as http:
+        base = f"http://127.0.0.1:{port}"
+        alice = {"Authorization": aiohttp.encode_basic_auth("alice", "alice-pw")}
+        async with http.get(base + "/api/status") as anonymous:
+            assert anonymous.status == 401
+            assert (await anonymous.json())["error"] == "authentication-failed"
+        async with http.get(
+            base + "/api/status", headers={"Authorization": aiohttp.encode_basic_auth("alice", "x")}
+        ) as bad:
+            assert bad.status == 401
+        async with http.get(base + "/api/status", headers=alice) as status:
+            assert status.status == 200
+            assert (await status.json())["role"] == "standby"
+        for method, path, code in [
+            ("GET", "/api/queues", "not-found"),
+            ("GET", "/no/such/path", "not-found"),
+            ("POST", "/api/status", "method-not-allowed"),
+        ]:
+            async with http.request(method, base + path, headers=alice) as refused:
+                assert refused.content_type == "application/json", (method, path)
+                assert (await refused.json())["error"] == code, (method, path)
+        async with http.get(base + "/healthz") as probe:
+            assert probe.status == 503  # open to probes, as on the active gateway
+
+
+async def test_a_standby_without_users_refuses_a_rebound_host(sqlite_url: str) -> None:
+    async with _standby(sqlite_url) as port, aiohttp.ClientSession() as http:
+        url = f"http://127.0.0.1:{port}/api/status"
+        async with http.get(url) as status:
+            assert (await status.json())["role"] == "standby"
+        async with http.get(url, headers={"Host": f"evil.example:{port}"}) as refused:
+            assert refused.status == 403
+            assert (await refused.json())["error"] == "permission-denied"
