@@ -14,18 +14,27 @@ Every HEAD_CHECK_INTERVAL it reads the heads of the queues with running groups (
 query), so rows that another writer appended reach those groups within about a second;
 on PostgreSQL such an append also notifies (``kg_heads``), and the heads are read at the
 next tick (procrastinate's pattern: the notification is the hint, the poll the guarantee).
+
+Failures. A step that fails with a storage error is logged and done again at its next
+turn; while the database cannot be reached (StorageUnavailable) nothing is logged here:
+the store's OutageLog tells the outage once (storage.outage), where a line per step would
+repeat it every tick. Any other exception ends the task, or the retention run, which the
+gateway's supervisor (gateway.supervisor) watches: the gateway stops, as when any of its
+critical tasks ends.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
 from typing import Final
 
-from core.errors import KeygateError
+from core.errors import KeygateError, StorageUnavailable
 from gateway.broker import Broker
+from gateway.supervisor import Supervisor
 from storage import SqlStore
 
 log = logging.getLogger("keygate.housekeeping")
@@ -38,15 +47,22 @@ HEAD_CHECK_INTERVAL: Final = 0.5
 
 class Housekeeping:
     def __init__(
-        self, broker: Broker, store: SqlStore, *, clock: Callable[[], float] = time.time
+        self,
+        broker: Broker,
+        store: SqlStore,
+        supervisor: Supervisor,
+        *,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.broker = broker
         self.store = store
+        self._supervisor = supervisor
         self._clock = clock
         self._task: asyncio.Task[None] | None = None
         self._retention: asyncio.Task[None] | None = None
         # Set by another writer's notification (PostgreSQL): check the heads at the next tick.
         self._hinted = False
+        self._stopping = asyncio.Event()
 
     def start(self) -> asyncio.Task[None]:
         """Start the periodic work; returns its task, which runs until ``stop``."""
@@ -54,9 +70,14 @@ class Housekeeping:
         return self._task
 
     async def stop(self) -> None:
+        """End the periodic work between two steps, and the retention run now. A step is
+        not cancelled: one cancelled while its transaction begins on SQLite leaves the
+        transaction open, holding the database's write lock, and the gateway's last writes
+        (the acks, the lease) then waited for SQLite's busy timeout."""
+        self._stopping.set()
+        if self._retention is not None:
+            self._retention.cancel()
         tasks = [task for task in (self._task, self._retention) if task is not None]
-        for task in tasks:
-            task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
     def _hint(self) -> None:
@@ -82,7 +103,11 @@ class Housekeeping:
         heads_every = max(1, round(HEAD_CHECK_INTERVAL / interval))
         ticks = 0
         while True:
-            await asyncio.sleep(interval)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(interval):
+                    await self._stopping.wait()
+            if self._stopping.is_set():
+                return
             for runtime in broker.runtimes():
                 runtime.request_flush()
             ticks += 1
@@ -90,7 +115,10 @@ class Housekeeping:
                 if ticks % retention_every == 0:
                     if self._retention is None or self._retention.done():
                         spread = broker.config.retention_interval / 2
-                        self._retention = asyncio.create_task(self._retain(spread))
+                        self._retention = asyncio.create_task(
+                            self._retain(spread), name="retention"
+                        )
+                        self._supervisor.watch("a retention run", self._retention, runs_out=True)
                     await store.expire_mqtt_sessions(now=self._clock())
                     await self._write_pending()
                     await broker.groups.renew_leases()
@@ -100,13 +128,13 @@ class Housekeeping:
                     self._hinted = False
                     await broker.check_heads()
             except KeygateError as e:
-                log.warning("housekeeping failed: %s", e)
+                _failed("housekeeping", e)
 
     async def _retain(self, spread: float) -> None:
         try:
             await self.store.retention(now=self._clock(), spread=spread, on_expired=self._expired)
         except KeygateError as e:
-            log.warning("retention failed: %s", e)
+            _failed("retention", e)
 
     def _expired(self, queue: str, count: int, dead_lettered: bool) -> None:
         """Expired messages of a queue without groups: counted as a group counts its own,
@@ -137,3 +165,9 @@ class Housekeeping:
         }
         if pending:
             await self.store.update_flow_pending(pending, now=self._clock())
+
+
+def _failed(what: str, error: KeygateError) -> None:
+    """Log a failed step, unless the database could not be reached (module doc)."""
+    if not isinstance(error, StorageUnavailable):
+        log.warning("%s failed: %s", what, error)

@@ -59,7 +59,7 @@ from core.actions import (
     RetryScheduled,
     merge_dispatch,
 )
-from core.errors import Fenced, KeygateError, Unavailable
+from core.errors import Fenced, KeygateError, StorageUnavailable, Unavailable
 from core.group import GroupMachine
 from core.model import AckMode, DeadLetterReason, GroupConfig, Message, QueueConfig
 from core.partition import GroupStatus
@@ -439,13 +439,14 @@ class GroupRuntime:
             except Fenced:
                 return  # another gateway is active: this one writes nothing more, and stops
             except KeygateError as e:
-                self._log.warning(
-                    "group %s/%s: write failed (%s); retrying in %.2fs",
-                    self.queue.name,
-                    self.group.name,
-                    e,
-                    delay,
-                )
+                if not isinstance(e, StorageUnavailable):  # an outage: told by storage.outage
+                    self._log.warning(
+                        "group %s/%s: write failed (%s); retrying in %.2fs",
+                        self.queue.name,
+                        self.group.name,
+                        e,
+                        delay,
+                    )
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, _RETRY_MAX)
 
@@ -459,13 +460,14 @@ class GroupRuntime:
             except Exception as e:
                 # A storage failure, or a bug: either way the partitions must not be left
                 # waiting for an answer that never comes. Retry with backoff.
-                self._log.warning(
-                    "group %s/%s: read of partitions %s failed (%s)",
-                    self.queue.name,
-                    self.group.name,
-                    [f.partition for f in fetches][:20],
-                    e if isinstance(e, KeygateError) else repr(e),
-                )
+                if not isinstance(e, StorageUnavailable):  # an outage: told by storage.outage
+                    self._log.warning(
+                        "group %s/%s: read of partitions %s failed (%s)",
+                        self.queue.name,
+                        self.group.name,
+                        [f.partition for f in fetches][:20],
+                        e if isinstance(e, KeygateError) else repr(e),
+                    )
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, _RETRY_MAX)
         answers = []

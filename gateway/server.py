@@ -260,7 +260,7 @@ class Gateway:
         # Their MQTT sessions were never given an expiry: the longest a session may have.
         await self.store.orphan_mqtt_sessions(expires_at=time.time() + MAX_SESSION_EXPIRY)
         await self.broker.start()
-        self._housekeeping = Housekeeping(self.broker, self.store)
+        self._housekeeping = Housekeeping(self.broker, self.store, self._supervisor)
         self._supervisor.watch("housekeeping", self._housekeeping.start())
         try:
             for name, listener in _listeners(

@@ -7,6 +7,10 @@ stop) leaves the gateway answering "active" without doing its job: a lease nobod
 (another gateway takes it over while this one still accepts clients), publishes nobody
 writes. The supervisor turns that into a stop: ``on_failure`` is called with a sentence
 naming the task and how it ended, and the gateway stops at once, exit status 1.
+
+Housekeeping's retention runs are tasks of their own, one per ``retention_interval``, that
+end when the run is done: watched ``runs_out``, such a task is reported only when it fails
+(an error nobody expected) or is cancelled by anything but the stop.
 """
 
 from __future__ import annotations
@@ -23,9 +27,10 @@ class Supervisor:
         self._on_failure = on_failure
         self._standing_down = False
 
-    def watch(self, name: str, task: asyncio.Task[Any]) -> None:
+    def watch(self, name: str, task: asyncio.Task[Any], *, runs_out: bool = False) -> None:
         """Report ``task`` (called ``name`` in the report) if it ends before
-        ``stand_down``."""
+        ``stand_down``; ``runs_out``: only if it fails or is cancelled (a task that does
+        one run of periodic work, and returns when done)."""
 
         def ended(done: asyncio.Task[Any]) -> None:
             if self._standing_down:
@@ -34,6 +39,8 @@ class Supervisor:
                 how = "cancelled"
             elif (error := done.exception()) is not None:
                 how = f"{type(error).__name__}: {error}"
+            elif runs_out:
+                return
             else:
                 how = "returned"
             self._on_failure(f"{name} ended unexpectedly ({how})")

@@ -5,7 +5,8 @@ PostgreSQL refuses every session for a while (a restart, ``ALTER DATABASE ...
 ALLOW_CONNECTIONS false``), played by a proxy between the gateway and the server
 (tests.support.postgres), never by the shared server itself: publishes meanwhile are told
 ``storage-unavailable``, the log says so once rather than once per publish, and the
-gateway renews its lease again once the database answers within ``lease_ttl``.
+gateway renews its lease again once the database answers within ``lease_ttl``. Retention
+runs meanwhile fail without a line each, and delete what expired once it answers again.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import Any
 
 import psycopg
 import pytest
@@ -32,6 +34,8 @@ pytestmark = pytest.mark.postgres
 
 # Publishes tried while the database refuses sessions.
 PUBLISHES = 40
+# Retention runs that fail while the database refuses sessions.
+FAILED_RUNS = 6
 _LEASE_LEFT = sa.text(
     "SELECT expires_at - extract(epoch FROM clock_timestamp()) FROM kg_gateway_lease"
 )
@@ -164,5 +168,63 @@ async def test_an_active_gateway_renews_its_lease_again_once_the_database_answer
             assert gateway.broker is not None
             active = gateway.broker.metrics.registry.get_sample_value("keygate_gateway_active")
             assert active == 1
+        finally:
+            await gateway.stop()
+
+
+def _stored(url: str) -> int:
+    engine = sync_engine(url)
+    try:
+        with engine.connect() as conn:
+            return int(conn.execute(sa.text("SELECT count(*) FROM kg_messages")).scalar_one())
+    finally:
+        engine.dispose()
+
+
+async def test_retention_runs_through_an_outage_told_once_and_deletes_once_it_answers(
+    postgres_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    async with TcpProxy(server_port(postgres_url)) as proxy:
+        url = through(postgres_url, proxy.port)
+        gateway = await start_gateway(url, lease_ttl=60.0, retention_interval=0.1)
+        try:
+            assert gateway.store is not None
+            retention = gateway.store.retention
+            failed: list[StorageError] = []
+
+            async def counted(**kwargs: Any) -> int:
+                try:
+                    return await retention(**kwargs)
+                except StorageError as e:
+                    failed.append(e)
+                    raise
+
+            gateway.store.retention = counted  # type: ignore[method-assign]
+            async with Client(native_url(gateway)) as client:
+                await client.declare_queue("expiring", partitions=2)  # no group: expiry only
+                for i in range(20):
+                    await client.publish("expiring", b"%d" % i, key=f"k{i}", ttl=1.0)
+                caplog.clear()
+                proxy.cut(answer=not_accepting_connections)
+                expired_at = time.monotonic() + 1.0
+                assert await asyncio.to_thread(_stored, postgres_url) == 20
+                await eventually(
+                    lambda: len(failed) >= FAILED_RUNS and time.monotonic() > expired_at,
+                    timeout=10,
+                )
+                during = list(caplog.records)
+                proxy.restore()
+
+                async def deleted() -> bool:
+                    return await asyncio.to_thread(_stored, postgres_url) == 0
+
+                await eventually(deleted, timeout=10)
+            assert {type(e) for e in failed} == {StorageUnavailable}
+            # The outage said once (a summary at most every few seconds), not once per run.
+            warned = [r.getMessage() for r in during if r.levelno >= logging.WARNING]
+            assert 1 <= len(warned) <= 3, warned
+            assert any("database unavailable" in message for message in warned), warned
+            assert not gateway.failed
         finally:
             await gateway.stop()

@@ -1,7 +1,8 @@
 """The active gateway never keeps answering "active" once it cannot do its job: a lease
 renewal that fails, whatever the error, is tried again until lease_ttl runs out, then the
 gateway stops; a critical background task (the lease keeper, the append and dispatch
-writers, housekeeping) that ends while it runs stops it at once, with an ERROR line."""
+writers, housekeeping, a retention run) that ends while it runs stops it at once, with an
+ERROR line — a retention run's error used to be lost with its task."""
 
 from __future__ import annotations
 
@@ -74,5 +75,25 @@ async def test_a_critical_task_that_ends_stops_the_gateway_with_an_error(
         assert gateway.failed and not gateway.lost_lease
         errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
         assert any("append writer ended unexpectedly" in message for message in errors), errors
+    finally:
+        await gateway.stop()
+
+
+async def test_a_retention_run_failing_with_an_unexpected_error_stops_the_gateway(
+    sqlite_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    gateway = await start_gateway(sqlite_url, lease_ttl=30.0, retention_interval=0.1)
+    try:
+        assert gateway.store is not None
+
+        async def broken(**_: object) -> int:
+            raise RuntimeError("something no layer expects")
+
+        gateway.store.retention = broken  # type: ignore[method-assign]
+        await asyncio.wait_for(gateway.wait_closed(), 10)
+        assert gateway.failed and not gateway.lost_lease
+        errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+        expected = "a retention run ended unexpectedly (RuntimeError: something no layer expects)"
+        assert any(expected in message for message in errors), errors
     finally:
         await gateway.stop()

@@ -53,3 +53,12 @@ async def test_tasks_that_end_once_the_gateway_stops_are_not_failures() -> None:
     task.cancel()
     await asyncio.sleep(0.01)
     assert failures == []
+
+
+async def test_a_run_that_returns_is_not_reported_one_that_raises_is() -> None:
+    failures: list[str] = []
+    supervisor = Supervisor(failures.append)
+    supervisor.watch("a retention run", asyncio.create_task(_return()), runs_out=True)
+    supervisor.watch("a retention run", asyncio.create_task(_fail()), runs_out=True)
+    await asyncio.sleep(0.01)
+    assert failures == ["a retention run ended unexpectedly (RuntimeError: boom)"]
