@@ -28,6 +28,7 @@ code their wire needs.
     │   ├── StorageUnavailable          the database could not be reached (retry later)
     │   ├── SchemaBusy                  the schema needs changing while another gateway is active
     │   ├── SchemaTooNew                the database was migrated by a newer keygate
+    │   ├── StorageMisconfigured        the database refuses the URL's user, password or database
     │   └── Fenced                      this gateway lost the gateway lease to another
     ├── Unavailable                503  shutting down / standby gateway
     │   └── ConnectionLimitReached      too many connections in total or for the user
@@ -186,6 +187,15 @@ class SchemaTooNew(StorageError):
     migrated it. Nothing was changed; run that version (or newer)."""
 
     code = "schema-too-new"
+
+
+class StorageMisconfigured(StorageError):
+    """The database refused to open a session for the settings it was given: a wrong
+    password, an unknown user or database, a pg_hba.conf refusal. Waiting does not heal it
+    (the URL must change), so a starting gateway exits with it (status 2). Never sent on
+    a wire: clients are told storage-unavailable."""
+
+    code = "storage-misconfigured"
 
 
 class Fenced(StorageError):

@@ -27,7 +27,7 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from core.errors import KeygateError
+from core.errors import KeygateError, StorageMisconfigured
 from core.ingress import MAX_WINDOW
 from core.model import GroupMode, KeyOrder, StartPosition
 from core.settings import QUEUE_SETTINGS
@@ -65,6 +65,11 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         with asyncio.Runner(loop_factory=loop_factory) as runner:
             runner.run(gateway.serve_forever())
+    except StorageMisconfigured as e:
+        # The db setting names a user, password or database the server refuses: a bad
+        # setting, exit 2, though only the database can tell.
+        print(f"keygate: {e.message}", file=sys.stderr)
+        return 2
     except KeygateError as e:
         print(f"keygate: {e.message}", file=sys.stderr)
         return 1

@@ -18,7 +18,7 @@ from typing import Any, Final
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from core.errors import StorageError
+from core.errors import StorageError, StorageMisconfigured
 from core.model import Message
 from storage.appends import AppendCall, AppendOps, AppendOutcome
 from storage.batcher import GroupCommitter
@@ -28,6 +28,7 @@ from storage.engine import async_engine, sync_engine
 from storage.inspection import InspectionOps
 from storage.leases import LeaseOps
 from storage.migrate import LeaseClaim, migrate
+from storage.outage import detail, diagnose
 from storage.retention import Riders
 from storage.schema import LARGE_ROWS, kg_messages
 from storage.statements import json_rows
@@ -240,6 +241,14 @@ async def open_store(
     try:
         await migrate(url, claim=claim)
     except (sa.exc.SQLAlchemyError, OSError) as e:
+        # psycopg, which migrates, cannot say whether the server refused the session for
+        # its settings: asyncpg asks again when that may be it (storage.outage).
+        refused = await diagnose(url) if isinstance(e, sa.exc.OperationalError) else None
+        if refused is not None:
+            raise StorageMisconfigured(
+                f"the database refuses the gateway's sessions: {detail(refused)} (check the "
+                "user, password and database of the db setting)"
+            ) from e
         raise StorageError(f"cannot migrate the database: {e}") from e
     engine = async_engine(url, application_name=application_name)
     writer = WriterThread(sync_engine(url, application_name=application_name))

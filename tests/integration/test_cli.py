@@ -8,10 +8,12 @@ import os
 import signal
 import socket
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from sqlalchemy.engine import make_url
 
 from tests.support.serve import ALL_PORTS_FREE, KEYGATE, serve
 
@@ -225,6 +227,30 @@ def test_a_bad_setting_is_one_line_and_exit_2_before_anything_starts(
     assert named in result.stderr
     assert result.stdout == ""
     assert not db.exists() and not ports_file.exists()  # no database touched, nothing served
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize(
+    ("part", "value", "named"),
+    [
+        ("database", "nosuchdb", 'database "nosuchdb" does not exist'),
+        ("username", "nosuchuser", 'role "nosuchuser" does not exist'),
+    ],
+)
+def test_a_database_url_the_server_refuses_fails_fast_with_exit_2_naming_it(
+    postgres_url: str, tmp_path: Path, part: str, value: str, named: str
+) -> None:
+    """A configuration error only the database can tell, not an outage to wait out: it
+    was 'cannot migrate the database' and exit 1, with SQLAlchemy's text."""
+    url = make_url(postgres_url).set(**{part: value}).render_as_string(hide_password=False)
+    started = time.monotonic()
+    result = _run("serve", "--db", url, "--host", "127.0.0.1", *ALL_PORTS_FREE)
+    assert result.returncode == 2, result.stderr
+    assert time.monotonic() - started < 30
+    assert "Traceback" not in result.stderr
+    last = result.stderr.splitlines()[-1]
+    assert last.startswith("keygate: the database refuses the gateway's sessions: "), last
+    assert named in last and "check the user, password and database" in last, last
 
 
 def test_admin_commands_explain_an_unreachable_gateway() -> None:

@@ -9,7 +9,7 @@ import pytest
 import sqlalchemy as sa
 
 from core.errors import StorageError, StorageUnavailable
-from storage.outage import OutageLog, driver_errors, storage_error
+from storage.outage import OutageLog, driver_errors, is_misconfigured, storage_error
 
 STATEMENT = "INSERT INTO kg_messages (payload) VALUES (?)"
 PARAMS = ("another client's secret payload",)
@@ -98,3 +98,48 @@ def test_an_outage_is_logged_once_then_summarised_then_its_end(
     outage.unavailable("OperationalError: connection refused")  # a new episode
     assert [r.levelname for r in caplog.records][-1] == "WARNING"
     assert len(caplog.records) == 4
+
+
+@pytest.mark.parametrize(
+    "refused",
+    [
+        asyncpg.exceptions.InvalidPasswordError('password authentication failed for user "kg"'),
+        asyncpg.exceptions.InvalidAuthorizationSpecificationError('role "kg" does not exist'),
+        asyncpg.exceptions.InvalidCatalogNameError('database "kg" does not exist'),
+    ],
+)
+def test_a_session_refused_for_its_user_password_or_database_is_a_misconfiguration(
+    refused: Exception,
+) -> None:
+    assert is_misconfigured(refused)
+    assert is_misconfigured(sa.exc.DBAPIError(STATEMENT, PARAMS, refused))
+    assert isinstance(storage_error(refused), StorageUnavailable)  # to clients, as an outage
+
+
+def test_an_outage_that_is_a_misconfiguration_is_an_error_naming_it_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The password rotated under a running gateway: said as what it is, once, not as a
+    'database unavailable' that waiting would end."""
+    caplog.set_level(logging.INFO)
+    clock = _Clock()
+    outage = OutageLog(logging.getLogger("keygate.storage"), interval=10.0, clock=clock)
+    # The writer thread's psycopg cannot tell why; asyncpg's next connection does.
+    outage.unavailable("OperationalError: connection failed")
+    for _ in range(100):
+        outage.unavailable("InvalidPasswordError: password authentication", misconfigured=True)
+        clock.now += 0.01
+    assert [r.levelname for r in caplog.records] == ["WARNING", "ERROR"]
+    assert "check the user, password and database" in caplog.records[1].getMessage()
+    assert "InvalidPasswordError" in caplog.records[1].getMessage()
+    clock.now += 10.0
+    outage.unavailable("OperationalError: connection failed")
+    assert "refusing the gateway's sessions for 11 s" in caplog.records[2].getMessage()
+    outage.answered()
+    outage.unavailable("InvalidPasswordError: password authentication", misconfigured=True)
+    assert [r.levelname for r in caplog.records][-1] == "ERROR"  # a new episode, told again
+
+
+def test_no_misconfiguration_without_a_sqlstate_saying_so() -> None:
+    assert not is_misconfigured(sa.exc.DBAPIError(STATEMENT, PARAMS, _Refused("57P03")))
+    assert not is_misconfigured(sa.exc.OperationalError(STATEMENT, PARAMS, OSError("refused")))
