@@ -62,9 +62,9 @@ def _serve(args: argparse.Namespace) -> int:
     except ImportError:
         pass
     gateway = Gateway(config)
+    runner = asyncio.Runner(loop_factory=loop_factory)
     try:
-        with asyncio.Runner(loop_factory=loop_factory) as runner:
-            runner.run(gateway.serve_forever())
+        runner.run(gateway.serve_forever())
     except StorageMisconfigured as e:
         # The db setting names a user, password or database the server refuses: a bad
         # setting, exit 2, though only the database can tell.
@@ -73,6 +73,12 @@ def _serve(args: argparse.Namespace) -> int:
     except KeygateError as e:
         print(f"keygate: {e.message}", file=sys.stderr)
         return 1
+    finally:
+        # A gateway that stopped without its database (it answered nothing) leaves the
+        # tasks still waiting for it: cancelled, they would not end either (asyncpg's
+        # cancel request waits on the same link), and closing the loop waits for them.
+        if not gateway.left_database:
+            runner.close()
     # Exiting non-zero after stopping at once (the lease lost, a critical task ended) lets
     # a supervisor restart us, as a standby if another gateway took over meanwhile.
     return 1 if gateway.failed else 0

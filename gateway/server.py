@@ -198,6 +198,8 @@ class Gateway:
     lost_lease: bool = False
     # True once it stopped at once: the lease lost, or a critical task ended (exit 1).
     failed: bool = False
+    # True once it stopped without closing its store: the database answered nothing.
+    left_database: bool = False
     _listeners: dict[str, Listener] = field(default_factory=dict)
     _stopped: asyncio.Event = field(default_factory=asyncio.Event)
     _closed: asyncio.Event = field(default_factory=asyncio.Event)
@@ -409,25 +411,33 @@ class Gateway:
             self._supervisor.stand_down()
         if self._lease_task is not None and self._lease_task is not asyncio.current_task():
             self._lease_task.cancel()
-        if self.failed:
-            # No longer the owner: every write now fails, so nothing is left to drain.
-            await asyncio.gather(*(self._close(*item) for item in self._listeners.items()))
-        else:
-            for name, listener in reversed(list(self._listeners.items())):
-                await self._close(name, listener)
+        # Together: a stop drains for as long as its slowest listener (that one's
+        # DRAIN_TIMEOUT at most), not for the sum of them.
+        await asyncio.gather(*(self._close(*item) for item in self._listeners.items()))
         self._listeners.clear()
         if self.ports:
             _remove_ports_file(self.config.ports_file)
-        if not self.failed:
-            await self._close_storage()
+        # When the database does not answer at all (the link is a black hole: nothing is
+        # refused, nothing comes back) the final writes and the store's close would wait
+        # for as long: give them lease_ttl — the lease is lost by then anyway — then leave
+        # them. Left, not cancelled and awaited: a query cancelled on such a link does not
+        # end either (asyncpg sends the cancel request over a new connection, which
+        # hangs in turn). What the store still holds was never confirmed: its clients
+        # send it again.
+        closing = asyncio.create_task(self._close_storage(), name="closing the store")
+        if (await asyncio.wait((closing,), timeout=self.config.lease_ttl))[0]:
+            closing.result()  # raises what closing raised
             return
-        # Nothing can commit any more; when the database does not answer at all (the link
-        # is gone) closing it would wait as long: give it lease_ttl, then leave it.
-        try:
-            async with asyncio.timeout(self.config.lease_ttl):
-                await self._close_storage()
-        except TimeoutError:
-            log.error("the database did not answer within lease_ttl: stopping without it")
+        closing.cancel()
+        self.left_database = True
+        unconfirmed = self.store.appender.backlog if self.store is not None else 0
+        log.error(
+            "the database did not answer within lease_ttl (%g s): stopping without it; "
+            "%d publish(es) received were not confirmed and may not be stored (their "
+            "clients got no confirm, or an error); nothing confirmed is lost",
+            self.config.lease_ttl,
+            unconfirmed,
+        )
 
     async def _close_storage(self) -> None:
         if self._housekeeping is not None:

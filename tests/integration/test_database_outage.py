@@ -7,13 +7,20 @@ ALLOW_CONNECTIONS false``), played by a proxy between the gateway and the server
 ``storage-unavailable``, the log says so once rather than once per publish, and the
 gateway renews its lease again once the database answers within ``lease_ttl``. Retention
 runs meanwhile fail without a line each, and delete what expired once it answers again.
+
+A link to the database that goes silent (a black hole: nothing refused, nothing answered)
+while ``keygate serve`` is told to stop (SIGTERM): the drain gives up on the publishes in
+flight, the final writes get lease_ttl, and the process exits — it used to wait forever.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import time
+from contextlib import ExitStack
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -22,12 +29,14 @@ import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
 from core.errors import StorageError, StorageUnavailable
-from gateway.client import Client
+from gateway.client import Client, ConnectionLost
 from gateway.server import Gateway
+from protocols.native.listener import CLOSE_WAIT, DRAIN_TIMEOUT
 from storage.engine import GATEWAY_APPLICATION, sync_engine
 from tests.integration.conftest import native_url, start_gateway
 from tests.support.postgres import not_accepting_connections, server_port, through
 from tests.support.proxy import TcpProxy
+from tests.support.serve import serve
 from tests.support.wait import eventually
 
 pytestmark = pytest.mark.postgres
@@ -228,3 +237,56 @@ async def test_retention_runs_through_an_outage_told_once_and_deletes_once_it_an
             assert not gateway.failed
         finally:
             await gateway.stop()
+
+
+def _payloads(url: str) -> set[bytes]:
+    engine = sync_engine(url)
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(sa.text("SELECT payload FROM kg_messages")).scalars()
+            return {bytes(payload) for payload in rows}
+    finally:
+        engine.dispose()
+
+
+async def test_a_stop_while_the_database_link_is_a_black_hole_exits_within_its_bounds(
+    postgres_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGTERM with native publishes waiting for a database that answers nothing: the
+    drain gives up on them after DRAIN_TIMEOUT (they are not confirmed), the final writes
+    and the store's close after lease_ttl, and the process exits with a line saying so."""
+    lease_ttl = 4.0
+    # The drain, the connection's goodbye, the final writes, and a start-up's worth.
+    bound = DRAIN_TIMEOUT + 2 * CLOSE_WAIT + lease_ttl + 5.0
+    monkeypatch.setenv("KEYGATE_LEASE_TTL", str(lease_ttl))
+    async with TcpProxy(server_port(postgres_url)) as proxy:
+        with ExitStack() as stack:
+            proc, ports, log = await asyncio.to_thread(
+                stack.enter_context, serve(through(postgres_url, proxy.port), tmp_path)
+            )
+            async with Client(f"keygate://127.0.0.1:{ports['native']}") as client:
+                await client.declare_queue("orders", partitions=2)
+                confirmed = {b"confirmed %d" % i for i in range(5)}
+                for payload in sorted(confirmed):
+                    await client.publish("orders", payload, key="k")
+                proxy.freeze()
+                in_flight = [
+                    asyncio.create_task(client.publish("orders", b"in flight %d" % i, key="k"))
+                    for i in range(10)
+                ]
+                await eventually(lambda: proxy.held_back > 0, timeout=10)  # its append
+                proc.send_signal(signal.SIGTERM)
+                started = time.monotonic()
+                try:
+                    code = await asyncio.to_thread(proc.wait, bound + 30)
+                finally:
+                    if proc.poll() is None:
+                        proc.kill()
+                stopped_after = time.monotonic() - started
+                outcomes = await asyncio.gather(*in_flight, return_exceptions=True)
+        text = log.read_text()
+        assert code == 0, text
+        assert stopped_after < bound, text
+        assert "were not confirmed" in text, text
+        assert all(isinstance(outcome, ConnectionLost) for outcome in outcomes), outcomes
+        assert confirmed <= await asyncio.to_thread(_payloads, postgres_url)

@@ -5,7 +5,8 @@ an RST, as after a router or NAT failure) and refuses new connections — each i
 and reset at once — until ``restore()``. ``refused`` counts the connections refused, so
 a test can wait until a client has tried to come back before letting it through.
 ``freeze()`` is the silent failure instead (a black hole): nothing more is forwarded
-either way and new connections are accepted and left hanging, until ``restore()``.
+either way and new connections are accepted and left hanging, until ``restore()``;
+``held_back`` counts what was read meanwhile and not forwarded (chunks of either side).
 ``cut(answer=...)`` hands each new connection to ``answer`` instead of resetting it: a
 server that is up but refuses sessions (tests.support.postgres.not_accepting_connections).
 """
@@ -47,6 +48,7 @@ class TcpProxy:
         self._flowing.set()
         self._held: list[asyncio.StreamWriter] = []
         self.refused = 0
+        self.held_back = 0
         self.port = 0
 
     async def __aenter__(self) -> TcpProxy:
@@ -119,7 +121,9 @@ class TcpProxy:
     async def _pipe(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
         try:
             while data := await src.read(_CHUNK):
-                await self._flowing.wait()
+                if not self._flowing.is_set():
+                    self.held_back += 1
+                    await self._flowing.wait()
                 dst.write(data)
                 await dst.drain()
         except (ConnectionError, OSError):
