@@ -9,11 +9,14 @@ on reading. There is one worker, so a connection has one batch in flight and its
 messages are stored in the order sent.
 
 Back-pressure: ``put`` waits while the queue holds ``max_items`` requests or
-``max_bytes`` (``size`` of each, counted until taken); a reader that must not wait in
-the middle of a read queues with ``put_nowait`` and then waits for ``room``. Either way
-the socket is not read and TCP pushes back on the client. ``idle`` is set while the
-queue is empty and the worker has come back for more: what the connection received has
-been done.
+``max_bytes`` (``size`` of each); a reader that must not wait in the middle of a read
+queues with ``put_nowait`` and then waits for ``room``. Either way the socket is not read
+and TCP pushes back on the client. A request's bytes count from the moment it is queued
+until the worker comes back for more (``take``): a batch being stored is held as much as
+one waiting, so the connection holds at most ``max_bytes`` and what one read decoded
+beyond it (the batch, up to ``max_batch_bytes``, used to leave the count when taken, and
+that much more was read meanwhile). ``idle`` is set while the queue is empty and the
+worker has come back for more: what the connection received has been done.
 """
 
 from __future__ import annotations
@@ -40,7 +43,8 @@ class WorkQueue(Generic[T]):
         size: Callable[[T], int],
     ) -> None:
         self._items: deque[T] = deque()
-        self._bytes = 0
+        self._bytes = 0  # of the requests queued and of the batch taken last
+        self._taken = 0  # of the batch taken last, until the worker comes back
         self._max_items = max_items
         self._max_bytes = max_bytes
         self._max_batch = max_batch
@@ -57,9 +61,9 @@ class WorkQueue(Generic[T]):
 
     @property
     def full(self) -> bool:
-        return bool(self._items) and (
-            len(self._items) >= self._max_items or self._bytes >= self._max_bytes
-        )
+        if self._bytes and self._bytes >= self._max_bytes:
+            return True  # the requests queued and the batch being done
+        return bool(self._items) and len(self._items) >= self._max_items
 
     async def room(self) -> None:
         """Wait while the queue is full."""
@@ -79,13 +83,18 @@ class WorkQueue(Generic[T]):
         self._ready.set()
 
     def clear(self) -> None:
-        """Drop everything queued (the connection failed)."""
+        """Drop everything queued (the connection failed; its worker is done)."""
         self._items.clear()
-        self._bytes = 0
+        self._bytes = self._taken = 0
         self._space.set()
 
     async def take(self) -> list[T]:
-        """The next request, or the longest run of publishes within the batch bounds."""
+        """The next request, or the longest run of publishes within the batch bounds; the
+        batch taken before is done, and its bytes are given back."""
+        if self._taken:
+            self._bytes -= self._taken
+            self._taken = 0
+            self._space.set()
         items = self._items
         while not items:
             self.idle.set()
@@ -102,7 +111,7 @@ class WorkQueue(Generic[T]):
             ):
                 batch.append(items.popleft())
                 size += self._size(batch[-1])
-        self._bytes -= size
+        self._taken = size
         self._space.set()
         return batch
 

@@ -45,7 +45,7 @@ BUDGET = 64 * 1024
 PROPERTY = 60_000  # bytes of one property (native) or header (AMQP); the payload is empty
 FLOOD = 500  # 30 MB of properties: more than the kernel's socket buffers hold
 # What a connection stopped at its budget may hold besides it: a read (256 KiB), the
-# stream's buffer, a frame being decoded, the AMQP worker's batch (taken from its queue).
+# stream's buffer, a frame being decoded.
 # Measured: under 1 MiB; reading the whole flood would be 30 MB.
 SLACK = 4 * MIB
 
@@ -362,5 +362,54 @@ async def test_amqp_publishes_of_large_headers_are_held_to_the_byte_budget(
         assert not all_sent, "the gateway read the whole flood while nothing committed"
         assert grown < SLACK, f"the gateway took {grown} bytes while nothing committed"
         assert confirmed == FLOOD
+    finally:
+        await gw.stop()
+
+
+async def test_amqp_publishes_being_stored_count_against_the_byte_budget(
+    sqlite_url: str,
+) -> None:
+    """The batch the connection's worker is storing counts against the budget until it is
+    stored: it left the queue's count when taken, so as much again (up to 4 MiB, one
+    batch) was read beside it. Here the worker first waits for a purge while the budget
+    fills, then takes all of it as one batch, which waits to be stored in turn."""
+    budget, body, flood = 2 * MIB, 100_000, 300  # 30 MB: more than the socket buffers
+    gw = await start_gateway(sqlite_url, max_unconfirmed_bytes=budget)
+    try:
+        async with Client(native_url(gw)) as client:
+            await client.declare_queue("bodies", partitions=2)
+            await client.declare_queue("other")
+        sock = await asyncio.to_thread(_amqp_login, gw.ports["amqp"])
+        with sock:
+            purge = pika.frame.Method(1, pika.spec.Queue.Purge(queue="other")).marshal()
+            publish = pika.frame.Method(1, pika.spec.Basic.Publish(routing_key="bodies")).marshal()
+            content = pika.frame.Header(1, body, pika.spec.BasicProperties()).marshal()
+            message = publish + content + pika.frame.Body(1, b"x" * body).marshal()
+            frames = purge + message * flood
+            amqp = gw._listeners["amqp"]
+            assert isinstance(amqp, AmqpListener)
+            [connection] = amqp._acceptor.connections
+            queue = connection.session.queue  # type: ignore[attr-defined]
+            lock, appender = gw.store.seq_lock, gw.store.appender
+            sent = threading.Event()
+            with _traced() as start:
+                await lock.acquire()  # neither the purge nor any publish is stored
+                sender = threading.Thread(target=_flood, args=(sock, frames, sent), daemon=True)
+                sender.start()
+                await eventually(lambda: queue.full, timeout=20)
+                lock.release()  # the purge goes, then the lock is the test's again (FIFO)
+                await lock.acquire()
+                await eventually(lambda: appender.backlog > 0, timeout=20)  # the batch
+                await eventually(lambda: queue.full, timeout=20)
+                await asyncio.sleep(0.2)  # anything still read would show here
+                grown, all_sent = _grown(start), sent.is_set()
+                lock.release()
+            confirmed = await asyncio.to_thread(_amqp_confirmed, sock, flood)
+            sender.join(10)
+        assert not all_sent, "the gateway read the whole flood while nothing committed"
+        # Measured: the budget and 1.2 MB (a read, the stream's buffer, a frame being
+        # decoded); with the batch beside it, a budget more (5.3 MB).
+        assert grown < budget + SLACK // 2, f"the gateway took {grown} bytes"
+        assert confirmed == flood
     finally:
         await gw.stop()

@@ -38,15 +38,27 @@ async def test_a_batch_stops_at_its_byte_bound() -> None:
     assert await queue.take() == ["p10"]
 
 
-async def test_put_waits_while_the_queue_holds_too_many_bytes() -> None:
+async def test_put_waits_while_the_queue_and_the_batch_being_done_hold_too_many_bytes() -> None:
     queue = _queue(max_bytes=100)
     await queue.put("p100")
     second = asyncio.create_task(queue.put("p1"))
     await asyncio.sleep(0)
     assert not second.done() and queue.full
     assert await queue.take() == ["p100"]
+    await asyncio.sleep(0)
+    assert not second.done() and queue.full  # p100 is still being stored
+    coming_back = asyncio.create_task(queue.take())  # the worker is done with it
     await asyncio.wait_for(second, 1)
-    assert await queue.take() == ["p1"]
+    assert await asyncio.wait_for(coming_back, 1) == ["p1"]
+
+
+async def test_clear_gives_back_the_bytes_of_the_batch_being_done() -> None:
+    queue = _queue(max_bytes=100, max_batch_bytes=1000)
+    queue.put_nowait("p500")  # one publish over the bound still goes, alone
+    assert await queue.take() == ["p500"]
+    assert queue.full
+    queue.clear()  # the worker failed on it
+    assert not queue.full
 
 
 async def test_put_waits_while_the_queue_holds_too_many_requests() -> None:
