@@ -28,6 +28,7 @@ from typing import Final
 from core.errors import InvalidArgument, InvalidMessage
 from core.keys import key_from_properties
 from core.model import Publication
+from core.settings import INT32_MAX, INT64_MAX
 
 MAX_KEY_BYTES: Final = 4096
 MAX_TOPIC_BYTES: Final = 4096
@@ -39,10 +40,9 @@ MAX_PROPERTY_VALUE_BYTES: Final = 65_535
 MAX_PROPERTIES: Final = 1024
 MAX_CLIENT_NAME_BYTES: Final = 500
 # kg_flows.window_size is a 32-bit integer; the broker may enforce a smaller maximum.
-MAX_WINDOW: Final = 2**31 - 1
+MAX_WINDOW: Final = INT32_MAX
 
 _INT64_MIN: Final = -(2**63)
-_INT64_MAX: Final = 2**63 - 1
 
 
 def _utf8_length(what: str, value: str) -> int:
@@ -82,7 +82,7 @@ def _check_value(name: str, value: object) -> None:
     if isinstance(value, bool):
         return
     if isinstance(value, int):
-        if not _INT64_MIN <= value <= _INT64_MAX:
+        if not _INT64_MIN <= value <= INT64_MAX:
             raise InvalidMessage(f"message rejected: property {name!r} is out of the int64 range")
     elif isinstance(value, float):
         if not math.isfinite(value):

@@ -186,8 +186,9 @@ class QueueConfig:
 
     def __post_init__(self) -> None:
         validate_name("queue", self.name)
-        # Types first, against the settings table: every interface (native, SDK, AMQP,
-        # CLI, HTTP) makes a QueueConfig, so this is the one check they all share.
+        # Types and integer ranges first, against the settings table: every interface
+        # (native, SDK, AMQP, CLI, HTTP) makes a QueueConfig, so this is the one check they
+        # all share.
         for setting in QUEUE_SETTINGS:
             value = getattr(self, setting.name)
             typed = typed_setting(setting, value)
@@ -203,26 +204,12 @@ class QueueConfig:
             "dedup_window",
         ):
             _finite(attr, getattr(self, attr))
-        if self.partitions < 0:
-            raise InvalidArgument(f"partitions must be >= 0, got {self.partitions}")
-        if self.partitions > 65_536:
-            raise InvalidArgument(f"partitions must be <= 65536, got {self.partitions}")
-        if self.max_message_size <= 0:
-            raise InvalidArgument("max_message_size must be > 0")
-        for attr in ("max_depth_messages", "max_depth_bytes"):
-            value = getattr(self, attr)
-            if value is not None and value <= 0:
-                raise InvalidArgument(f"{attr} must be > 0 or None")
         if self.ttl is not None and self.ttl <= 0:
             raise InvalidArgument("ttl must be > 0 or None")
-        if self.max_deliveries < 0:
-            raise InvalidArgument("max_deliveries must be >= 0 (0 = unlimited)")
         if self.backoff_initial < 0 or self.backoff_max < 0 or self.backoff_multiplier < 1:
             raise InvalidArgument("backoff: initial >= 0, max >= 0, multiplier >= 1")
         if self.rebalance_delay < 0 or self.max_handoff_time < 0:
             raise InvalidArgument("rebalance_delay and max_handoff_time must be >= 0")
-        if self.window < 1:
-            raise InvalidArgument("window must be >= 1")
         if self.dedup_window < 0:
             raise InvalidArgument("dedup_window must be >= 0")
         if not 0 <= self.retention < float("inf"):

@@ -6,6 +6,11 @@ arguments) reads this table instead of keeping a list of its own.
 The names are ``QueueConfig``'s field names; the HTTP/JSON, SDK and native names are the
 same; the CLI flag is the name with dashes. AMQP durations are milliseconds (RabbitMQ's
 convention, set by ``x-message-ttl``); everywhere else they are seconds.
+
+Every integer setting has a range (``minimum``, ``maximum``) that both databases can
+store: an ``INTEGER`` column is 32 bits on PostgreSQL, a ``BIGINT`` 64 (storage.schema).
+A value outside it is an InvalidArgument naming the setting and the range, the same on
+SQLite and PostgreSQL, rather than a driver error at the INSERT.
 """
 
 from __future__ import annotations
@@ -18,6 +23,12 @@ from core.errors import InvalidArgument
 
 SettingType = type[int] | type[float] | type[str] | type[bool]
 
+# The largest value of an INTEGER and of a BIGINT column (PostgreSQL's int4 and int8).
+INT32_MAX: Final = 2**31 - 1
+INT64_MAX: Final = 2**63 - 1
+# The most partitions a queue may have.
+MAX_PARTITIONS: Final = 65_536
+
 
 @dataclass(frozen=True, slots=True)
 class QueueSetting:
@@ -28,6 +39,8 @@ class QueueSetting:
     optional: bool = False  # None (JSON null) is a value: "no limit" / "default"
     amqp: str | None = None  # the queue.declare x- argument
     millis: bool = False  # the AMQP argument is in milliseconds (the setting in seconds)
+    minimum: int | None = None  # an integer setting's range, both ends included
+    maximum: int | None = None
 
     @property
     def flag(self) -> str:
@@ -36,17 +49,18 @@ class QueueSetting:
 
 QUEUE_SETTINGS: Final = (
     QueueSetting("partitions", int, "number of partitions (0 = one internal partition)",
-                 amqp="x-partitions"),
+                 amqp="x-partitions", minimum=0, maximum=MAX_PARTITIONS),
     QueueSetting("max_message_size", int, "largest message accepted, properties included",
-                 "bytes", amqp="x-max-message-size"),
+                 "bytes", amqp="x-max-message-size", minimum=1, maximum=INT32_MAX),
     QueueSetting("max_depth_messages", int, "reject publishes beyond this many stored messages",
-                 "messages", optional=True, amqp="x-max-length"),
+                 "messages", optional=True, amqp="x-max-length", minimum=1, maximum=INT64_MAX),
     QueueSetting("max_depth_bytes", int, "reject publishes beyond this many stored bytes",
-                 "bytes", optional=True, amqp="x-max-length-bytes"),
+                 "bytes", optional=True, amqp="x-max-length-bytes", minimum=1,
+                 maximum=INT64_MAX),
     QueueSetting("ttl", float, "default time to live of a message", "s", optional=True,
                  amqp="x-message-ttl", millis=True),
     QueueSetting("max_deliveries", int, "deliveries before a message is dead-lettered "
-                 "(0 = unlimited)", amqp="x-max-deliveries"),
+                 "(0 = unlimited)", amqp="x-max-deliveries", minimum=0, maximum=INT32_MAX),
     QueueSetting("backoff_initial", float, "first redelivery delay after a nack", "s",
                  amqp="x-backoff-initial", millis=True),
     QueueSetting("backoff_multiplier", float, "redelivery delay growth per delivery",
@@ -60,7 +74,7 @@ QUEUE_SETTINGS: Final = (
     QueueSetting("max_handoff_time", float, "how long a handoff waits for the old owner's "
                  "acks", "s", amqp="x-max-handoff-time", millis=True),
     QueueSetting("window", int, "default window: delivered-unacked messages per consumer",
-                 "messages", amqp="x-window"),
+                 "messages", amqp="x-window", minimum=1, maximum=INT32_MAX),
     QueueSetting("dedup_window", float, "how long a dedup id is remembered (0 = dedup off)",
                  "s", amqp="x-dedup-window", millis=True),
     QueueSetting("key_from", str, "partition key when no key property: 'app_id' or "
@@ -104,8 +118,9 @@ def queue_settings(values: Mapping[str, object]) -> dict[str, object]:
 
 
 def typed_setting(setting: QueueSetting, value: object) -> object:
-    """``value`` as ``setting``'s type, or InvalidArgument naming the setting and the type.
-    A bool is not an int; an int is taken where a float is expected, as that float."""
+    """``value`` as ``setting``'s type and within its range, or InvalidArgument naming the
+    setting and the type or range. A bool is not an int; an int is taken where a float is
+    expected, as that float."""
     kind = setting.kind
     if value is None and setting.optional:
         return None
@@ -113,13 +128,25 @@ def typed_setting(setting: QueueSetting, value: object) -> object:
         if kind is float and isinstance(value, int | float):
             return float(value)
         if type(value) is kind:
+            _in_range(setting, value)
             return value
     raise InvalidArgument(
         f"{setting.name} must be of type {kind.__name__}, not {type(value).__name__}"
     )
 
 
+def _in_range(setting: QueueSetting, value: object) -> None:
+    low, high = setting.minimum, setting.maximum
+    if low is None or high is None or not isinstance(value, int):
+        return
+    if not low <= value <= high:
+        raise InvalidArgument(f"{setting.name} must be between {low} and {high}")
+
+
 __all__ = [
+    "INT32_MAX",
+    "INT64_MAX",
+    "MAX_PARTITIONS",
     "QUEUE_SETTINGS",
     "SETTING_NAMES",
     "QueueSetting",

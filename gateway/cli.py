@@ -273,6 +273,8 @@ def _queue_flags(parser: argparse.ArgumentParser) -> None:
     )
     for setting in QUEUE_SETTINGS:
         text = setting.help
+        if setting.minimum is not None:
+            text += f" ({setting.minimum} to {setting.maximum})"
         if setting.kind is bool:
             parser.add_argument(
                 setting.flag, dest=setting.name, action="store_true", default=None, help=text

@@ -37,6 +37,8 @@ def _queue_settings() -> dict[str, Any]:
             "type": [kind, "null"] if setting.optional else kind,
             "description": setting.help + unit,
         }
+        if setting.minimum is not None:
+            out[setting.name].update(minimum=setting.minimum, maximum=setting.maximum)
     return out
 
 

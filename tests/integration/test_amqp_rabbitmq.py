@@ -218,6 +218,9 @@ REFUSED_ARGUMENTS: list[tuple[dict[str, Any], str]] = [
     ({"x-dead-letter-routing-key": "q"}, "x-dead-letter-exchange not defined"),
     ({"x-message-ttl": 0}, "invalid arg 'x-message-ttl'"),
     ({"x-max-length": -1}, "invalid arg 'x-max-length'"),
+    # Past what PostgreSQL's INTEGER column holds: a storage error there before.
+    ({"x-window": 2**40}, f"(window must be between 1 and {2**31 - 1})"),
+    ({"x-max-message-size": 2**63 - 1}, "invalid arg 'x-max-message-size'"),
     ({"x-expires": 0}, "invalid arg 'x-expires'"),
     ({"x-single-active-consumer": "yes"}, "invalid arg 'x-single-active-consumer'"),
 ]

@@ -120,6 +120,8 @@ def test_a_queue_is_altered_and_purged_from_the_command_line(served: dict[str, i
     assert settings["subscriptions"] == ["jobs/#"]
     refused = _run("queue", "alter", "jobs", "--partitions", "4", url)
     assert refused.returncode == 1 and "invalid-argument" in refused.stderr
+    refused = _run("queue", "alter", "jobs", "--window", str(2**40), url)
+    assert refused.returncode == 1 and "window must be between 1 and 2147483647" in refused.stderr
     for i in range(3):
         assert _run("publish", "--topic", "jobs/eu", f"job {i}", "--key", "k", url).returncode == 0
     browsed = _run("queue", "browse", "jobs", "--json", url)

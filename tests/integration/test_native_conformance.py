@@ -32,7 +32,7 @@ from protocols.native.events import (
 from tests.integration.conftest import native_url, start_gateway
 from tests.support.native_raw import RawClient, connect, raw_client
 from tests.support.security import hashed_users
-from tests.support.settings_cases import WRONG_TYPES
+from tests.support.settings_cases import LARGEST, OUT_OF_RANGE, WRONG_TYPES
 
 
 @pytest.fixture
@@ -77,6 +77,19 @@ async def test_the_sdk_declare_queue_refuses_a_wrong_type_as_the_wire_does(
         with pytest.raises(InvalidArgument, match=r"^partitions must be of type int"):
             await client.declare_queue("typed", partitions=2.0)
         assert (await client.declare_queue("typed", partitions=2)).partitions == 2
+
+
+async def test_the_sdk_declare_queue_refuses_an_integer_out_of_range_on_either_database(
+    gateway: Gateway,
+) -> None:
+    # max_message_size 2**63-1 was a 503 storage-error on PostgreSQL (an INTEGER column).
+    async with Client(native_url(gateway)) as client:
+        for name, value, bounds in OUT_OF_RANGE:
+            with pytest.raises(InvalidArgument, match=f"^{name} must be {bounds}$"):
+                await client.declare_queue("ranged", **{name: value})
+        assert "ranged" not in {q.name for q in gateway.broker.queues()}
+        queue = await client.declare_queue("ranged", **LARGEST)
+        assert {name: getattr(queue, name) for name in LARGEST} == LARGEST
 
 
 async def test_queue_ok_encodes_each_setting_with_its_documented_type(raw: RawClient) -> None:

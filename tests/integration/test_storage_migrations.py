@@ -12,11 +12,11 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
-from core.model import Message
-from storage import migrate, migrate_sync, sync_engine
-from storage.codec import message_row
+from core.model import Message, QueueConfig
+from storage import migrate, migrate_sync, open_store, sync_engine
+from storage.codec import message_row, queue_row
 from storage.migrate import alembic_config
-from storage.schema import kg_messages, metadata
+from storage.schema import kg_messages, kg_queues, metadata
 from storage.views import VIEWS
 
 
@@ -112,3 +112,28 @@ def test_sizes_stored_before_0004_count_properties_and_headers_after_the_upgrade
 
 def _fields(message: Message) -> dict[str, Any]:
     return {f.name: getattr(message, f.name) for f in dataclasses.fields(message) if f.init}
+
+
+async def test_settings_sqlite_stored_past_32_bits_are_clamped_so_the_queue_reads_back(
+    sqlite_url: str,
+) -> None:
+    # SQLite stored any 64-bit value before the settings had ranges; QueueConfig now
+    # refuses window 2**40, so such a queue could not be read back.
+    migrate_sync(sqlite_url, "0018")
+    engine = sync_engine(sqlite_url)
+    try:
+        with engine.begin() as conn:
+            row = {**queue_row(QueueConfig("big")), "created_at": 1_700_000_000.0}
+            row.update(max_message_size=2**40, max_deliveries=2**63 - 1, window_size=2**40)
+            conn.execute(sa.insert(kg_queues), [row, {**row, "name": "big.dlq"}])
+    finally:
+        engine.dispose()
+    migrate_sync(sqlite_url)
+    store = await open_store(sqlite_url)
+    try:
+        config = await store.get_queue("big")
+    finally:
+        await store.close()
+    assert config is not None
+    top = 2**31 - 1
+    assert (config.max_message_size, config.max_deliveries, config.window) == (top, top, top)

@@ -5,11 +5,13 @@ from __future__ import annotations
 from dataclasses import fields
 
 import pytest
+import sqlalchemy as sa
 
 from core.errors import InvalidArgument
 from core.model import QueueConfig
-from core.settings import QUEUE_SETTINGS, queue_settings
-from tests.support.settings_cases import WRONG_TYPES
+from core.settings import INT32_MAX, INT64_MAX, QUEUE_SETTINGS, queue_settings
+from storage.schema import kg_queues
+from tests.support.settings_cases import LARGEST, OUT_OF_RANGE, WRONG_TYPES
 
 
 def test_the_table_has_one_row_for_every_queue_setting() -> None:
@@ -81,3 +83,25 @@ def test_a_queue_config_takes_an_int_where_a_float_setting_is_expected_as_a_floa
     assert all(
         type(v) is float for v in (config.rebalance_delay, config.ttl, config.backoff_multiplier)
     )
+
+
+@pytest.mark.parametrize(("name", "value", "bounds"), OUT_OF_RANGE)
+def test_a_queue_config_refuses_an_integer_outside_its_range_naming_the_range(
+    name: str, value: int, bounds: str
+) -> None:
+    with pytest.raises(InvalidArgument, match=f"^{name} must be {bounds}$"):
+        QueueConfig("q", **{name: value})  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument, match=f"^{name} must be {bounds}$"):
+        queue_settings({name: value})
+
+
+def test_every_integer_setting_has_a_range_its_column_holds_on_both_databases() -> None:
+    # An INTEGER column is 32 bits on PostgreSQL (SQLite's hold 64), a BIGINT 64.
+    for setting in QUEUE_SETTINGS:
+        if setting.kind is not int:
+            continue
+        column = kg_queues.c["window_size" if setting.name == "window" else setting.name]
+        big = isinstance(column.type, sa.BigInteger)
+        assert setting.minimum is not None and setting.maximum is not None, setting.name
+        assert 0 <= setting.minimum <= setting.maximum <= (INT64_MAX if big else INT32_MAX)
+    assert QueueConfig("q", **LARGEST).max_depth_bytes == INT64_MAX  # type: ignore[arg-type]
