@@ -301,7 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run a gateway")
     serve.add_argument("--config", metavar="FILE", help="TOML configuration file")
     serve.add_argument("--db", help="SQLAlchemy URL (default sqlite:///keygate.db)")
-    serve.add_argument("--host", help="address to listen on (default 0.0.0.0)")
+    serve.add_argument("--host", help="address to listen on (default 0.0.0.0; :: = IPv6 and IPv4)")
     for name in LISTENERS:
         serve.add_argument(
             f"--{name.replace('_', '-')}-port", help="port, 0 = any free port, off = disabled"

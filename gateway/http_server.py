@@ -33,6 +33,7 @@ from aiohttp.web_protocol import RequestHandler
 
 from core.errors import ConnectionLimitReached
 from gateway.logs import quiet_bad_requests
+from protocols._accept import listen_on
 
 log = logging.getLogger("keygate.http")
 
@@ -187,8 +188,7 @@ class CappedSite(web.BaseSite):
         assert server is not None  # the runner was set up
         self._server = await asyncio.get_running_loop().create_server(
             lambda: _Counted(self, server()),
-            self._host,
-            self._port,
+            **listen_on(self._host, self._port),
             ssl=self._ssl_context,
             backlog=self._backlog,
             ssl_handshake_timeout=self.connections.header_timeout if self._ssl_context else None,

@@ -161,7 +161,7 @@ def _count(name: str, help: str, unit: str = "", *, zero: str = "") -> Setting:
 
 SETTINGS: Final = (
     Setting("db", str, "SQLAlchemy URL of the database"),
-    Setting("host", str, "address the listeners bind"),
+    Setting("host", str, "address the listeners bind (`::` = every IPv6 and IPv4 address)"),
     Setting("name", str, "the lease name shared by active/standby gateways"),
     Setting("ports_file", str, "write the bound ports here as JSON when ready",
             optional=True),

@@ -10,14 +10,23 @@ writes their confirms, then its protocol's goodbye (AMQP connection.close 320, M
 DISCONNECT 0x8B), flushes and closes. ``finish`` waits for the connections to end (at
 most ``timeout``), cancels what is left and closes the server. A socket accepted after
 ``stop_accepting`` raced the close: it is closed unserved.
+
+``::`` listens on IPv6 and IPv4 alike (dual stack): asyncio's ``create_server`` turns
+``IPV6_V6ONLY`` on for every IPv6 socket it binds, so a listener on ``::`` took IPv6
+clients only, where users expect what ``::`` means to most servers and to Linux by
+default. For ``::`` the listeners (and the admin port, gateway.http_server) bind a socket
+of their own with ``IPV6_V6ONLY`` off and hand it to asyncio (``listen_on``); an IPv4
+client then arrives as an IPv4-mapped address (``::ffff:127.0.0.1``, which counts as
+loopback). Any other host is asyncio's to bind, as before.
 """
 
 from __future__ import annotations
 
 import asyncio
+import socket
 import ssl
 from collections.abc import Callable, Coroutine
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Final, Generic, Protocol, TypeVar
 
 from protocols._io import keep_alive
 from protocols._tasks import Tasks
@@ -33,6 +42,25 @@ class Served(Protocol):
 
     def drain(self) -> None:
         """Stop reading; ``run`` then confirms what was received, says goodbye and ends."""
+
+
+DUAL_STACK_HOST: Final = "::"
+
+
+def listen_on(host: str, port: int) -> dict[str, Any]:
+    """``create_server``'s keyword arguments for ``host:port``: ``host`` and ``port``, or for
+    ``::`` a bound dual-stack ``sock``. OSError (errno EADDRINUSE when taken) as asyncio's."""
+    if host != DUAL_STACK_HOST:
+        return {"host": host, "port": port}
+    sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return {"sock": sock}
 
 
 C = TypeVar("C", bound=Served)
@@ -52,9 +80,10 @@ class Acceptor(Generic[C]):
         self.connections: set[C] = set()
 
     async def start(self, host: str, port: int, ssl_context: ssl.SSLContext | None) -> int:
-        """Listen on ``host:port`` (0: any free port); returns the port bound."""
+        """Listen on ``host:port`` (0: any free port; ``::`` takes IPv4 clients too,
+        see the module doc); returns the port bound."""
         self._server = await asyncio.start_server(
-            self._accept, host, port, ssl=ssl_context, limit=self._read_limit
+            self._accept, **listen_on(host, port), ssl=ssl_context, limit=self._read_limit
         )
         return int(self._server.sockets[0].getsockname()[1])  # server.py logs it
 
@@ -96,4 +125,4 @@ class Acceptor(Generic[C]):
             self.connections.discard(connection)
 
 
-__all__ = ["Acceptor", "Served"]
+__all__ = ["DUAL_STACK_HOST", "Acceptor", "Served", "listen_on"]
