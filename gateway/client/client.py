@@ -9,6 +9,11 @@ dropped raises ``ConnectionLost`` (it may or may not be stored) — unless it ha
 window drops the copy (on a queue that enables dedup). ``close()`` is graceful: the
 publishes in flight get their confirms first (docs/native-protocol.md, CLOSE).
 
+Liveness. The connection pings every ``heartbeat`` seconds (2 by default; 0 = never)
+and is cut and reconnected when three intervals in a row bring nothing from the gateway,
+6-8 s after a gateway froze (docs/native-protocol.md §3, docs/operations.md "High
+availability").
+
 Identity. A ``Client`` object is one client for the gateway across all its reconnects: it
 sends the same ``client_name`` in every HELLO — the one given, else one generated when the
 object is made (``keygate-py-<random>``). The gateway recognises the re-binds of a
@@ -84,7 +89,7 @@ class Client:
         password: str | None = None,
         ssl_context: ssl.SSLContext | None = None,
         connect_timeout: float = 10.0,
-        heartbeat: float = 15.0,
+        heartbeat: float = 2.0,
         backoff: Backoff | None = None,
         max_reconnect_attempts: int | None = None,
         max_frame: int = 0,

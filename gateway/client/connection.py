@@ -5,15 +5,17 @@ handles each event. Responses resolve the future registered under their request 
 running an optional synchronous ``on_response`` hook, so a BIND_OK registers its flow
 before the DELIVERs that follow it are dispatched). DELIVER and PARTITIONS_CHANGED go to
 the ``FlowHandler`` registered for their flow id. A heartbeat task pings the gateway and
-aborts the socket when PONGs stop. Frames are not written one by one: what the
-application sends during one pass of the event loop leaves in one ``write`` (one system
-call for a thousand pipelined PUBLISHes rather than a thousand). Whatever ends the
-connection — EOF, a socket error, a protocol error, CLOSE, ``close()`` — fails every
-pending future with ``ConnectionLost`` and calls ``on_lost`` once. ``close()`` is a
-handshake (docs/native-protocol.md, CLOSE): it sends CLOSE and reads on until the gateway
-has answered what was sent before it (the PUBLISH_OKs of publishes in flight) and sent its
-own CLOSE, for at most ``timeout``; requests are refused from the CLOSE on. This object
-never reconnects; ``robust.py`` does.
+aborts the socket when it has heard nothing for HEARTBEAT_MISSES pings (see
+``_heartbeat``); a gateway that accepts the socket but does not answer HELLO is given up
+as soon (a frozen process's kernel still accepts connections). Frames are not written one
+by one: what the application sends during one pass of the event loop leaves in one
+``write`` (one system call for a thousand pipelined PUBLISHes rather than a thousand).
+Whatever ends the connection — EOF, a socket error, a protocol error, CLOSE, ``close()`` —
+fails every pending future with ``ConnectionLost`` and calls ``on_lost`` once. ``close()``
+is a handshake (docs/native-protocol.md, CLOSE): it sends CLOSE and reads on until the
+gateway has answered what was sent before it (the PUBLISH_OKs of publishes in flight) and
+sent its own CLOSE, for at most ``timeout``; requests are refused from the CLOSE on. This
+object never reconnects; ``robust.py`` does.
 """
 
 from __future__ import annotations
@@ -42,6 +44,9 @@ from protocols.native import (
 )
 
 _READ_SIZE: Final = 256 * 1024
+# A gateway is taken for gone once this many heartbeat intervals pass with nothing at all
+# received from it: with the SDK's default 2 s, 6-8 s after it froze or fell silent.
+HEARTBEAT_MISSES: Final = 3
 
 
 class FlowHandler(Protocol):
@@ -71,6 +76,8 @@ class Connection:
         self.lost: BaseException | None = None
         # CLOSE was sent: nothing more may be (the answers to what went before still come).
         self.closing = False
+        # Reads from the socket so far: the heartbeat's sign of life.
+        self._reads = 0
         self._closed = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         # Encoded frames not yet handed to the transport, written by _flush (call_soon).
@@ -88,8 +95,12 @@ class Connection:
         heartbeat: float,
         on_lost: Callable[[Connection, BaseException], None],
     ) -> Connection:
-        """Connect and handshake within ``connect_timeout``. Raises OSError/TimeoutError for the
-        network, the gateway's error (e.g. AuthenticationFailed) when it refuses."""
+        """Connect and handshake within ``connect_timeout`` — with a ``heartbeat``, within
+        the silence that takes a connected gateway for gone if that is shorter. Raises
+        OSError/TimeoutError for the network, the gateway's error (e.g.
+        AuthenticationFailed) when it refuses."""
+        if heartbeat > 0:
+            connect_timeout = min(connect_timeout, HEARTBEAT_MISSES * heartbeat)
         reader, writer = await asyncio.wait_for(
             asyncio.open_connection(host, port, ssl=ssl_context, limit=_READ_SIZE),
             connect_timeout,
@@ -192,6 +203,7 @@ class Connection:
                 data = await self._reader.read(_READ_SIZE)
                 if not data:
                     break
+                self._reads += 1
                 self._proto.receive_data(data)
         except (OSError, NativeProtocolError, KeygateError) as e:
             reason = e
@@ -230,16 +242,20 @@ class Connection:
             future.set_result(event)
 
     async def _heartbeat(self, interval: float) -> None:
-        while True:
+        """PING every ``interval``; abort the socket when HEARTBEAT_MISSES intervals in a
+        row brought nothing from the gateway. Anything read counts (a PONG, a reply, a
+        DELIVER), so a busy link whose PONGs wait behind deliveries stays up; intervals are
+        counted, not seconds, so a client whose own event loop was held up does not take
+        the gateway for gone. The PONGs answer nothing anyone waits for."""
+        seen, missed = self._reads, 0
+        while self.lost is None:
             await asyncio.sleep(interval)
-            try:
-                async with asyncio.timeout(2 * interval):
-                    await self.request(lambda rid: Ping(request_id=rid))
-            except TimeoutError:
+            missed = missed + 1 if self._reads == seen else 0
+            seen = self._reads
+            if missed >= HEARTBEAT_MISSES:
                 self._writer.transport.abort()
                 return
-            except KeygateError:
-                return
+            self.send(Ping(request_id=self._proto.next_request_id()))
 
     def _lose(self, reason: BaseException) -> None:
         if self.lost is not None:

@@ -12,6 +12,7 @@ delivered by the new one, and the old one must exit non-zero (its writes are fen
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import signal
 import threading
@@ -25,6 +26,7 @@ import aiohttp
 import pytest
 
 from gateway.client import Backoff, Client, Consumer
+from gateway.config import load_config
 from protocols.mqtt import MQTT_5, Connect, PubComp, Publish, PubRec, PubRel
 from tests.support.mqtt_raw import RawMqtt
 from tests.support.publishers import (
@@ -119,6 +121,54 @@ async def _sdk_publisher(url: str, run: Run) -> int:
             await client.publish("orders", payload, key=key, dedup_id=payload.decode())
             run.confirmed.append(payload)
         return client.session.reconnects
+
+
+async def test_a_default_sdk_client_of_a_frozen_gateway_resumes_on_the_standby_promptly(
+    postgres_url: str, tmp_path: Path
+) -> None:
+    """The active gateway is frozen (SIGSTOP), not killed: no FIN, no RST, its kernel
+    still accepts connections. A publisher with the SDK's default settings notices within
+    three 2 s heartbeats and has its next confirm from the standby within the bound
+    docs/operations.md gives: 4/3 lease_ttl (the takeover) + 8 s. Before, its heartbeat
+    (a 15 s ping, a 30 s PONG timeout) held it on the frozen socket for 30-45 s."""
+    lease_ttl = load_config(env={}).lease_ttl  # the gateways run with the default
+    ports = {name: {p: unused_port() for p in ("native", "http")} for name in ("a", "b")}
+
+    def gateway(name: str) -> AbstractContextManager[tuple[Popen[bytes], dict[str, int], Path]]:
+        flags = [f"--{p}-port={port}" for p, port in ports[name].items()]
+        return serve(postgres_url, tmp_path, *flags, name=name)
+
+    url = "keygate://" + ",".join(f"127.0.0.1:{ports[n]['native']}" for n in ("a", "b"))
+    confirmed: list[float] = []  # when each confirm came (time.monotonic)
+    with ExitStack() as stack:
+        proc_a, _, _ = stack.enter_context(gateway("a"))
+        taking_over = asyncio.create_task(asyncio.to_thread(stack.enter_context, gateway("b")))
+        assert await eventually(lambda: _health(ports["b"]["http"])) == (503, "standby")
+        async with Client(url) as client:  # every setting its default
+            await client.declare_queue("orders", partitions=2)
+
+            async def publish() -> None:
+                for i in itertools.count():
+                    # With a dedup id the SDK resends a publish the freeze cut.
+                    await client.publish("orders", b"%d" % i, dedup_id=str(i))
+                    confirmed.append(time.monotonic())
+                    await asyncio.sleep(0.05)
+
+            publishing = asyncio.create_task(publish())
+            await eventually(lambda: len(confirmed) >= 20, timeout=30)
+            os.kill(proc_a.pid, signal.SIGSTOP)
+            frozen = time.monotonic()
+            try:
+                await eventually(lambda: confirmed[-1] > frozen, timeout=90)
+                resumed = confirmed[-1] - frozen
+                await asyncio.wait_for(taking_over, 30)
+                assert await _health(ports["b"]["http"]) == (200, "active")
+                assert client.session.reconnects == 1
+            finally:
+                os.kill(proc_a.pid, signal.SIGCONT)
+                publishing.cancel()
+                await asyncio.gather(publishing, return_exceptions=True)
+    assert resumed < 4 / 3 * lease_ttl + 8, f"first confirm {resumed:.1f} s after the freeze"
 
 
 async def test_every_client_follows_the_standby_after_the_active_gateway_is_killed(

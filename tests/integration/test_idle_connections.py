@@ -1,6 +1,6 @@
 """A native consumer that vanishes without a FIN or RST (power loss, a dropped NAT entry)
 does not hold its partitions forever: the gateway closes a connection that sent nothing
-for ``native_idle_timeout`` (the SDK pings every 15 s), and the partitions go to the other
+for ``native_idle_timeout`` (the SDK pings every 2 s), and the partitions go to the other
 consumer after the rebalance delay.
 """
 

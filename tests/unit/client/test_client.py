@@ -322,6 +322,40 @@ async def test_a_silent_gateway_is_detected_by_the_heartbeat(gateway: FakeGatewa
         await _until(lambda: client.session.reconnects >= 1)
 
 
+async def test_a_gateway_that_sends_anything_is_alive_though_its_pongs_are_late(
+    gateway: FakeGateway,
+) -> None:
+    # A busy link's PONGs may wait behind deliveries: what is read counts as a sign of life.
+    gateway.answer_pings = False
+    heartbeat = 0.1
+    async with Client(gateway.url, heartbeat=heartbeat, backoff=FAST) as client:
+        consumer, flow_id = await subscribed(client, gateway)
+        for seq in range(1, 11):  # 5 heartbeats' time, every one without a PONG
+            gateway.deliver(flow_id, seq)
+            assert (await consumer.receive(timeout=5)).seq == seq
+            await asyncio.sleep(heartbeat / 2)
+        assert client.session.reconnects == 0 and len(gateway.sessions) == 1
+
+
+async def test_a_gateway_that_accepts_but_never_answers_hello_is_given_up_as_a_silent_one() -> None:
+    # A frozen gateway's kernel still accepts connections; connect_timeout alone (10 s by
+    # default) would hold a reconnect there while the standby takes over.
+    accepted: list[asyncio.StreamWriter] = []
+    server = await asyncio.start_server(lambda _, writer: accepted.append(writer), "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        client = Client(f"keygate://127.0.0.1:{port}", heartbeat=0.1, connect_timeout=60)
+        async with asyncio.timeout(5):  # three heartbeats: 0.3 s
+            with pytest.raises(TimeoutError):
+                await client.connect()
+        assert len(accepted) == 1
+    finally:
+        for writer in accepted:
+            writer.close()
+        server.close()
+        await server.wait_closed()
+
+
 async def test_giving_up_reconnecting_fails_consumers_and_calls(gateway: FakeGateway) -> None:
     client = Client(gateway.url, heartbeat=0, backoff=FAST, max_reconnect_attempts=2)
     await client.connect()
