@@ -8,8 +8,8 @@ above 2**31 - 1 become 2**31 - 1, which means the same: no message is that large
 message is not delivered two billion times, and a consumer's window is clamped to
 ``max_window`` anyway. Only SQLite can hold such rows; on PostgreSQL this updates nothing.
 
-Revision ID: 0019
-Revises: 0018
+Revision ID: 0021
+Revises: 0020
 Create Date: 2026-11-28 08:20:00
 """
 
@@ -20,8 +20,8 @@ from typing import Final
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0019"
-down_revision = "0018"
+revision = "0021"
+down_revision = "0020"
 branch_labels = None
 depends_on = None
 
