@@ -5,15 +5,17 @@ How it works. ``Authenticator.authenticate`` is what ``Broker.authenticate`` run
 listener; it is given the peer address the listener saw and, on a TLS listener with a
 verified client certificate, the certificate's subject CN. In order:
 
-1. A peer address that failed too often recently is refused at once (``LoginThrottle``).
+1. A peer address, or a user name, that failed too often recently is refused at once
+   (``LoginThrottle``, gateway/throttle.py, which also says what bounds the hashing).
 2. A verified client certificate names a user (``[certificate_users]`` maps a CN to a
    user; without an entry the CN is the user name); if that user is configured and the
    client gave no other user name, it is that user, without a password.
 3. No users configured: anonymous access, from a loopback peer only unless
    ``allow_anonymous = true``.
 4. Otherwise the user name and password are checked against the stored scrypt hash, in a
-   worker thread (scrypt is deliberately slow) and in constant time; an unknown user costs
-   the same hash as a known one so timing does not tell which names exist. A successful
+   worker thread (scrypt is deliberately slow; ``PasswordChecks`` bounds how many at
+   once) and in constant time; an unknown user costs the same hash as a known one so
+   timing does not tell which names exist. A successful
    check is remembered for ``VERIFIED_TTL`` seconds as an HMAC of (user, password) under a
    key that lives only in this process, so an HTTP client sending Basic credentials with
    every request, or a reconnect storm, does not cost one scrypt per request. The memo
@@ -35,13 +37,14 @@ import ipaddress
 import logging
 import secrets
 import time
-from collections import OrderedDict, deque
-from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass, field
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Final
 
 from core.errors import AuthenticationFailed, InvalidArgument, PermissionDenied
 from gateway.config import GatewayConfig
+from gateway.throttle import LoginThrottle, PasswordChecks, TrustedAddresses
 
 log = logging.getLogger("keygate.security")
 
@@ -55,6 +58,9 @@ _SALT_BYTES: Final = 16
 _HASH_BYTES: Final = 32
 VERIFIED_TTL: Final = 300.0
 _VERIFIED_MAX: Final = 4096
+# Failed logins of one user name, from any address, before it is blocked: more than an
+# address gets (5), since many clients may share a name.
+USER_LIMIT: Final = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,86 +126,6 @@ def is_loopback(peer: str | None) -> bool:
     return address.is_loopback
 
 
-@dataclass
-class LoginThrottle:
-    """Failed logins per peer address: after ``limit`` failures within ``window`` seconds
-    each further failure blocks the address for twice as long as the last (1 s, 2 s, 4 s
-    ... up to ``max_delay``); a login attempt while blocked is refused unchecked, and so is
-    one that was being checked when the address got blocked (guesses sent in parallel).
-
-    Guesses in flight count against the budget before their outcome: ``checking`` lets at
-    most ``limit`` checks of one address run at once, less its recent failures (but one
-    always, once a block is over), so a burst
-    sent in parallel is throttled exactly like the same guesses in a row (all hashed at
-    once, a right password last in the burst could finish before the wrong ones had
-    blocked the address). A hash is CPU work on a few threads: more at once from one
-    address would not be faster."""
-
-    limit: int = 5
-    window: float = 60.0
-    max_delay: float = 60.0
-    max_peers: int = 10_000
-    _failures: dict[str, deque[float]] = field(default_factory=dict)
-    _blocked_until: dict[str, float] = field(default_factory=dict)
-    _checking: dict[str, int] = field(default_factory=dict)
-    _done: asyncio.Condition | None = None
-
-    @contextlib.asynccontextmanager
-    async def checking(self, peer: str | None, clock: Callable[[], float]) -> AsyncIterator[None]:
-        """Hold one of the address's check slots (waiting for one), refusing if it is or
-        gets blocked meanwhile."""
-        key = peer or ""
-        if self._done is None:
-            self._done = asyncio.Condition()
-        async with self._done:
-            while True:
-                now = clock()
-                self.check(peer, now)
-                recent = sum(t > now - self.window for t in self._failures.get(key, ()))
-                if self._checking.get(key, 0) < max(1, self.limit - recent):
-                    break
-                await self._done.wait()
-            self._checking[key] = self._checking.get(key, 0) + 1
-        try:
-            yield
-        finally:
-            async with self._done:
-                left = self._checking[key] - 1
-                if left:
-                    self._checking[key] = left
-                else:
-                    del self._checking[key]
-                self._done.notify_all()
-
-    def blocked(self, peer: str | None, now: float) -> bool:
-        until = self._blocked_until.get(peer or "")
-        return until is not None and now < until
-
-    def check(self, peer: str | None, now: float) -> None:
-        if self.blocked(peer, now):
-            until = self._blocked_until[peer or ""]
-            raise AuthenticationFailed(
-                f"too many failed logins from {peer}; retry in {until - now:.0f}s"
-            )
-
-    def failed(self, peer: str | None, now: float) -> None:
-        key = peer or ""
-        if key not in self._failures and len(self._failures) >= self.max_peers:
-            self._forget_old(now)
-        failures = self._failures.setdefault(key, deque())
-        failures.append(now)
-        while failures and failures[0] <= now - self.window:
-            failures.popleft()
-        excess = len(failures) - self.limit
-        if excess >= 0:
-            self._blocked_until[key] = now + min(self.max_delay, 2.0**excess)
-
-    def _forget_old(self, now: float) -> None:
-        for key in [k for k, q in self._failures.items() if not q or q[-1] <= now - self.window]:
-            del self._failures[key]
-            self._blocked_until.pop(key, None)
-
-
 # Compared against when the user does not exist, so an unknown name costs a full hash.
 _DUMMY: Final = PasswordHash(DEFAULT_N, DEFAULT_R, DEFAULT_P, b"\0" * _SALT_BYTES, b"\0" * 32)
 
@@ -226,6 +152,9 @@ class Authenticator:
         self._allow_anonymous = allow_anonymous
         self._clock = clock
         self.throttle = LoginThrottle()
+        self.user_throttle = LoginThrottle(limit=USER_LIMIT, subject="for user {!r}")
+        self.trusted = TrustedAddresses()
+        self.hashing = PasswordChecks()
         self._memo_key = secrets.token_bytes(32)
         self._verified: OrderedDict[bytes, float] = OrderedDict()
 
@@ -255,21 +184,42 @@ class Authenticator:
         if not username and not password:
             # Nothing guessed (a browser's first request): refused, not a failed login.
             raise AuthenticationFailed("a user name and password are required")
-        async with self.throttle.checking(peer, self._clock):
-            matched = await self._check(username or "", password or "", peer)
+        name = username or ""
+        # The user name's block spares the addresses its user logs in from.
+        by_name = None if self.trusted.trusts(name, peer, self._clock()) else self.user_throttle
+        if by_name is not None:
+            by_name.check(name, self._clock())
+
+        def blocked() -> bool:
+            now = self._clock()
+            return self.throttle.blocked(peer, now) or (
+                by_name is not None and by_name.blocked(name, now)
+            )
+
+        async with (
+            self.throttle.checking(peer, self._clock),
+            contextlib.nullcontext() if by_name is None else by_name.checking(name, self._clock),
+        ):
+            matched = await self._check(name, password or "", blocked)
             # Blocked meanwhile by guesses sent in parallel: refused, whatever the password.
-            self.throttle.check(peer, self._clock())
+            now = self._clock()
+            self.throttle.check(peer, now)
+            if by_name is not None:
+                by_name.check(name, now)
             if matched:
+                self.trusted.add(name, peer, now)
                 return username
-            self.throttle.failed(peer, self._clock())
+            self.throttle.failed(peer, now)
+            self.user_throttle.failed(name, now)
         raise AuthenticationFailed("bad username or password")
 
-    def _matches(self, expected: PasswordHash, password: str, peer: str | None) -> bool:
-        """On a worker thread: the hash, unless the address got blocked while this waited
-        for a thread (a burst of guesses costs no more hashes once it is blocked)."""
-        return not self.throttle.blocked(peer, self._clock()) and expected.matches(password)
+    @staticmethod
+    def _matches(expected: PasswordHash, password: str, blocked: Callable[[], bool]) -> bool:
+        """On a worker thread: the hash, unless the address or name got blocked while this
+        waited (a burst of guesses costs no more hashes once it is blocked)."""
+        return not blocked() and expected.matches(password)
 
-    async def _check(self, username: str, password: str, peer: str | None) -> bool:
+    async def _check(self, username: str, password: str, blocked: Callable[[], bool]) -> bool:
         plain = self._plain.get(username)
         if plain is not None:
             return hmac.compare_digest(plain.encode(), password.encode())
@@ -281,7 +231,8 @@ class Authenticator:
             return True
         expected = stored if stored is not None else _DUMMY
         # Off the event loop: one scrypt takes tens of milliseconds.
-        matched = await asyncio.to_thread(self._matches, expected, password, peer)
+        async with self.hashing.slot():
+            matched = await asyncio.to_thread(self._matches, expected, password, blocked)
         if matched and stored is not None:
             self._verified[memo] = now + VERIFIED_TTL
             self._verified.move_to_end(memo)
@@ -320,8 +271,8 @@ def check_security(config: GatewayConfig) -> None:
 
 
 __all__ = [
+    "USER_LIMIT",
     "Authenticator",
-    "LoginThrottle",
     "PasswordHash",
     "check_security",
     "hash_password",

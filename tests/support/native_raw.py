@@ -64,9 +64,14 @@ class RawClient:
         self.writer.close()
 
 
-async def connect(port: int, *, receive_buffer: int | None = None) -> RawClient:
-    """A RawClient connected to ``port`` on loopback, before its HELLO."""
+async def connect(
+    port: int, *, receive_buffer: int | None = None, source: str | None = None
+) -> RawClient:
+    """A RawClient connected to ``port`` on loopback, before its HELLO; from the address
+    ``source`` if given (any of 127.0.0.0/8 reaches a listener on 127.0.0.1)."""
     sock = socket.socket()
+    if source is not None:
+        sock.bind((source, 0))
     if receive_buffer is not None:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
     sock.setblocking(False)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -11,13 +12,14 @@ import pytest
 from core.errors import AuthenticationFailed, InvalidArgument, PermissionDenied
 from gateway.config import GatewayConfig, Permission, load_config
 from gateway.security import (
+    USER_LIMIT,
     Authenticator,
-    LoginThrottle,
     PasswordHash,
     check_security,
     hash_password,
     is_loopback,
 )
+from gateway.throttle import DEFAULT_HASHING, LoginThrottle, PasswordChecks
 from protocols.sink import peer_identity
 from tests.support.security import password_hash
 
@@ -142,6 +144,122 @@ async def test_guesses_sent_in_parallel_are_throttled_like_guesses_in_a_row(
     assert len(hashed) < len(guesses)  # once blocked, the rest cost no hash
     # Another address is not affected.
     assert await auth.authenticate("alice", "s3cret", peer="192.0.2.10", certificate_user=None)
+
+
+def _counting_hashes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The passwords hashed from now on, in order."""
+    hashed: list[str] = []
+    matches = PasswordHash.matches
+
+    def counting(self: PasswordHash, password: str) -> bool:
+        hashed.append(password)
+        return matches(self, password)
+
+    monkeypatch.setattr(PasswordHash, "matches", counting)
+    return hashed
+
+
+async def test_guesses_for_one_name_from_many_addresses_block_the_name(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """QA's flood: one guess from each of many addresses, each far under the address
+    budget, was hashed and checked every time."""
+    auth = _authenticator({"alice": password_hash("s3cret")})
+    hashed = _counting_hashes(monkeypatch)
+    refusals = []
+    for i in range(40):
+        with pytest.raises(AuthenticationFailed) as refused:
+            await auth.authenticate(
+                "alice", f"guess-{i}", peer=f"10.0.0.{i}", certificate_user=None
+            )
+        refusals.append(refused.value.message)
+    assert refusals[:USER_LIMIT] == ["bad username or password"] * USER_LIMIT
+    assert all("too many failed logins for user 'alice'" in r for r in refusals[USER_LIMIT:])
+    assert len(hashed) == USER_LIMIT
+    with pytest.raises(AuthenticationFailed, match="for user 'alice'"):  # right, but blocked
+        await auth.authenticate("alice", "s3cret", peer="10.0.1.1", certificate_user=None)
+    # Another name is not affected.
+    with pytest.raises(AuthenticationFailed, match="bad username or password"):
+        await auth.authenticate("bob", "guess", peer="10.0.1.2", certificate_user=None)
+
+
+async def test_guesses_for_one_name_sent_in_parallel_from_many_addresses_are_throttled() -> None:
+    auth = _authenticator({"alice": password_hash("s3cret")})
+    auth.hashing = PasswordChecks(running=64, waiting=0)  # no guess is refused for it
+    outcomes = await asyncio.gather(
+        *(
+            auth.authenticate("alice", f"guess-{i}", peer=f"10.0.0.{i}", certificate_user=None)
+            for i in range(40)
+        ),
+        return_exceptions=True,
+    )
+    checked = [o for o in outcomes if "bad username" in str(o)]
+    assert len(checked) <= USER_LIMIT
+    assert all(isinstance(o, AuthenticationFailed) for o in outcomes)
+
+
+async def test_the_names_block_spares_an_address_its_user_logged_in_from() -> None:
+    """A flood against a name must not lock its clients out where they log in from; an
+    attacker there is still held to the address's own budget."""
+    auth = _authenticator({"alice": password_hash("s3cret")})
+    assert await auth.authenticate("alice", "s3cret", peer="10.0.9.9", certificate_user=None)
+    for i in range(USER_LIMIT + 5):
+        with pytest.raises(AuthenticationFailed):
+            await auth.authenticate("alice", "guess", peer=f"10.0.0.{i}", certificate_user=None)
+    with pytest.raises(AuthenticationFailed, match="for user 'alice'"):
+        await auth.authenticate("alice", "s3cret", peer="10.0.1.1", certificate_user=None)
+    assert await auth.authenticate("alice", "s3cret", peer="10.0.9.9", certificate_user=None)
+    for _ in range(5):
+        with pytest.raises(AuthenticationFailed, match="bad username"):
+            await auth.authenticate("alice", "guess", peer="10.0.9.9", certificate_user=None)
+    with pytest.raises(AuthenticationFailed, match=r"from 10\.0\.9\.9"):
+        await auth.authenticate("alice", "s3cret", peer="10.0.9.9", certificate_user=None)
+
+
+async def test_hashes_at_once_are_bounded_and_the_excess_is_refused_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Guesses over many names from many addresses, each within its budgets, took a worker
+    thread each: every core hashed and the event loop starved."""
+    auth = _authenticator({"alice": password_hash("s3cret")})
+    assert await auth.authenticate("alice", "s3cret", peer="::1", certificate_user=None)
+    release = threading.Event()
+    running: list[int] = []
+    lock = threading.Lock()
+    at_once = [0]
+
+    def held(self: PasswordHash, password: str) -> bool:
+        with lock:
+            at_once[0] += 1
+            running.append(at_once[0])
+        release.wait(10)
+        with lock:
+            at_once[0] -= 1
+        return False
+
+    monkeypatch.setattr(PasswordHash, "matches", held)
+    checks = auth.hashing
+    guesses = [
+        asyncio.create_task(
+            auth.authenticate(f"user-{i}", "guess", peer=f"10.0.0.{i}", certificate_user=None)
+        )
+        for i in range(checks.limit + 10)
+    ]
+    try:
+        await asyncio.wait(guesses, timeout=5, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.sleep(0)  # let every guess reach the hashing
+        refused = [t for t in guesses if t.done()]
+        assert len(refused) == 10
+        for task in refused:
+            with pytest.raises(AuthenticationFailed, match="too many logins being checked"):
+                task.result()
+        # A login whose password was checked recently needs no hash and gets in.
+        assert await auth.authenticate("alice", "s3cret", peer="::1", certificate_user=None)
+    finally:
+        release.set()
+        await asyncio.gather(*guesses, return_exceptions=True)
+    assert max(running) <= DEFAULT_HASHING
+    assert checks.held == 0
 
 
 async def test_a_request_without_credentials_is_not_a_failed_login() -> None:
