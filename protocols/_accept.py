@@ -1,10 +1,22 @@
 """The accept side every listener shares: a server socket, one owned task per connection.
 
 How it works. ``Acceptor.start`` binds asyncio's server; each accepted socket gets TCP
-keepalive (``keep_alive``) and a connection object made by the listener's factory, whose
-``run()`` is spawned on the acceptor's ``Tasks`` and which stays in ``connections`` while it
-runs. A listener closes (``close``) the same way on every protocol: it stops accepting,
-then drains each connection (``Served.drain``): the connection stops reading (its
+keepalive (``keep_alive``), a place in the shared connection count (``Admission``,
+protocols/_limits.py) and its login deadline, ``login_timeout`` from now, at once: the
+stream protocol (``_Counted``) is made at the accept, before a TLS handshake, and the
+handshake must finish by that same deadline (``ssl_handshake_timeout``). Before,
+asyncio's defaults gave every handshake 60 s and the socket was counted only after it,
+so a flood of peers that never send a ClientHello was neither counted against
+``max_connections`` nor closed at the login timeout. A handshake that fails keeps its
+place until that deadline: asyncio tells the protocol nothing of it. (Running the
+handshake ourselves with ``StreamWriter.start_tls`` would tell, but does not work on
+uvloop, which reads the ClientHello into the plain stream first.) Then a connection
+object made by the listener's factory from the ``Accepted`` socket runs (``run()``,
+spawned on the acceptor's ``Tasks``); it stays in ``connections`` while it runs, and the
+admission is released when it ends, whoever else released it first.
+
+A listener closes (``close``) the same way on every protocol: it stops accepting, then
+drains each connection (``Served.drain``): the connection stops reading (its
 ``protocols._intake.Intake``), waits for the outcome of every publish it had received,
 writes their confirms, then its protocol's goodbye (AMQP connection.close 320, MQTT 5
 DISCONNECT 0x8B), flushes and closes. ``finish`` waits for the connections to end (at
@@ -26,10 +38,24 @@ import asyncio
 import socket
 import ssl
 from collections.abc import Callable, Coroutine
-from typing import Any, Final, Generic, Protocol, TypeVar
+from dataclasses import dataclass
+from typing import Any, Final, Generic, Protocol, TypeVar, cast
 
 from protocols._io import keep_alive
+from protocols._limits import Admission, ConnectionLimits
 from protocols._tasks import Tasks
+
+
+@dataclass(frozen=True, slots=True)
+class Accepted:
+    """A socket a listener serves: its streams (TLS already set up on a TLS listener), its
+    place in the connection count, taken at the accept, and when its login is due (event
+    loop time: the accept plus ``login_timeout``)."""
+
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+    admission: Admission
+    login_deadline: float
 
 
 class Served(Protocol):
@@ -65,15 +91,54 @@ def listen_on(host: str, port: int) -> dict[str, Any]:
 
 C = TypeVar("C", bound=Served)
 
-Factory = Callable[[asyncio.StreamReader, asyncio.StreamWriter], C]
+Factory = Callable[[Accepted], C]
+
+
+class _Counted(asyncio.StreamReaderProtocol):
+    """asyncio's stream protocol, made at the accept with its ``Accepted`` parts. On a TLS
+    listener the handshake runs between the two, and one that fails never reaches
+    ``connection_made``: nothing else would give its place back, so it is given back at
+    the login deadline (when the handshake is aborted too), and a connection made after
+    that, its login already overdue, is dropped."""
+
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        made: Callable[[Accepted], None],
+        admission: Admission,
+        deadline: float,
+    ) -> None:
+        super().__init__(reader, lambda r, w: made(Accepted(r, w, admission, deadline)))
+        self._admission: Admission | None = admission
+        self._overdue = asyncio.get_running_loop().call_at(deadline, self._give_back)
+
+    def _give_back(self) -> None:
+        if self._admission is not None:
+            self._admission.release()
+            self._admission = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        if self._admission is None:  # overdue
+            cast(asyncio.WriteTransport, transport).abort()
+            return
+        self._overdue.cancel()
+        super().connection_made(transport)
 
 
 class Acceptor(Generic[C]):
     """A listener's server socket and the connections it is serving."""
 
-    def __init__(self, protocol: str, factory: Factory[C], *, read_limit: int = 2**16) -> None:
+    def __init__(
+        self,
+        protocol: str,
+        factory: Factory[C],
+        *,
+        limits: ConnectionLimits,
+        read_limit: int = 2**16,
+    ) -> None:
         self._protocol = protocol
         self._factory = factory
+        self._limits = limits
         self._read_limit = read_limit
         self._server: asyncio.Server | None = None
         self._tasks = Tasks(f"{protocol} listener")
@@ -81,9 +146,13 @@ class Acceptor(Generic[C]):
 
     async def start(self, host: str, port: int, ssl_context: ssl.SSLContext | None) -> int:
         """Listen on ``host:port`` (0: any free port; ``::`` takes IPv4 clients too,
-        see the module doc); returns the port bound."""
-        self._server = await asyncio.start_server(
-            self._accept, **listen_on(host, port), ssl=ssl_context, limit=self._read_limit
+        see the module doc), with TLS when ``ssl_context`` is given; returns the port bound."""
+        self._server = await asyncio.get_running_loop().create_server(
+            self._counted,
+            **listen_on(host, port),
+            ssl=ssl_context,
+            # From the accept, as the login deadline: the protocol is made just before.
+            ssl_handshake_timeout=self._limits.login_timeout if ssl_context else None,
         )
         return int(self._server.sockets[0].getsockname()[1])  # server.py logs it
 
@@ -109,20 +178,34 @@ class Acceptor(Generic[C]):
             await self._server.wait_closed()
             self._server = None
 
-    def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def _counted(self) -> _Counted:
+        """A new socket's protocol (before its TLS handshake), counted from now."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._limits.login_timeout
+        admission = self._limits.connections.open(self._protocol)
+        reader = asyncio.StreamReader(limit=self._read_limit, loop=loop)
+        return _Counted(reader, self._accept, admission, deadline)
+
+    def _accept(self, accepted: Accepted) -> None:
+        writer = accepted.writer
         if self._tasks.closed or (self._server is not None and not self._server.is_serving()):
+            accepted.admission.release()
             writer.close()
             return
         keep_alive(writer)
-        connection = self._factory(reader, writer)
-        self._tasks.spawn(self._serve(connection), name=f"{self._protocol} {connection.peer}")
+        peer = writer.get_extra_info("peername")
+        self._tasks.spawn(self._serve(accepted), name=f"{self._protocol} {peer}")
 
-    async def _serve(self, connection: C) -> None:
-        self.connections.add(connection)
+    async def _serve(self, accepted: Accepted) -> None:
         try:
-            await connection.run()
+            connection = self._factory(accepted)
+            self.connections.add(connection)
+            try:
+                await connection.run()
+            finally:
+                self.connections.discard(connection)
         finally:
-            self.connections.discard(connection)
+            accepted.admission.release()
 
 
-__all__ = ["DUAL_STACK_HOST", "Acceptor", "Served", "listen_on"]
+__all__ = ["DUAL_STACK_HOST", "Accepted", "Acceptor", "Served", "listen_on"]

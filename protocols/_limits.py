@@ -2,8 +2,9 @@
 numbers read from text headers.
 
 Connections: one ``ConnectionCounter`` is shared by every listener. A listener opens an
-``Admission`` when it accepts a socket (the total counts sockets still logging in, so a
-flood of silent peers fills it too) and asks it to ``login`` the authenticated user: that
+``Admission`` when it accepts a socket (protocols/_accept.py; before a TLS handshake: the
+total counts sockets still shaking hands or logging in, so a flood of silent peers fills
+it too) and asks it to ``login`` the authenticated user: that
 raises ``ConnectionLimitReached`` when the total is over ``max_connections`` or the user
 already has ``max_connections_per_user`` logged-in connections, and the listener refuses
 the login with its protocol's error. ``release`` (idempotent) gives both counts back.

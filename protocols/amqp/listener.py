@@ -28,7 +28,7 @@ import logging
 import ssl
 from typing import Final
 
-from protocols._accept import Acceptor
+from protocols._accept import Accepted, Acceptor
 from protocols._intake import Intake
 from protocols._io import DEFAULT_HIGH, LINGER, Outbox, linger, send_heartbeats
 from protocols._limits import DEFAULT_LIMITS, ConnectionLimits
@@ -51,10 +51,9 @@ BLOCKED_POLL: Final = 0.25
 
 
 class _Connection:
-    def __init__(
-        self, listener: AmqpListener, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
+    def __init__(self, listener: AmqpListener, accepted: Accepted) -> None:
         limits = listener.limits
+        reader, writer = accepted.reader, accepted.writer
         self.reader = reader
         self.intake = Intake(reader)
         self.writer = writer
@@ -69,9 +68,9 @@ class _Connection:
             max_login_frame=limits.max_login_frame,
             max_unconfirmed_bytes=limits.max_unconfirmed_bytes,
         )
-        self.admission = limits.connections.open("amqp")
-        # The whole handshake (header to connection.open) must finish by then.
-        self._login_deadline = asyncio.get_running_loop().time() + limits.login_timeout
+        self.admission = accepted.admission
+        # The whole handshake (TLS, header to connection.open) must finish by then.
+        self._login_deadline = accepted.login_deadline
         self.tasks = Tasks(f"amqp {self.peer}")
         self.writing = Tasks(f"amqp {self.peer} writer", failed=self.tasks.failed)
         self.outbox = Outbox(
@@ -188,7 +187,9 @@ class AmqpListener:
         self.frame_max = frame_max
         self.channel_max = channel_max
         self.heartbeat = heartbeat
-        self._acceptor = Acceptor("amqp", lambda r, w: _Connection(self, r, w))
+        self._acceptor = Acceptor(
+            "amqp", lambda accepted: _Connection(self, accepted), limits=limits
+        )
         self._watching = Tasks("amqp blocked watch")
 
     async def start(self, host: str, port: int, ssl_context: ssl.SSLContext | None) -> int:

@@ -26,7 +26,7 @@ import ssl
 from typing import Final
 
 from core.errors import ConnectionLimitReached
-from protocols._accept import Acceptor
+from protocols._accept import Accepted, Acceptor
 from protocols._intake import Intake
 from protocols._io import LINGER, Outbox, linger
 from protocols._limits import DEFAULT_LIMITS, ConnectionLimits
@@ -61,18 +61,15 @@ WRITE_TIMEOUT: Final = 5.0
 
 
 class _Client:
-    def __init__(
-        self,
-        listener: MqttListener,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-    ) -> None:
+    def __init__(self, listener: MqttListener, accepted: Accepted) -> None:
+        reader, writer = accepted.reader, accepted.writer
         self.listener = listener
         self.reader = reader
         self.intake = Intake(reader)
         self.writer = writer
         self.conn = ServerConnection(listener.limits)
-        self.admission = listener.connections.open("mqtt")
+        self.admission = accepted.admission
+        self.connect_deadline = accepted.login_deadline
         self.principal: Principal | None = None
         peer = writer.get_extra_info("peername")
         self.peer = str(peer)
@@ -174,7 +171,7 @@ class _Client:
 
     async def _read_loop(self) -> None:
         conn = self.conn
-        deadline: float | None = self.loop.time() + self.listener.connect_timeout
+        deadline: float | None = self.connect_deadline
         try:
             while conn.state is not State.CLOSED:
                 try:
@@ -278,13 +275,11 @@ class MqttListener:
             max_session_expiry,
             limits.max_login_frame,
         )
-        self.connect_timeout = limits.login_timeout
-        self.connections = limits.connections
         self.max_unconfirmed_bytes = limits.max_unconfirmed_bytes
         self.sessions = SessionStore()
         self.stats = MqttStats()
         self.clients = Clients(sink, self.sessions, self.stats)
-        self._acceptor = Acceptor("mqtt", lambda r, w: _Client(self, r, w))
+        self._acceptor = Acceptor("mqtt", lambda accepted: _Client(self, accepted), limits=limits)
 
     async def start(self, host: str, port: int, ssl_context: ssl.SSLContext | None) -> int:
         return await self._acceptor.start(host, port, ssl_context)

@@ -26,7 +26,7 @@ import ssl
 from typing import Final
 
 from core.errors import KeygateError
-from protocols._accept import Acceptor
+from protocols._accept import Accepted, Acceptor
 from protocols._intake import Intake
 from protocols._io import LINGER, linger
 from protocols._limits import DEFAULT_LIMITS, ConnectionLimits
@@ -53,12 +53,8 @@ DEFAULT_IDLE_TIMEOUT: Final = 60.0
 
 
 class _Session:
-    def __init__(
-        self,
-        listener: NativeListener,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-    ) -> None:
+    def __init__(self, listener: NativeListener, accepted: Accepted) -> None:
+        reader, writer = accepted.reader, accepted.writer
         self.listener = listener
         self.reader = reader
         self.intake = Intake(reader)
@@ -67,7 +63,8 @@ class _Session:
         self.log = ConnectionLog(log, "native", self.peer)
         self.tasks = Tasks(f"native {self.peer}")
         self.publishes = Tasks(f"native {self.peer} publishes", failed=self.tasks.failed)
-        self.admission = listener.limits.connections.open("native")
+        self.admission = accepted.admission
+        self.login_deadline = accepted.login_deadline
         self.requests = Requests(listener, writer, self.publishes, self.admission, self.log)
         self.outbox = self.requests.outbox
 
@@ -92,11 +89,10 @@ class _Session:
         requests = self.requests
         conn = requests.conn
         listener = self.listener
-        login_deadline = asyncio.get_running_loop().time() + listener.limits.login_timeout
         try:
             while True:
                 if conn.state is ConnectionState.AWAIT_HELLO:
-                    async with asyncio.timeout_at(login_deadline):
+                    async with asyncio.timeout_at(self.login_deadline):
                         data = await self.intake.read(READ_SIZE)
                 else:
                     async with asyncio.timeout(listener.idle_timeout):
@@ -182,7 +178,9 @@ class NativeListener:
         self.write_buffer = write_buffer
         self.server_name = server_name
         self.max_frame = max_frame
-        self._acceptor = Acceptor("native", lambda r, w: _Session(self, r, w))
+        self._acceptor = Acceptor(
+            "native", lambda accepted: _Session(self, accepted), limits=limits
+        )
 
     async def start(self, host: str, port: int, ssl_context: ssl.SSLContext | None) -> int:
         return await self._acceptor.start(host, port, ssl_context)

@@ -33,7 +33,7 @@ import ssl
 from typing import Final
 
 from core.errors import KeygateError
-from protocols._accept import Acceptor
+from protocols._accept import Accepted, Acceptor
 from protocols._intake import Intake
 from protocols._io import DEFAULT_HIGH, LINGER, Outbox, linger, send_heartbeats
 from protocols._limits import DEFAULT_LIMITS, ConnectionLimits
@@ -54,12 +54,8 @@ DEFAULT_HEARTBEAT: Final = (10_000, 10_000)
 
 
 class _Connection:
-    def __init__(
-        self,
-        listener: StompListener,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-    ) -> None:
+    def __init__(self, listener: StompListener, accepted: Accepted) -> None:
+        reader, writer = accepted.reader, accepted.writer
         self.listener = listener
         self.reader = reader
         self.intake = Intake(reader)
@@ -74,7 +70,9 @@ class _Connection:
             heartbeat=listener.heartbeat,
             max_login_frame=listener.limits.max_login_frame,
         )
-        self.admission = listener.limits.connections.open("stomp")
+        self.admission = accepted.admission
+        # The CONNECT frame is due by then (TLS included), however it trickles in.
+        self.login_deadline = accepted.login_deadline
         self.tasks = Tasks(f"stomp {self.peer}")
         self.outbox = Outbox(
             writer, settle_written=self._settle_written, high=listener.write_buffer
@@ -146,12 +144,10 @@ class _Connection:
     async def _read(self) -> None:
         conn, session = self.conn, self.session
         loop = asyncio.get_running_loop()
-        # The CONNECT frame is due login_timeout after the accept, however it trickles in.
-        login_deadline = loop.time() + self.listener.limits.login_timeout
         try:
             while conn.state is not State.CLOSED:
                 if conn.state is State.AWAITING_CONNECT:
-                    deadline: float | None = login_deadline
+                    deadline: float | None = self.login_deadline
                 elif conn.receive_timeout is None:  # the client sends no heart-beats
                     deadline = None
                 else:
@@ -224,7 +220,10 @@ class StompListener:
         self.write_buffer = write_buffer  # consumer_write_buffer: see protocols/_io.py
         self.server_name = server_name
         self._acceptor = Acceptor(
-            "stomp", lambda r, w: _Connection(self, r, w), read_limit=READ_SIZE
+            "stomp",
+            lambda accepted: _Connection(self, accepted),
+            limits=limits,
+            read_limit=READ_SIZE,
         )
 
     async def start(self, host: str, port: int, ssl_context: ssl.SSLContext | None) -> int:

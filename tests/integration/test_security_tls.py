@@ -1,9 +1,11 @@
-"""TLS beside plain: the TLS twins of every listener, client certificates as users, and
-the TLS version floor, with paho-mqtt, pika, stomp.py, aiohttp and the SDK."""
+"""TLS beside plain: the TLS twins of every listener, client certificates as users, the
+TLS version floor and the handshake's bounds, with paho-mqtt, pika, stomp.py, aiohttp and
+the SDK."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import ssl
@@ -18,7 +20,7 @@ import aiohttp
 import pika.exceptions
 import pytest
 
-from core.errors import AuthenticationFailed
+from core.errors import AuthenticationFailed, ConnectionLimitReached
 from gateway.client import Client
 from gateway.config import TLS_LISTENERS
 from gateway.server import Gateway
@@ -357,3 +359,53 @@ async def test_without_a_certificate_the_tls_admin_port_is_never_bound(sqlite_ur
         await gateway.stop()
     finally:
         taken.close()
+
+
+class _Silent:
+    """A TCP connection that never sends its ClientHello."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+        self.opened = asyncio.get_running_loop().time()
+
+    @classmethod
+    async def open(cls, port: int) -> _Silent:
+        return cls(*await asyncio.open_connection("127.0.0.1", port))
+
+    async def closed_within(self, seconds: float) -> None:
+        """Closed by the gateway within ``seconds`` of its opening."""
+        async with asyncio.timeout_at(self.opened + seconds):
+            with contextlib.suppress(ConnectionError):
+                assert await self.reader.read() == b""
+
+
+async def test_tls_handshakes_count_as_connections_and_are_due_at_the_login_timeout(
+    sqlite_url: str, pki: Pki
+) -> None:
+    """asyncio's own handshake gave a peer that never sends a ClientHello 60 s, and it
+    was not counted against max_connections until it finished: a flood of them was
+    free. Now a handshake is part of the login and counts from the accept: a real client
+    still gets in beside them, or is refused with the protocol's error at the limit."""
+    cert, key = pki.server
+    gateway = await start_gateway(
+        sqlite_url, tls_cert=cert, tls_key=key, login_timeout=1.0, max_connections=4, **TLS_PORTS
+    )
+    ports = gateway.ports
+    url = f"keygate://127.0.0.1:{ports['native_tls']}"
+    silent: list[_Silent] = []
+    try:
+        for name in ("native_tls", "mqtt_tls", "amqp_tls"):
+            silent.append(await _Silent.open(ports[name]))
+        async with Client(url, ssl_context=pki.client_context()) as client:  # the fourth
+            await client.declare_queue("orders", partitions=1)
+        silent.append(await _Silent.open(ports["stomp_tls"]))
+        with pytest.raises(ConnectionLimitReached, match="4 connections"):
+            await Client(url, ssl_context=pki.client_context(), max_reconnect_attempts=0).connect()
+        for connection in silent:
+            await connection.closed_within(1.9)
+        async with Client(url, ssl_context=pki.client_context()) as client:
+            assert await client.publish("orders", b"after the flood")
+    finally:
+        for connection in silent:
+            connection.writer.close()
+        await gateway.stop()
