@@ -149,8 +149,9 @@ class GatewayConfig:
     max_connections_per_user: int = DEFAULT_MAX_CONNECTIONS_PER_USER
     # The admin HTTP port's own cap (http and http_tls together, a standby's too), apart
     # from max_connections: neither side can take the other's connections. Its request
-    # head is due within login_timeout.
+    # head is due within login_timeout, a request's body within http_body_timeout.
     max_http_connections: int = 256
+    http_body_timeout: float = 30.0
     # Groups a queue may have for a bind to create another (each is permanent and holds
     # back the queue's retention); an admin's `keygate group create` may go beyond it.
     # 0 = no limit.

@@ -65,7 +65,7 @@ from gateway.broker import Broker
 from gateway.console import STATIC_DIR
 from gateway.http_guard import PRINCIPAL, Guard, json_errors, same_origin
 from gateway.http_input import RequestContract
-from gateway.http_server import HttpConnections, HttpStats, app_runner, serve
+from gateway.http_server import HttpConnections, HttpStats, app_runner, read_body, serve
 from gateway.inspect import inspect_queue, queue_json, queue_summaries, queue_summary
 from gateway.openapi import openapi_document, package_version
 from protocols.sink import Principal
@@ -176,10 +176,13 @@ class AdminServer:
         self._ports = ports if ports is not None else {}
         self._contract = RequestContract(openapi_document(package_version()))
         app = web.Application(
+            # The body is read once the sender is authenticated: a refused peer cannot
+            # make the gateway hold max_http_connections bodies of MAX_BODY.
             middlewares=[
                 json_errors,
                 same_origin,
                 Guard(broker.access, broker.config).authenticate,
+                read_body(broker.config.http_body_timeout),
             ],
             client_max_size=MAX_BODY,
         )

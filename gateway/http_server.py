@@ -1,7 +1,7 @@
 """The HTTP servers' sockets (the admin API on ``http`` and ``http_tls``, a standby's
 health port), bounded like the protocol listeners' (docs/operations.md, "Connection
-limits"): at most ``max_http_connections`` open at once, and a request head due within
-``login_timeout``.
+limits"): at most ``max_http_connections`` open at once, a request head due within
+``login_timeout`` and a request body within ``http_body_timeout``.
 
 How it works. aiohttp's ``AppRunner`` makes the request handlers; ``CappedSite`` listens
 with a protocol factory of its own, which wraps each handler in ``_Counted``. When the
@@ -17,6 +17,13 @@ starts at the accept, closes the connection if it fires while the handler is sti
 for a complete request head (bytes trickling in do not restart it), and starts again after
 each response. So one timeout bounds a silent socket, a slowloris head and an idle
 keep-alive connection; a TLS handshake gets the same deadline.
+
+The body deadline is ``read_body``'s, a middleware that reads the whole body (up to the
+app's ``client_max_size``) before the handler runs: a peer that announced a body and
+then stalled or trickled it held its connection, and a place under the cap, for as long
+as it liked. Too late, it gets a ``408`` with the API's JSON error (``request-timeout``)
+and the connection is closed at once, not after aiohttp's lingering read of the rest.
+The open connections are exported as ``keygate_open_http_connections``.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from dataclasses import dataclass
 from typing import Final, cast
 
 from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
 from aiohttp.web_protocol import RequestHandler
 
 from core.errors import ConnectionLimitReached
@@ -39,6 +47,11 @@ log = logging.getLogger("keygate.http")
 
 REFUSAL_LOG_INTERVAL: Final = 10.0
 """Seconds between two log lines about refused HTTP connections."""
+
+
+def error_json(code: str, message: str) -> bytes:
+    """The API's JSON error body."""
+    return json.dumps({"error": code, "message": message}).encode()
 
 
 class HttpConnections:
@@ -69,7 +82,7 @@ class HttpConnections:
         error = ConnectionLimitReached(
             f"connection limit reached ({self.limit} HTTP connections, max_http_connections)"
         )
-        body = json.dumps({"error": error.code, "message": error.message}).encode()
+        body = error_json(error.code, error.message)
         head = (
             f"HTTP/1.1 {error.status} Service Unavailable\r\n"
             "Content-Type: application/json\r\n"
@@ -195,6 +208,36 @@ class CappedSite(web.BaseSite):
         )
 
 
+def read_body(timeout: float) -> Middleware:
+    """A middleware that reads a request's body within ``timeout`` seconds before its
+    handler runs, or answers ``408`` and closes the connection (see the module doc)."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.can_read_body:
+            try:
+                async with asyncio.timeout(timeout):
+                    await request.read()  # kept: the handler's read returns it
+            except TimeoutError:
+                return await _too_late(request, timeout)
+        return await handler(request)
+
+    return middleware
+
+
+async def _too_late(request: web.Request, timeout: float) -> web.StreamResponse:
+    message = f"the request body did not arrive within {timeout:g}s (http_body_timeout)"
+    response = web.Response(
+        status=408, body=error_json("request-timeout", message), content_type="application/json"
+    )
+    response.force_close()
+    await response.prepare(request)
+    await response.write_eof()
+    # Closed now (its answer written first): the rest of the body is not waited for.
+    request.protocol.force_close()
+    return response
+
+
 def app_runner(app: web.Application, connections: HttpConnections) -> web.AppRunner:
     """A runner whose handlers close a connection that sends no complete request head
     within the header timeout (see the module doc)."""
@@ -219,4 +262,12 @@ async def serve(
     return int(runner.addresses[0][1])
 
 
-__all__ = ["CappedSite", "HttpConnections", "HttpStats", "app_runner", "serve"]
+__all__ = [
+    "CappedSite",
+    "HttpConnections",
+    "HttpStats",
+    "app_runner",
+    "error_json",
+    "read_body",
+    "serve",
+]

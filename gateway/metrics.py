@@ -260,6 +260,14 @@ class Metrics:
         """Export the open connections by protocol (shared by every listener)."""
         self.registry.register(_ConnectionCollector(per_protocol))
 
+    def watch_http_connections(self, count: Callable[[], int]) -> None:
+        """Export the admin HTTP port's open connections (``http`` and ``http_tls``)."""
+        Gauge(
+            "keygate_open_http_connections",
+            "Open admin HTTP connections (http and http_tls together)",
+            registry=self.registry,
+        ).set_function(count)
+
     def watch_listener(self, name: str, stats: object) -> None:
         """Export a listener's ``stats`` dataclass of counters."""
         if is_dataclass(stats):

@@ -142,6 +142,7 @@ def _listeners(
     limits = config.connection_limits()
     http_connections = _http_connections(config)
     broker.metrics.watch_connections(limits.connections.per_protocol)
+    broker.metrics.watch_http_connections(lambda: http_connections.open)
     out: dict[str, Listener] = {}
     for name in LISTENERS:
         if config.port(name) is None or (name in TLS_LISTENERS and not config.tls_cert):

@@ -179,6 +179,7 @@ SETTINGS: Final = (
     _seconds("ack_flush_interval", "acks are written at least this often"),
     _seconds("retention_interval", "a retention run starts this often"),
     _seconds("login_timeout", "time from accept to a completed login"),
+    _seconds("http_body_timeout", "time to receive an admin HTTP request's body"),
     _seconds("native_idle_timeout", "a silent native connection is closed after it",
              zero="never"),
     _count("buffer_size", "unsent messages per (group, partition) in memory", "messages"),

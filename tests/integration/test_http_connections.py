@@ -1,7 +1,8 @@
 """The admin HTTP port is bounded like the protocol ports: at most
 ``max_http_connections`` open connections (the one over it is answered 503 and closed at
-once), and a connection that has not sent a complete request head within
-``login_timeout`` of its accept, or of its previous response, is closed. Attackers on
+once, and the open ones are a metric), a connection that has not sent a complete request
+head within ``login_timeout`` of its accept, or of its previous response, is closed, and
+so is one whose request body has not arrived within ``http_body_timeout``. Attackers on
 the HTTP port cannot take the descriptors the other listeners need to accept logins."""
 
 from __future__ import annotations
@@ -237,3 +238,74 @@ def test_the_cap_and_timeout_hold_on_uvloop() -> None:
     uvloop = pytest.importorskip("uvloop")
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         runner.run(_standby_is_capped_and_closes_a_silent_socket())
+
+
+def _post_head(length: int) -> bytes:
+    return (
+        "POST /api/queues HTTP/1.1\r\nHost: keygate\r\nContent-Type: application/json\r\n"
+        f"Connection: close\r\nContent-Length: {length}\r\n\r\n"
+    ).encode()
+
+
+async def test_a_request_body_that_stalls_or_trickles_is_cut_off_and_its_place_freed(
+    sqlite_url: str,
+) -> None:
+    """A body announced and then not sent held its connection, and a place under the
+    cap, for ever: the head had come in time and nothing bounded the rest."""
+    gw = await start_gateway(sqlite_url, max_http_connections=2, http_body_timeout=1.0)
+    port = gw.ports["http"]
+    loop = asyncio.get_running_loop()
+    opened: list[asyncio.StreamWriter] = []
+
+    async def post(head: bytes) -> asyncio.StreamReader:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        opened.append(writer)
+        writer.write(head)
+        return reader
+
+    try:
+        started = loop.time()
+        stalled = await post(_post_head(1_000_000) + b'{"name": ')
+        trickling = await post(_post_head(1_000_000))
+        assert (await _refused(port)).startswith(b"HTTP/1.1 503")  # both places held
+        answers = [
+            asyncio.create_task(answered_then_closed(r, wait=5)) for r in (stalled, trickling)
+        ]
+        while not answers[1].done():  # a byte every 0.2 s does not restart the deadline
+            opened[1].write(b" ")
+            await asyncio.wait(answers[1:], timeout=0.2)
+        for answer in answers:
+            head, _, body = (await answer).partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 408"), head
+            error = json.loads(body)
+            assert error["error"] == "request-timeout"
+            assert "http_body_timeout" in error["message"]
+        assert loop.time() - started < 1.9
+        await eventually(lambda: _status_ok(port), timeout=5)
+        # A body sent in time is read as before.
+        body = b'{"name": "orders"}'
+        created = await post(_post_head(len(body)) + body)
+        head = (await answered_then_closed(created, wait=5)).partition(b"\r\n")[0]
+        assert head.startswith(b"HTTP/1.1 201"), head
+    finally:
+        for writer in opened:
+            writer.close()
+        await gw.stop()
+
+
+async def test_the_open_http_connections_are_a_metric(capped: Gateway) -> None:
+    port = capped.ports["http"]
+    held = await _fill(port, CAP - 1)
+    try:
+        status, metrics = await get(port, "/metrics")  # the third open connection
+        assert status == 200
+        assert b"keygate_open_http_connections 3.0" in metrics, metrics
+    finally:
+        for connection in held:
+            await connection.close()
+    await eventually(lambda: _status_ok(port), timeout=5)
+    await eventually(lambda: _metric_shows(port, b"keygate_open_http_connections 1.0"), timeout=5)
+
+
+async def _metric_shows(port: int, line: bytes) -> bool:
+    return line in (await get(port, "/metrics"))[1]
