@@ -1,4 +1,5 @@
-"""A publication becomes a stored message: its key, partition, id, schedule and expiry.
+"""A publication becomes a stored message: its key, partition, id, schedule, expiry and
+dedup id (an empty one is none, whichever protocol carried it: DESIGN.md §3.6).
 
 Pure apart from the time-ordered message id; the broker routes and authorizes first, then
 calls ``build_message`` once per destination queue (the store allocates the seq).
@@ -50,7 +51,9 @@ def build_message(
         _deliver_at(publication, now),
         expire_at,
         publication.producer,
-        publication.dedup_id,
+        # An empty dedup id is no dedup id (AMQP clients that always send message_id
+        # send ""): deduplicating on it would drop a producer's every later message.
+        publication.dedup_id or None,
         publication.content_type,
         publication.correlation_id,
         publication.reply_to,

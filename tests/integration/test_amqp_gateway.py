@@ -310,6 +310,17 @@ async def test_a_dedup_enabled_queue_confirms_both_publishes_and_stores_one(
     assert [r.payload for r in await sql.messages("payments")] == [b"order created"]
 
 
+async def test_an_empty_message_id_is_no_dedup_id(gateway: Gateway, sql: Sql) -> None:
+    """Clients that always send message_id send "" for none: both messages are stored."""
+    await declare(gateway, "payments", dedup_window=60)
+    await asyncio.to_thread(_publish_twice, gateway, "payments", "")
+    rows = await sql.messages("payments")
+    assert [(r.payload, r.dedup_id) for r in rows] == [
+        (b"order created", None),
+        (b"order paid", None),
+    ]
+
+
 async def test_the_same_message_id_from_two_users_is_stored_twice(db_url: str) -> None:
     users = {"alice": "a-pw", "bob": "b-pw"}
     gateway = await start_gateway(

@@ -410,6 +410,22 @@ async def test_mqtt5_dedup_id_user_property_is_deduped_on_a_dedup_enabled_queue(
     assert [r.payload for r in await sql.messages("orders")] == [b"first", b"again"]
 
 
+async def test_mqtt5_empty_dedup_id_is_no_dedup_id(gateway: Gateway, sql: Sql) -> None:
+    await declare(gateway, "payments", subscriptions=["payments/#"], dedup_window=60)
+    client = Paho(gateway.ports["mqtt"], "paho5-empty-dedup")
+    await client.connect()
+    try:
+        mids = [
+            client.publish("payments/eu", payload, 1, _properties(**{"dedup-id": ""}))
+            for payload in (b"first", b"second")
+        ]
+        assert [await client.ack(mid) for mid in mids] == [0, 0]
+    finally:
+        await client.stop()
+    rows = await sql.messages("payments")
+    assert [(r.payload, r.dedup_id) for r in rows] == [(b"first", None), (b"second", None)]
+
+
 async def test_v5_publishes_refused_before_storage_are_acked_in_arrival_order(
     gateway: Gateway, sql: Sql
 ) -> None:

@@ -108,6 +108,17 @@ async def test_a_repeated_dedup_id_is_confirmed_but_stored_once(gateway: Gateway
     await client.close()
 
 
+async def test_an_empty_dedup_id_is_no_dedup_id(gateway: Gateway) -> None:
+    client = await _client(gateway)
+    await client.declare_queue("payments", partitions=1, dedup_window=300)
+    first = await client.publish("payments", b"pay 10", key="k", dedup_id="")
+    second = await client.publish("payments", b"pay 20", key="k", dedup_id="")
+    assert first != second
+    consumer = await client.subscribe("payments", group="g")
+    assert [m.payload for m in await _take(consumer, 2)] == [b"pay 10", b"pay 20"]
+    await client.close()
+
+
 async def test_cumulative_ack_settles_everything_up_to_the_message(gateway: Gateway) -> None:
     client = await _client(gateway)
     await client.declare_queue("log", partitions=1)

@@ -355,3 +355,20 @@ async def test_stomp_message_id_is_deduped_only_on_a_dedup_enabled_queue(
     await asyncio.to_thread(send)
     assert [r.payload for r in await sql.messages("payments")] == [b"first"]
     assert [r.payload for r in await sql.messages("orders")] == [b"first", b"again"]
+
+
+async def test_an_empty_stomp_message_id_is_no_dedup_id(gateway: Gateway, sql: Sql) -> None:
+    await declare(gateway, "payments", dedup_window=60)
+
+    def send() -> None:
+        conn, recorder = _connect(stomp.Connection12, gateway, **{"client-id": "stomp-empty"})
+        try:
+            for body in ("first", "second"):
+                conn.send("/queue/payments", body, headers={"message-id": "", "receipt": body})
+                recorder.wait_receipt(body)
+        finally:
+            _close(conn)
+
+    await asyncio.to_thread(send)
+    rows = await sql.messages("payments")
+    assert [(r.payload, r.dedup_id) for r in rows] == [(b"first", None), (b"second", None)]
