@@ -67,11 +67,11 @@ SEQ_HEADER: Final = "x-seq"
 
 
 def delivery_header(name: str, properties: Mapping[str, object]) -> str:
-    """The name a per-delivery header (``x-delivery-count``, ``x-partition`` ...) goes out
-    under: its own, or ``x-keygate-<rest>`` when the message carries a property of that
-    name, which is the message's and wins (a dead letter's ``x-delivery-count`` is its
-    original queue's, DESIGN.md §4)."""
-    return "x-keygate-" + name[2:] if name in properties else name
+    """The name a per-delivery header (``x-delivery-count``, ``x-partition``, STOMP's
+    ``redelivered`` ...) goes out under: its own, or ``x-keygate-<name without x->`` when
+    the message carries a property of that name, which is the message's and wins (a dead
+    letter's ``x-delivery-count`` is its original queue's, DESIGN.md §4)."""
+    return "x-keygate-" + name.removeprefix("x-") if name in properties else name
 
 
 # Queue and group names: letters, digits and . _ - ; 1 to 200 characters; not starting with

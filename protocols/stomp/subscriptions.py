@@ -44,6 +44,14 @@ DEFAULT_GROUP: Final = "default"
 # Prefetch headers, first found wins: ActiveMQ's, then RabbitMQ's.
 PREFETCH_HEADERS: Final = ("activemq.prefetchSize", "prefetch-count")
 GROUP_HEADER: Final = "x-group"
+# The MESSAGE headers STOMP 1.2 gives the server: always its own, so a published property
+# of one of these names cannot reach a STOMP consumer (docs/protocols/stomp.md).
+SERVER_HEADERS: Final = frozenset(
+    {"destination", "message-id", "subscription", "ack", "content-length"}
+)
+# ActiveMQ's redelivery flag: a per-delivery header like x-delivery-count (a property of
+# that name wins, keygate's value goes under x-keygate-redelivered).
+REDELIVERED_HEADER: Final = "redelivered"
 MAX_PREFETCH: Final = 2**31 - 1
 
 
@@ -182,6 +190,7 @@ class Subscriptions:
             # A message sent again (a redelivery) is the last one sent.
             sub.unacked.pop(message.message_id, None)
             sub.unacked[message.message_id] = message.partition
+        properties = message.properties
         headers: list[tuple[str, str]] = [
             ("subscription", subscription),
             ("message-id", message.message_id),
@@ -189,17 +198,16 @@ class Subscriptions:
         ]
         if sub.ack != "auto":
             headers.append(("ack", f"{sub.serial}:{message.message_id}"))
-        headers.append(("redelivered", "true" if redelivered else "false"))
-        properties = message.properties
         headers += [
-            (delivery_header(name, properties), str(value))
+            (delivery_header(name, properties), value)
             for name, value in (
-                (DELIVERY_COUNT, delivery_count),
-                (PARTITION_HEADER, message.partition),
-                (SEQ_HEADER, message.seq),
+                (REDELIVERED_HEADER, "true" if redelivered else "false"),
+                (DELIVERY_COUNT, str(delivery_count)),
+                (PARTITION_HEADER, str(message.partition)),
+                (SEQ_HEADER, str(message.seq)),
             )
         ]
-        if message.key is not None:
+        if message.key is not None and GROUP_ID_PROPERTY not in properties:
             headers.append((GROUP_ID_PROPERTY, message.key))
         for name, value in (
             ("content-type", message.content_type),
@@ -210,12 +218,8 @@ class Subscriptions:
                 headers.append((name, value))
         if message.expire_at is not None:
             headers.append(("expires", str(int(message.expire_at * 1000))))
-        taken = {name for name, _ in headers}
-        headers += [
-            (name, _text(value))
-            for name, value in message.properties.items()
-            if name not in taken and name != "content-length"
-        ]
+        taken = SERVER_HEADERS.union(name for name, _ in headers)
+        headers += [(name, _text(value)) for name, value in properties.items() if name not in taken]
         headers.append(("content-length", str(len(message.payload))))
         return Frame("MESSAGE", tuple(headers), message.payload)
 

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import queue as queue_module
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import pytest
+import stomp
 
 from core.model import Publication
 from gateway.client import Client
@@ -227,3 +229,49 @@ async def test_a_dead_letter_s_consumer_sees_the_original_delivery_count(gateway
     assert letter.header("x-delivery-count") == "2"  # max_deliveries
     assert letter.header("x-keygate-delivery-count") == "1"
     assert letter.header("x-original-queue") == "poison"
+
+
+def _stomp_send(gateway: Gateway, queue: str, headers: dict[str, str]) -> None:
+    """One SEND by stomp.py, returning once its RECEIPT arrived."""
+    conn = stomp.Connection12([("127.0.0.1", gateway.ports["stomp"])])
+    receipts: queue_module.Queue[str] = queue_module.Queue()
+    listener = stomp.ConnectionListener()
+    listener.on_receipt = lambda frame: receipts.put(frame.headers["receipt-id"])
+    conn.set_listener("receipts", listener)
+    conn.connect(wait=True)
+    try:
+        conn.send(f"/queue/{queue}", "body", headers={**headers, "receipt": "sent"})
+        assert receipts.get(timeout=WAIT) == "sent"
+    finally:
+        conn.disconnect()
+
+
+async def test_published_headers_arrive_unchanged_except_the_frame_headers_stomp_gives_the_server(
+    gateway: Gateway,
+) -> None:
+    """A published JMSXGroupID is not the key (QUEUE_PARTITION_KEY won) and arrives as
+    published; a published ``redelivered`` wins over keygate's, which goes under
+    x-keygate-redelivered; ``ack`` and ``subscription`` are the server's in a MESSAGE
+    (STOMP 1.2), so the published ones cannot reach a STOMP consumer (nor whatever the
+    subscription's ack mode)."""
+    await declare(gateway, "mixed", partitions=2)
+    published = {
+        "QUEUE_PARTITION_KEY": "A",
+        "JMSXGroupID": "B",
+        "redelivered": "mine",
+        "ack": "mine",
+        "subscription": "mine",
+        "colour": "blue",
+    }
+    await asyncio.to_thread(_stomp_send, gateway, "mixed", published)
+    for ack in ("client-individual", "auto"):
+        async with _consumer(gateway, "mixed", ack, **{"x-group": ack}) as consumer:
+            [message] = await _messages(consumer, 1)
+        names = [name for name, _ in message.headers]
+        assert len(names) == len(set(names)), message.headers  # one value per header
+        headers = message.header_map()
+        assert (headers["JMSXGroupID"], headers["QUEUE_PARTITION_KEY"]) == ("B", "A")
+        assert (headers["redelivered"], headers["x-keygate-redelivered"]) == ("mine", "false")
+        assert headers["colour"] == "blue"
+        assert headers["subscription"] == "s"
+        assert headers.get("ack") == (None if ack == "auto" else f"1:{headers['message-id']}")
