@@ -14,6 +14,8 @@ Content headers going out (deliveries, basic.get-ok, basic.return) are pamqp's, 
 for the ``headers`` table (``Properties``): pamqp writes a Python float as a 32-bit
 float ('f') and refuses ``bytes``, while keygate's property values are doubles and bytes
 (DESIGN.md §2), so a float goes out as a double ('d') and bytes as a byte array ('x').
+A content header cannot be split over frames: one larger than the negotiated frame_max
+is not written (``content_frames`` raises), since the peer would close the connection.
 """
 
 from __future__ import annotations
@@ -214,9 +216,13 @@ def method_frame(channel: int, method: base.Frame) -> bytes:
 def content_frames(
     channel: int, properties: commands.Basic.Properties, payload: bytes, frame_max: int
 ) -> bytes:
-    """A content header and as many body frames as ``frame_max`` requires."""
+    """A content header and as many body frames as ``frame_max`` requires. ValueError
+    when the header frame alone is over ``frame_max``: AMQP cannot split it, and a peer
+    may close the connection for it (the consumer's message is dead-lettered instead)."""
     content_header = header.ContentHeader(0, len(payload), _outgoing(properties))
     parts = [frame.marshal(content_header, channel)]
+    if len(parts[0]) > frame_max:
+        raise ValueError(f"content header of {len(parts[0])} bytes exceeds frame_max {frame_max}")
     chunk = frame_max - FRAME_OVERHEAD
     for start in range(0, len(payload), chunk):
         piece = payload[start : start + chunk]

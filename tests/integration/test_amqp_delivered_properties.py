@@ -21,6 +21,7 @@ from gateway.server import Gateway
 from tests.integration.conftest import native_url
 from tests.integration.sqlcheck import declare
 from tests.support.amqp import pika_channel
+from tests.support.consume import take
 
 WAIT = 20.0
 # Doubles a 32-bit float cannot hold: 19.99 came back as 19.989999771118164, a Unix time
@@ -189,3 +190,26 @@ async def test_text_fields_longer_than_amqp_holds_arrive_as_headers(gateway: Gat
     assert message.headers["x-correlation-id"] == long_id
     assert message.headers["x-reply-to"] == long_reply
     assert message.headers["x-content-type"] == long_type
+
+
+async def test_a_message_whose_header_frame_exceeds_frame_max_is_dead_lettered_for_that_group(
+    gateway: Gateway,
+) -> None:
+    """180 KB of properties are a legal message but a content header over pika's
+    frame_max (131,072), which AMQP cannot split: that group dead-letters it as
+    undeliverable, its connection and the messages behind it flow, other groups get it."""
+    await declare(gateway, "wide", partitions=1)
+    wide = {f"h{i}": "h" * 60_000 for i in range(3)}
+    async with Client(native_url(gateway)) as client:
+        await client.publish("wide", b"wide", key="k", properties=wide)
+        await client.publish("wide", b"next", key="k")
+        ((_, _, body),) = await asyncio.to_thread(_consume, gateway, "wide")
+        assert body == b"next"
+        sdk = await client.subscribe("wide", group="sdk")
+        assert [m.payload for m in await take(sdk, 2)] == [b"wide", b"next"]
+        letters = await client.subscribe("wide.dlq", group="g")
+        (letter,) = await take(letters, 1)
+    assert letter.payload == b"wide"
+    assert letter.properties["x-dead-letter-reason"] == "undeliverable"
+    assert letter.properties["x-original-group"] == "default"
+    assert {name: letter.properties[name] for name in wide} == wide
