@@ -13,7 +13,9 @@ reply code the spec assigns (501 framing, 502 syntax).
 Content headers going out (deliveries, basic.get-ok, basic.return) are pamqp's, except
 for the ``headers`` table (``Properties``): pamqp writes a Python float as a 32-bit
 float ('f') and refuses ``bytes``, while keygate's property values are doubles and bytes
-(DESIGN.md §2), so a float goes out as a double ('d') and bytes as a byte array ('x').
+(DESIGN.md §2), so a float goes out as a double ('d') and bytes as a byte array ('x');
+and for timestamps, read as raw integers (fieldtables.py): an int ``timestamp`` property
+and a ``Timestamp`` header value go out as the same 64-bit value (type 'T' in a table).
 A content header cannot be split over frames: one larger than the negotiated frame_max
 is not written (``content_frames`` raises), since the peer would close the connection.
 """
@@ -39,6 +41,7 @@ from protocols.amqp.constants import (
     ReplyCode,
 )
 from protocols.amqp.errors import AmqpConnectionError
+from protocols.amqp.fieldtables import Timestamp, encode_timestamp
 from protocols.amqp.hotframes import decode_content_header, decode_publish
 
 Payload: TypeAlias = base.Frame | header.ContentHeader | body.ContentBody | heartbeat.Heartbeat
@@ -169,6 +172,8 @@ _MAX_FIELD_NAME: Final = 128
 
 
 def _table_value(value: object) -> bytes:
+    if isinstance(value, Timestamp):
+        return b"T" + encode_timestamp(value)
     if isinstance(value, float):
         return b"d" + encode.double(value)
     if isinstance(value, bytes):
@@ -192,11 +197,14 @@ def _field_table(table: dict[str, object]) -> bytes:
 
 
 class Properties(commands.Basic.Properties):
-    """Basic.Properties whose ``headers`` go out through ``field_table`` (module doc)."""
+    """Basic.Properties whose ``headers`` go out through ``field_table`` and whose
+    ``timestamp`` is an integer, written as it is (module doc)."""
 
     def encode_property(self, name: str, value: Any) -> bytes:
         if name == "headers":
             return _field_table(value)
+        if name == "timestamp" and isinstance(value, int):
+            return encode_timestamp(value)
         return super().encode_property(name, value)
 
 

@@ -9,9 +9,12 @@ same attribute values, no validation, as pamqp's unmarshal does none).
 They only accept the ordinary case: a frame whose fields end exactly at its end, with
 well-formed UTF-8 and no property-flag continuation. Anything else returns None and the
 frame goes to ``pamqp.frame.unmarshal`` as every other frame does, so pamqp alone decides
-how odd input is read or refused. Field tables and timestamps are decoded by pamqp's own
-``decode`` functions. tests/unit/protocols/test_amqp_hotframes.py checks both against
-pamqp on generated frames.
+how odd input is read or refused. Timestamps, in the ``timestamp`` property and in the
+``headers`` table, are the exception: pamqp rescales and refuses legal values, so they are
+read as raw integers (fieldtables.py), tables with pamqp's decoders for every other type.
+(A frame left to pamqp, which no client sends, still gets pamqp's reading of them.)
+tests/unit/protocols/test_amqp_hotframes.py checks both decoders against pamqp, with
+pamqp's timestamp decoder replaced by the raw one, on generated frames.
 """
 
 from __future__ import annotations
@@ -19,9 +22,10 @@ from __future__ import annotations
 import struct
 from typing import Final
 
-from pamqp import commands, decode, header
+from pamqp import commands, header
 
 from protocols.amqp.constants import BASIC_CLASS_ID
+from protocols.amqp.fieldtables import field_table, timestamp
 
 _PUBLISH_INDEX: Final = commands.Basic.Publish.index
 _INDEX: Final = struct.Struct(">I")
@@ -98,14 +102,14 @@ def decode_content_header(data: bytes, start: int, end: int) -> header.ContentHe
             size = 4 + _INDEX.unpack_from(data, offset)[0] if kind == _TABLE else 8
             if offset + size > end:
                 return None
-            decoder = decode.field_table if kind == _TABLE else decode.timestamp
+            decoder = field_table if kind == _TABLE else timestamp
             try:
                 # The rest of the payload, as pamqp gives it: a table value may run past
-                # the table's end, and how pamqp reads that is its business.
+                # the table's end, and it is read as pamqp reads it.
                 _, value = decoder(data[offset:end])
             except Exception:
-                # pamqp refuses it (with whatever the stdlib raised): let pamqp decode
-                # the whole frame and say so.
+                # A malformed table (refused with whatever the stdlib raised): let pamqp
+                # decode the whole frame and say so.
                 return None
             offset += size
         setattr(properties, name, value)

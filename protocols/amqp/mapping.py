@@ -17,6 +17,11 @@ content type, correlation id or reply-to longer than a basic property holds (255
 keygate takes 1,024 from other protocols) goes in a header instead (``x-correlation-id``
 ...), so that no message is undeliverable over AMQP for its length.
 
+A timestamp (the basic property and header values of type 'T', read as ``Timestamp`` by
+fieldtables.py) is stored as its integer, unchanged whatever its size, as RabbitMQ keeps
+it; property integers are int64, so one of 2^63 and up is stored as its decimal text,
+which ``amqp.timestamp`` delivers as the timestamp again.
+
 A bad ``expiration`` is ``AmqpChannelError`` (406 PRECONDITION_FAILED), as in RabbitMQ;
 a bad ``x-delay`` header is ``InvalidArgument``, which rejects that one publish.
 """
@@ -47,6 +52,7 @@ from protocols._limits import parse_decimal
 from protocols.amqp.codec import Properties
 from protocols.amqp.constants import ReplyCode
 from protocols.amqp.errors import AmqpChannelError
+from protocols.amqp.fieldtables import Timestamp
 
 # Basic.Properties fields with no Publication field of their own are kept as properties.
 DELIVERY_MODE: Final = "amqp.delivery_mode"
@@ -68,7 +74,8 @@ _TEXT_FIELDS: Final = (
     ("correlation_id", "x-correlation-id"),
     ("reply_to", "x-reply-to"),
 )
-_MAX_TIMESTAMP: Final = 253_402_300_799  # 9999-12-31T23:59:59Z, the last a datetime holds
+_MAX_TIMESTAMP: Final = 2**64 - 1  # an AMQP timestamp is an unsigned 64-bit integer
+_MAX_INT_PROPERTY: Final = 2**63 - 1  # core.ingress: property integers are int64
 
 
 def _short_text(value: object) -> bool:
@@ -79,8 +86,21 @@ def _octet(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 255
 
 
-def _seconds(value: object) -> bool:
+def _timestamp(value: object) -> bool:
+    """A stored timestamp (``_stored_timestamp``): an integer, or the decimal text of one
+    past the int64 range, in the unsigned 64-bit range."""
+    if isinstance(value, str):
+        if not (value.isascii() and value.isdigit()) or len(value) > 20:
+            return False
+        return _MAX_INT_PROPERTY < int(value) <= _MAX_TIMESTAMP
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= _MAX_TIMESTAMP
+
+
+def _stored_timestamp(value: int) -> int | str:
+    """An AMQP timestamp as a property value: its integer, unchanged; the decimal text of
+    one past the int64 range that properties hold (2^63 and up)."""
+    value = int(value)  # a plain int: Timestamp is the AMQP codec's
+    return value if value <= _MAX_INT_PROPERTY else str(value)
 
 
 # (property name, Basic.Properties attribute, whether a stored value fits the field) of
@@ -93,7 +113,7 @@ _FIELDS: Final[tuple[tuple[str, str, Callable[[object], bool]], ...]] = (
     (CONTENT_ENCODING, "content_encoding", _short_text),
     (DELIVERY_MODE, "delivery_mode", _octet),
     (PRIORITY, "priority", _octet),
-    (TIMESTAMP, "timestamp", _seconds),
+    (TIMESTAMP, "timestamp", _timestamp),
 )
 
 
@@ -103,14 +123,16 @@ def _precondition(text: str) -> AmqpChannelError:
 
 def _header_value(value: Any) -> PropertyValue | None:
     """A header table value as a property value; None (AMQP void) drops the header."""
+    if isinstance(value, Timestamp):
+        return _stored_timestamp(value)
     if value is None or isinstance(value, str | bool | int | float | bytes):
         return value
     if isinstance(value, bytearray):  # pamqp decodes byte-array fields ('x') as bytearray
         return bytes(value)
     if isinstance(value, decimal.Decimal):
         return str(value)
-    if isinstance(value, datetime.datetime):
-        return value.isoformat()
+    if isinstance(value, datetime.datetime):  # a frame pamqp decoded (hotframes.py)
+        return int(value.timestamp())
     # Nested tables and arrays have no property equivalent: kept as JSON text.
     return json.dumps(value, default=str, sort_keys=True)
 
@@ -143,7 +165,9 @@ def to_publication(
         value = getattr(properties, attribute)
         if isinstance(value, bytes):
             value = _text(value)
-        elif isinstance(value, datetime.datetime):
+        elif isinstance(value, Timestamp):
+            value = _stored_timestamp(value)
+        elif isinstance(value, datetime.datetime):  # a frame pamqp decoded (hotframes.py)
             value = int(value.timestamp())
         if value is not None:
             props[name] = value
@@ -186,8 +210,7 @@ def delivery_properties(message: Message, delivery_count: int) -> Properties:
         value = headers.get(name)
         if value is not None and fits(value):
             fields[attribute] = headers.pop(name)
-    timestamp = fields.get("timestamp", int(message.publish_time))
-    fields["timestamp"] = datetime.datetime.fromtimestamp(timestamp, datetime.UTC)
+    fields["timestamp"] = int(fields.get("timestamp", message.publish_time))
     if "message_id" not in fields:  # another protocol's publisher id, else keygate's id
         dedup_id = message.dedup_id
         fields["message_id"] = dedup_id if _short_text(dedup_id) else message.message_id

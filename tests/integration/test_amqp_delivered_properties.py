@@ -10,6 +10,7 @@ integer (its decoder truncates 'f' and 'd' alike), so floats are checked with ai
 from __future__ import annotations
 
 import asyncio
+import datetime
 import time
 from typing import Any
 
@@ -19,7 +20,7 @@ import pika
 from gateway.client import Client
 from gateway.server import Gateway
 from tests.integration.conftest import native_url
-from tests.integration.sqlcheck import declare
+from tests.integration.sqlcheck import declare, open_sql
 from tests.support.amqp import pika_channel
 from tests.support.consume import take
 
@@ -213,3 +214,32 @@ async def test_a_message_whose_header_frame_exceeds_frame_max_is_dead_lettered_f
     assert letter.properties["x-dead-letter-reason"] == "undeliverable"
     assert letter.properties["x-original-group"] == "default"
     assert {name: letter.properties[name] for name in wide} == wide
+
+
+async def test_any_64_bit_timestamp_reaches_a_consumer_unchanged(
+    gateway: Gateway, db_url: str
+) -> None:
+    """As RabbitMQ: seconds, milliseconds (node amqplib users send Date.now()), 2^62 or
+    2^64 - 1 are stored and delivered as sent — pamqp divided everything above 2^32 - 1
+    by 1000 and refused 2^62 by closing the publisher's connection. A header of type 'T'
+    (pika writes a datetime as one) is stored as its integer, not rescaled either."""
+    await declare(gateway, "stamps", partitions=1)
+    now = int(time.time())
+    stamps = [now, 0, 2**32, now * 1000, 2**62, 2**64 - 1]
+    in_2200 = datetime.datetime(2200, 1, 1, tzinfo=datetime.UTC)  # 7,258,118,400 > 2^32
+
+    def round_trip() -> list[tuple[Any, Any, bytes]]:
+        with pika_channel(gateway, confirm=True) as (_, channel):
+            for stamp in stamps:
+                props = pika.BasicProperties(timestamp=stamp, headers={"at": in_2200})
+                channel.basic_publish("", "stamps", str(stamp).encode(), props)
+        return _consume(gateway, "stamps", count=len(stamps))
+
+    delivered = await asyncio.to_thread(round_trip)
+    assert [(int(body), got.timestamp) for _, got, body in delivered] == [
+        (stamp, stamp) for stamp in stamps
+    ]
+    assert {got.headers["at"] for _, got, _ in delivered} == {7_258_118_400}
+    async with open_sql(db_url) as sql:
+        rows = await sql.messages("stamps")
+    assert [r.properties["amqp.timestamp"] for r in rows] == [*stamps[:-1], str(2**64 - 1)]

@@ -1,16 +1,27 @@
 """protocols.amqp.hotframes against pamqp: the same objects for every frame it decodes,
-and pamqp's own encoding of a publish is always decoded (never left to the fallback)."""
+and pamqp's own encoding of a publish is always decoded (never left to the fallback).
+
+The reference is pamqp with one change: its timestamp decoder replaced by keygate's
+(protocols.amqp.fieldtables.timestamp), which reads the raw 64-bit value where pamqp
+rescales values above 2^32 - 1 and refuses those past year 9999. Every other value and
+the whole framing are pamqp's own reading. Timestamps beyond pamqp's range (which its
+encoder cannot write) are checked against keygate's encoder instead."""
 
 from __future__ import annotations
 
 import datetime
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
+from unittest import mock
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from pamqp import commands, frame, header
+from pamqp import commands, decode, frame, header
 
+from protocols.amqp.codec import content_frames
 from protocols.amqp.constants import FRAME_HEADER_SIZE
+from protocols.amqp.fieldtables import Timestamp, timestamp
 from protocols.amqp.hotframes import decode_content_header, decode_publish
 
 
@@ -21,18 +32,19 @@ def _short_text(max_bytes: int = 255) -> st.SearchStrategy[str]:
 _exchange_names = st.text(
     alphabet="abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.:", max_size=127
 )
+_timestamps = st.integers(min_value=0, max_value=2**32 - 1).map(
+    lambda s: datetime.datetime.fromtimestamp(s, tz=datetime.UTC)
+)
 _field_values = st.recursive(
     st.none()
     | st.booleans()
+    | _timestamps
     | st.integers(min_value=-(2**63), max_value=2**63 - 1)
     | st.floats(allow_nan=False, width=32)
     | st.text(max_size=40)
     | st.binary(max_size=20).map(bytearray),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_short_text(40), inner, max_size=4),
     max_leaves=8,
-)
-_timestamps = st.integers(min_value=0, max_value=2**32 - 1).map(
-    lambda s: datetime.datetime.fromtimestamp(s, tz=datetime.UTC)
 )
 _properties = st.builds(
     commands.Basic.Properties,
@@ -61,14 +73,29 @@ def _slots(value: Any) -> dict[str, Any]:
     return {name: getattr(value, name) for name in value.__slots__}
 
 
+@contextmanager
+def _raw_timestamps() -> Iterator[None]:
+    """pamqp reading timestamps as keygate does (module doc)."""
+    with (
+        mock.patch.dict(decode.TABLE_MAPPING, {b"T": timestamp}),
+        mock.patch.dict(decode.METHODS, {"timestamp": timestamp}),
+    ):
+        yield
+
+
+def _reference(data: bytes) -> Any:
+    with _raw_timestamps():
+        return frame.unmarshal(data)[2]
+
+
 def _same_publish(hot: commands.Basic.Publish, data: bytes) -> None:
-    _, _, reference = frame.unmarshal(data)
+    reference = _reference(data)
     assert type(hot) is type(reference)
     assert _slots(hot) == _slots(reference)
 
 
 def _same_header(hot: header.ContentHeader, data: bytes) -> None:
-    _, _, reference = frame.unmarshal(data)
+    reference = _reference(data)
     assert isinstance(reference, header.ContentHeader)
     assert (hot.class_id, hot.weight, hot.body_size) == (
         reference.class_id,
@@ -76,7 +103,8 @@ def _same_header(hot: header.ContentHeader, data: bytes) -> None:
         reference.body_size,
     )
     assert type(hot.properties) is type(reference.properties)
-    assert _slots(hot.properties) == _slots(reference.properties)
+    # repr: the same types too (a Timestamp is not a plain int, a list not a tuple).
+    assert repr(_slots(hot.properties)) == repr(_slots(reference.properties))
 
 
 @given(_exchange_names, _short_text(), st.booleans(), st.booleans(), st.integers(1, 65535))
@@ -147,3 +175,24 @@ def test_damaged_content_header_is_decoded_as_pamqp_does_or_left_to_it(
     hot = decode_content_header(*_payload(encoded))
     if hot is not None:
         _same_header(hot, encoded)
+
+
+_u64 = st.integers(min_value=0, max_value=2**64 - 1)
+
+
+@given(_u64, st.dictionaries(_short_text(40), _u64.map(Timestamp), max_size=3), _u64)
+@settings(max_examples=300, deadline=None)
+def test_any_64_bit_timestamp_is_read_as_written(
+    value: int, headers: dict[str, Timestamp], nested: int
+) -> None:
+    """As RabbitMQ: never rescaled (pamqp divides values above 2^32 - 1 by 1000), never
+    refused (pamqp raises past year 9999), in the property and in tables at any depth."""
+    table = {**headers, "list": [Timestamp(nested)], "table": {"t": Timestamp(nested)}}
+    properties = commands.Basic.Properties(timestamp=value, headers=table, app_id="a")
+    data = content_frames(1, properties, b"", 4096)
+    hot = decode_content_header(*_payload(data))
+    assert hot is not None
+    assert repr((hot.properties.timestamp, hot.properties.headers)) == repr(
+        (Timestamp(value), table)
+    )
+    assert hot.properties.app_id == "a"

@@ -8,9 +8,10 @@ from typing import Any
 from pamqp import commands
 
 from core.model import Message
-from protocols.amqp.mapping import delivery_properties, to_publication
+from protocols.amqp.fieldtables import Timestamp
+from protocols.amqp.mapping import TIMESTAMP, delivery_properties, to_publication
 
-AT = datetime.datetime(2023, 11, 14, 22, 13, 20, tzinfo=datetime.UTC)
+AT = Timestamp(1_700_000_000)  # as hotframes decodes it
 BASIC: dict[str, Any] = {
     "message_id": "biz-1",
     "app_id": "myapp",
@@ -69,7 +70,7 @@ def test_without_basic_properties_a_delivery_has_keygate_s_id_time_and_durabilit
         2,
         None,
     )
-    assert delivered.timestamp == datetime.datetime.fromtimestamp(1_800_000_000, datetime.UTC)
+    assert delivered.timestamp == 1_800_000_000
     assert delivered.app_id is None and delivered.priority is None
 
 
@@ -87,3 +88,27 @@ def test_stored_properties_win_and_the_gateway_s_values_move_aside() -> None:
         "x-message-id": "kg-1",
         "JMSXGroupID": "k",
     }
+
+
+def test_any_64_bit_timestamp_is_stored_and_delivered_unchanged() -> None:
+    """Seconds, milliseconds, 2^62, 2^64 - 1: as RabbitMQ, never rescaled. Properties hold
+    int64, so a value past it is stored as its decimal text and still delivered as the
+    timestamp it was; a header of type 'T' is stored as its integer."""
+    for value, stored in (
+        (1_700_000_000_000, 1_700_000_000_000),
+        (2**62, 2**62),
+        (2**64 - 1, str(2**64 - 1)),
+    ):
+        published = commands.Basic.Properties(
+            timestamp=Timestamp(value), headers={"sent": Timestamp(value)}
+        )
+        message = _stored(published)
+        assert (message.properties[TIMESTAMP], message.properties["sent"]) == (stored, stored)
+        assert delivery_properties(message, delivery_count=1).timestamp == value
+
+
+def test_a_timestamp_pamqp_decoded_is_stored_as_its_seconds() -> None:
+    """A frame hotframes leaves to pamqp (an unusual encoding) has datetimes."""
+    when = datetime.datetime(2023, 11, 14, 22, 13, 20, tzinfo=datetime.UTC)
+    message = _stored(commands.Basic.Properties(timestamp=when, headers={"t": when}))
+    assert (message.properties[TIMESTAMP], message.properties["t"]) == (1_700_000_000,) * 2
