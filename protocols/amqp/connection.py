@@ -467,11 +467,17 @@ class AmqpConnection(Declaring, Consuming):
             )
 
     def _send_return(self, channel: Channel, publish: ev.Publish, code: int, text: str) -> None:
+        try:
+            content = content_frames(
+                channel.number, publish.properties, publish.payload, self.frame_max
+            )
+        except ValueError:
+            # Headers written wider than the publisher sent them (its 32-bit floats go
+            # back as doubles) and over frame_max: no basic.return, the confirm follows.
+            return
         method = commands.Basic.Return(code, text, publish.exchange, publish.routing_key)
         self._reply(channel, method)
-        self._out.append(
-            content_frames(channel.number, publish.properties, publish.payload, self.frame_max)
-        )
+        self._out.append(content)
 
 
 def _short(text: str) -> str:

@@ -5,7 +5,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from pamqp import commands, encode, frame, header
+from pamqp import body, commands, encode, frame, header
 
 from core.errors import AuthenticationFailed, MessageTooLarge, NoRoute, StorageError
 from protocols.amqp import events as ev
@@ -105,6 +105,24 @@ def test_mandatory_unroutable_publish_is_returned_then_acked(client: Client) -> 
     client.conn.published([(publish, NoRoute("nothing"))])
     names = _names(client.replies())
     assert names == ["Basic.Return", "ContentHeader", "ContentBody", "Basic.Ack"]
+
+
+def test_a_return_that_would_exceed_frame_max_is_skipped_and_the_confirm_still_sent(
+    client: Client,
+) -> None:
+    """pamqp writes floats as 32-bit 'f', keygate sends them back as doubles: a header
+    frame just under frame_max (8192 here) would go back over it, which AMQP forbids."""
+    properties = commands.Basic.Properties(headers={f"f{i:03}": 1.5 for i in range(780)})
+    content_header = frame.marshal(header.ContentHeader(0, 2, properties), 1)
+    assert len(content_header) <= 8192
+    data = frame.marshal(
+        commands.Basic.Publish(exchange="amq.topic", routing_key="a.b", mandatory=True), 1
+    )
+    client.send(data + content_header + frame.marshal(body.ContentBody(b"hi"), 1))
+    [publish] = client.take()
+    assert isinstance(publish, ev.Publish)
+    client.conn.published([(publish, NoRoute("nothing"))])
+    assert _names(client.replies()) == ["Basic.Ack"]
 
 
 def test_message_over_the_size_limit_is_rejected_without_buffering() -> None:
