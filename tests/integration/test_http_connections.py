@@ -242,7 +242,7 @@ def test_the_cap_and_timeout_hold_on_uvloop() -> None:
 
 def _post_head(length: int) -> bytes:
     return (
-        "POST /api/queues HTTP/1.1\r\nHost: keygate\r\nContent-Type: application/json\r\n"
+        "POST /api/queues HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
         f"Connection: close\r\nContent-Length: {length}\r\n\r\n"
     ).encode()
 
