@@ -49,12 +49,16 @@ class Fetch:
     and feed them back, as a ``Page``, with ``GroupMachine.loaded``. ``max_bytes`` is what
     the read reserved of the group's budget: storage ends the page with the large message
     that takes it past that (``fetched``; the store's ``read_for_delivery``), so a backlog of
-    messages much larger than the group's estimate is not read into memory whole."""
+    messages much larger than the group's estimate is not read into memory whole.
+
+    With ``seqs``, load exactly those (noted scheduled messages come due, at or below
+    ``after_seq``; the store's ``read_seqs``): the Page holds those still stored."""
 
     partition: int
     after_seq: int
     limit: int
     max_bytes: int
+    seqs: tuple[int, ...] = ()
 
 
 # A message whose stored size is over this many bytes is large: a page ends with the large

@@ -47,9 +47,13 @@ partition whose buffered messages all wait leaves that queue until an event of i
 wakes it (``_work``), and reads on past them while the group holds less than half its
 budget.
 
-Known limit: a buffer full of held-back, parked or scheduled messages (up to buffer_size,
-and half the group's budget) delays later messages of other keys of that partition until
-it drains (or the partition is re-read).
+Scheduled messages due more than HOLD seconds ahead are held as notes, out of the
+buffers, and read back by seq when due (core/notes.py).
+
+Known limit: beyond the notes budget, scheduled messages are buffered; a buffer full of
+held-back, parked or scheduled messages (up to buffer_size, and half the group's budget)
+delays later messages of other keys of that partition until it drains (or the
+partition is re-read).
 """
 
 from __future__ import annotations
@@ -80,6 +84,7 @@ from core.model import (
     Message,
     QueueConfig,
 )
+from core.notes import HOLD, Notes
 from core.partition import (
     EXPIRE,
     MESSAGE_OVERHEAD,
@@ -100,7 +105,7 @@ from core.reads import Reads
 _FAILURES: Final = frozenset({DeadLetterReason.MAX_DELIVERIES, DeadLetterReason.REJECTED})
 
 
-class DeliveryBook(Reads, Pump):
+class DeliveryBook(Notes, Reads, Pump):
     """Per-partition message state shared by every GroupMachine event."""
 
     def __init__(
@@ -158,6 +163,10 @@ class DeliveryBook(Reads, Pump):
         # Shared mode: the partitions waiting for room to read, in the order they asked
         # (otherwise each flow's Flow.reads).
         self._read_queue: dict[int, None] = {}
+        # What the partitions' notes count (note_cost), within the group's budget; the
+        # partitions with noted messages due to read back (Partition.due).
+        self._noted = 0
+        self._due_parts: set[int] = set()
 
     def _running(self) -> list[Flow]:
         return sorted(self._flows.values(), key=lambda f: f.order)
@@ -223,16 +232,25 @@ class DeliveryBook(Reads, Pump):
         if message.expire_at is not None and message.expire_at <= now and not moving:
             self._expire(part, message, prior)
             return
-        cost = part.put(message)
+        scheduled = message.deliver_at is not None and message.deliver_at > now + HOLD
+        if scheduled and self._note(part, message):
+            return
+        cost = self._hold(part, message, now)
         if self._sized:
             self._msg_cost += (cost - self._msg_cost) // 8
         else:
             self._msg_cost, self._sized = cost, True
+
+    def _hold(self, part: Partition, message: Message, now: float) -> int:
+        """Buffer the message, with its timers; returns its buffered_cost."""
+        cost = part.put(message)
         self._work.add(part.index)
+        seq = message.seq
         if message.deliver_at is not None and message.deliver_at > now:
             heapq.heappush(self._timers, (message.deliver_at, WAKE, part.index, seq, 0))
         if message.expire_at is not None:
             heapq.heappush(self._timers, (message.expire_at, EXPIRE, part.index, seq, 0))
+        return cost
 
     def _recovered_count(
         self, part: Partition, message: Message, now: float
@@ -286,14 +304,18 @@ class DeliveryBook(Reads, Pump):
             return False
         if message.seq <= part.draining[key]:
             return True
-        if not part.inflight_keys[key]:
-            del part.draining[key]  # none of those in flight back then is left
+        if not part.inflight_keys[key] and not part.noted_keys[key]:
+            del part.draining[key]  # none of those in flight or noted back then is left
         return False
 
     def _drain_key(self, part: Partition, key: str) -> None:
         """Dead-letter the key's stored messages, in seq order: the waiting and the stored
         ones at once, those in flight if they come back unsettled."""
         part.draining[key] = part.cursor
+        if part.noted_keys[key]:
+            # Noted ones follow once read back (they need their bodies for the copy).
+            for seq in [seq for seq, note in part.notes.items() if note[1] == key]:
+                self._note_due(part, seq)
         waiting = [seq for seq, entry in part.retry.items() if entry.message.key == key]
         waiting += [seq for seq, message in part.buffer.items() if message.key == key]
         for seq in sorted(waiting):

@@ -51,6 +51,7 @@ from core.model import (
 from core.partition import (
     ACK_TIMEOUT,
     EXPIRE,
+    NOTE,
     WAKE,
     Flow,
     GroupStatus,
@@ -435,6 +436,8 @@ class GroupMachine(Membership):
                 self._work.add(p)
             elif kind == EXPIRE:
                 self._expire_waiting(part, seq)
+            elif kind == NOTE:
+                self._note_due(part, seq)
             elif kind == ACK_TIMEOUT:
                 sent = part.inflight.get(seq)
                 if sent is not None and sent.count == count:

@@ -32,6 +32,7 @@ twice its budget.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from core.actions import Action, Fetch, Page
@@ -56,11 +57,15 @@ class Reads:
     _room_wait: set[int]
     _stuck: set[int]
     _read_queue: dict[int, None]
+    _due_parts: set[int]
 
     if TYPE_CHECKING:
 
         def _admit(
             self, part: Partition, message: Message, now: float, *, undeliverable: bool = False
+        ) -> None: ...
+        def _readmit(
+            self, part: Partition, seqs: Iterable[int], page: Page, now: float
         ) -> None: ...
 
     def set_buffer_bytes(self, buffer_bytes: int) -> None:
@@ -85,6 +90,11 @@ class Reads:
         before = part.cursor
         part.fetching = False
         allowance = self._unreserve(part)
+        self._fetch_check.add(part.index)
+        if part.fetch_seqs:
+            seqs, part.fetch_seqs = part.fetch_seqs, ()
+            self._readmit(part, seqs, page, now)
+            return
         budget = self._budget(part)
         full = len(page.messages) >= part.fetch_limit
         for message in page.messages:
@@ -110,12 +120,14 @@ class Reads:
             part.known = part.cursor
         part.known = max(part.known, part.cursor)
         part.more = full or part.known > part.cursor
-        self._fetch_check.add(part.index)
 
     def _request_fetches(self) -> None:
         """Issue the Fetches this event allows (the module's docstring): first to the
         partitions waiting for room, in order; then to those the event touched; then, if
-        nothing is on its way, to the waiting empty partitions of flows with room."""
+        nothing is on its way, to the waiting empty partitions of flows with room. Noted
+        messages that came due are read back before all of them."""
+        for p in sorted(self._due_parts):
+            self._read_due(self._parts[p])
         for _flow, queue in self._queues():
             while queue:
                 p = next(iter(queue))
@@ -164,6 +176,33 @@ class Reads:
                     limit = max(1, min(page[0], room // self._msg_cost))
                     self._read(part, limit, limit * self._msg_cost)
 
+    def _read_due(self, part: Partition) -> None:
+        """Read back the partition's noted messages that came due, in seq order, as many as
+        the budgets have room for (at least one when they hold nothing)."""
+        if not part.due:
+            self._due_parts.discard(part.index)
+            return
+        if part.fetching or not self._delivering(part):
+            return
+        seqs: list[int] = []
+        cost = 0
+        taken = self._use.bytes + self._use.reading
+        held = part.owner_use.bytes + part.owner_use.reading
+        for seq in sorted(part.due):
+            size = part.notes[seq][2]
+            if seqs:
+                fits = taken + cost + size <= self._buffer_bytes
+                fits = fits and held + cost + size <= self._budget(part)
+            else:
+                fits = self._admits(part, size)
+            if not fits or len(seqs) >= self._buffer_size:
+                break
+            seqs.append(seq)
+            cost += size
+        if seqs:
+            part.due.difference_update(seqs)
+            self._read(part, len(seqs), cost, tuple(seqs))
+
     def _queues(self) -> list[tuple[Flow | None, dict[int, None]]]:
         """Each flow's queue of partitions waiting for room to read; shared mode's."""
         if self._group.mode is GroupMode.SHARED:
@@ -184,10 +223,13 @@ class Reads:
 
     def _wants_read(self, part: Partition) -> bool:
         """Whether the partition may have something to read and someone to deliver it to."""
-        wanted = part.owner is not None or (
+        return self._delivering(part) and part.more and not part.fetching
+
+    def _delivering(self, part: Partition) -> bool:
+        """Whether the partition has someone to deliver what it reads to."""
+        return part.owner is not None or (
             self._group.mode is GroupMode.SHARED and bool(self._flows)
         )
-        return wanted and part.more and not part.fetching
 
     def _page(self, part: Partition) -> tuple[int, int] | None:
         """The page the partition asks for, (messages, bytes reserved), or None while it
@@ -220,15 +262,16 @@ class Reads:
         held = part.owner_use.bytes + part.owner_use.reading
         return not held or held + cost <= self._budget(part)
 
-    def _read(self, part: Partition, limit: int, cost: int) -> None:
+    def _read(self, part: Partition, limit: int, cost: int, seqs: tuple[int, ...] = ()) -> None:
         part.fetching = True
+        part.fetch_seqs = seqs
         part.fetch_limit = limit
         part.fetch_bytes = cost
         part.fetch_use = part.owner_use
         part.known_at_fetch = part.known
         self._use.reading += cost
         part.owner_use.reading += cost
-        self._out.append(Fetch(part.index, part.cursor, limit, cost))
+        self._out.append(Fetch(part.index, part.cursor, limit, cost, seqs))
 
     def _unreserve(self, part: Partition) -> int:
         """Give back what the partition's read reserved; returns it."""

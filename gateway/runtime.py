@@ -18,8 +18,8 @@ task drains that queue in order, merging whatever has piled up into one step:
    overwrite a newer one (nor an older reservation a newer one).
 3. Assignment and flow changes are written through; then deliveries and partition changes
    are handed to the flows' outputs in the order the machine produced them.
-4. The ``Fetch`` actions of a step start one read from SQL (one query for many partitions),
-   whose pages are fed back with ``machine.loaded``.
+4. The ``Fetch`` actions of a step start one read from SQL (one query for many partitions;
+   noted scheduled messages, by seq: one more), whose pages go back to ``machine.loaded``.
 
 A storage failure while persisting is retried with a capped backoff; delivery pauses
 meanwhile rather than sending something whose count is not durable. A message that cannot
@@ -451,11 +451,14 @@ class GroupRuntime:
                 delay = min(delay * 2, _RETRY_MAX)
 
     async def _fetch(self, fetches: list[Fetch]) -> None:
-        pages = [(f.partition, f.after_seq, f.limit, f.max_bytes) for f in fetches]
+        pages = [(f.partition, f.after_seq, f.limit, f.max_bytes) for f in fetches if not f.seqs]
+        noted = [(f.partition, f.seqs) for f in fetches if f.seqs]
         delay = 0.05
         while True:
             try:
-                found = await self.store.read_for_delivery(self.queue.name, pages)
+                found = await self.store.read_for_delivery(self.queue.name, pages) if pages else {}
+                if noted:
+                    found.update(await self.store.read_seqs(self.queue.name, noted))
                 break
             except Exception as e:
                 # A storage failure, or a bug: either way the partitions must not be left

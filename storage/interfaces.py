@@ -136,6 +136,13 @@ class GroupStore(Protocol):
         of those that could not be read back whole (to dead-letter as undeliverable)."""
         ...
 
+    async def read_seqs(
+        self, queue: str, wanted: Sequence[tuple[int, Sequence[int]]]
+    ) -> dict[int, tuple[list[Message], frozenset[int]]]:
+        """For each (partition, seqs) those of the messages still stored, in seq order, and
+        the seqs of those that could not be read back whole (a Fetch of ``seqs``)."""
+        ...
+
 
 class AdminStore(Protocol):
     """Queue, subscription and group administration; every call is written through."""

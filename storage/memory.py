@@ -154,6 +154,16 @@ class MemoryStore:
             found[p] = (fetched(after_seq, limit, max_bytes), frozenset())
         return found
 
+    async def read_seqs(
+        self, queue: str, wanted: Sequence[tuple[int, Sequence[int]]]
+    ) -> dict[int, tuple[list[Message], frozenset[int]]]:
+        found: dict[int, tuple[list[Message], frozenset[int]]] = {}
+        for p, seqs in wanted:
+            chosen = set(seqs)
+            stored = self._messages.get((queue, p), [])
+            found[p] = ([m for m in stored if m.seq in chosen], frozenset())
+        return found
+
     async def head_seqs(self, queue: str) -> dict[int, int]:
         return {p: self.heads.get((queue, p), 0) for p in range(self.queue(queue).slots)}
 

@@ -214,6 +214,33 @@ class SqlStore(InspectionOps, LeaseOps, AppendOps, ConsumerOps):
             for p, messages in found.items()
         }
 
+    async def read_seqs(
+        self, queue: str, wanted: Sequence[tuple[int, Sequence[int]]]
+    ) -> dict[int, tuple[list[Message], frozenset[int]]]:
+        """For each (partition, seqs): those of its messages still stored, in seq order, and
+        the seqs of those that could not be read back whole (as ``read_for_delivery``).
+        Noted scheduled messages come due (core.actions.Fetch ``seqs``). One statement."""
+        m = kg_messages
+        query = sa.select(*m.c).where(
+            m.c.queue == queue,
+            sa.or_(*(sa.and_(m.c.partition == p, m.c.seq.in_(seqs)) for p, seqs in wanted)),
+        )
+        found: dict[int, list[Message]] = {p: [] for p, _ in wanted}
+        unreadable: dict[int, set[int]] = {p: set() for p, _ in wanted}
+        async with self.transaction() as conn:
+            result = await conn.execute(query)
+            rows = result.cursor.fetchall()
+            result.close()
+        for row in rows:
+            message, readable = salvage_values(row, json_text=self._json_text)
+            found[message.partition].append(message)
+            if not readable:
+                unreadable[message.partition].add(message.seq)
+        return {
+            p: (sorted(messages, key=_SEQ), frozenset(unreadable[p]))
+            for p, messages in found.items()
+        }
+
     async def head_seqs(self, queue: str) -> dict[int, int]:
         """The last committed seq of every partition (0 = nothing stored yet)."""
         config = self.queue(queue)

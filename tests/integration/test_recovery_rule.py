@@ -53,8 +53,11 @@ class Run:
             elif isinstance(action, Deliver):
                 self.sent.append(action)
             elif isinstance(action, Fetch):
-                page = (action.partition, action.after_seq, action.limit, action.max_bytes)
-                found = await self.store.read_for_delivery("hq", [page])
+                if action.seqs:
+                    found = await self.store.read_seqs("hq", [(action.partition, action.seqs)])
+                else:
+                    page = (action.partition, action.after_seq, action.limit, action.max_bytes)
+                    found = await self.store.read_for_delivery("hq", [page])
                 messages, unreadable = found[action.partition]
                 page_ = Page(action.partition, messages, unreadable)
                 pending.extend(self.machine.loaded(now, [page_]))

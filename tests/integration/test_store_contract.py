@@ -257,6 +257,25 @@ async def test_a_read_of_many_pages_answers_each_as_a_read_of_its_partition_woul
     assert {p: len(messages) for p, (messages, _) in found.items()} == expected
 
 
+async def test_read_seqs_reads_the_given_seqs_of_each_partition_that_are_still_stored(
+    twin: Store, make_message: MessageFactory
+) -> None:
+    """Noted scheduled messages come due (core.actions.Fetch ``seqs``): exactly those
+    asked, in seq order, none of another partition; a seq no longer stored is absent."""
+    await twin.create_queue(QueueConfig("orders", partitions=3))
+    stored = await twin.append(
+        [make_message("orders", p % 2, payload=bytes([p])) for p in range(10)], now=NOW
+    )
+    found = await twin.read_seqs("orders", [(0, [5, 2, 4, 99]), (1, [1]), (2, [1])])
+    assert {p: _positions(messages) for p, (messages, _) in found.items()} == {
+        0: [("orders", 0, 2), ("orders", 0, 4), ("orders", 0, 5)],
+        1: [("orders", 1, 1)],
+        2: [],
+    }
+    assert found[1][0] == [stored[1]]
+    assert all(unreadable == frozenset() for _, unreadable in found.values())
+
+
 async def test_a_group_starts_at_the_oldest_message_or_at_the_head(
     twin: Store, make_message: MessageFactory
 ) -> None:

@@ -167,6 +167,10 @@ class Driver:
             del self.pending_fetches[partition]
             stored = self.store.get(partition, [])
             issued = self.rows_at_issue.pop(partition)
+            if fetch.seqs:  # noted messages: committed long before, whatever ``stale``
+                wanted = set(fetch.seqs)
+                pages.append(Page(partition, [m for m in stored if m.seq in wanted]))
+                continue
             rows = [m for m in (stored[:issued] if stale else stored) if m.seq > fetch.after_seq]
             pages.append(Page(partition, fetched(rows, fetch.limit, fetch.max_bytes)))
         self.run(self.machine.loaded(self.now, pages), nested=True)

@@ -28,7 +28,7 @@ from core.model import (
     PartitionState,
     QueueConfig,
 )
-from core.partition import Sent, buffered_cost
+from core.partition import Sent, buffered_cost, note_cost
 from tests.unit.core.driver import Driver
 
 KEYS = ("A", "B", "C", "D", None)
@@ -148,10 +148,19 @@ class GroupMachineRules(RuleBasedStateMachine):
         self.behind.pop(flow, None)
         self.d.call(self.d.machine.unbind, flow, shutdown=shutdown)
 
-    @rule(key=st.sampled_from(KEYS), draw=st.integers(0, 3))
-    def publish(self, key: str | None, draw: int) -> None:
+    @rule(
+        key=st.sampled_from(KEYS),
+        draw=st.integers(0, 3),
+        delay=st.sampled_from([None, None, None, 0.5, 3.0, 25.0]),
+    )
+    def publish(self, key: str | None, draw: int, delay: float | None) -> None:
+        # A scheduled one is buffered (due soon), or noted while the notes budget has room.
         partition = self.partition_of(key, draw)
-        self.published.append(self.d.publish(key, partition=partition, publish_time=self.d.now))
+        deliver_at = None if delay is None else self.d.now + delay
+        message = self.d.publish(
+            key, partition=partition, publish_time=self.d.now, deliver_at=deliver_at
+        )
+        self.published.append(message)
 
     @precondition(lambda self: bool(self.d.parked))
     @rule(data=st.data(), skip=st.booleans())
@@ -170,7 +179,9 @@ class GroupMachineRules(RuleBasedStateMachine):
         was = self.d.settled(target.partition, target.seq)
         if op == "ack":
             self.d.ack(flow, target)
-            if not was and self.d.settled(target.partition, target.seq):
+            # A scheduled one enters its key's order at deliver_at, not at its publish.
+            scheduled = target.deliver_at is not None
+            if not was and not scheduled and self.d.settled(target.partition, target.seq):
                 self.settle_log[target.key].append(target.seq)
         elif op == "nack":
             self.d.nack(flow, target)
@@ -263,6 +274,9 @@ class GroupMachineRules(RuleBasedStateMachine):
         assert m._use.bytes == sum(part.buffered_bytes for part in m._parts)
         assert m._use.bytes <= 2 * m._buffer_bytes + firsts
         assert m._use.reading == sum(part.fetch_bytes for part in m._parts)
+        # Notes keep to a budget of their own, the group's.
+        noted = [note for part in m._parts for note in part.notes.values()]
+        assert m._noted == sum(note_cost(key) for _, key, _ in noted) <= m._buffer_bytes
         for flow in m._flows.values():
             owned = [part for part in m._parts if part.owner == flow.flow_id]
             assert flow.use.bytes == sum(part.buffered_bytes for part in owned)
@@ -297,6 +311,7 @@ class GroupMachineRules(RuleBasedStateMachine):
         for m in self.published:
             part = self.d.machine._parts[m.partition]
             known = m.seq in part.buffer or m.seq in part.inflight or m.seq in part.retry
+            known = known or m.seq in part.notes
             assert known or m.seq > part.cursor or self.d.settled(m.partition, m.seq), m
 
     @invariant()
