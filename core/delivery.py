@@ -50,10 +50,9 @@ budget.
 Scheduled messages due more than HOLD seconds ahead are held as notes, out of the
 buffers, and read back by seq when due (core/notes.py).
 
-Known limit: beyond the notes budget, scheduled messages are buffered; a buffer full of
-held-back, parked or scheduled messages (up to buffer_size, and half the group's budget)
-delays later messages of other keys of that partition until it drains (or the
-partition is re-read).
+Known limit: a buffer full of held-back or parked messages (up to buffer_size, and half
+the group's budget) delays later messages of other keys of that partition until it
+drains (or the partition is re-read). Scheduled messages do not fill it (core/notes.py).
 """
 
 from __future__ import annotations
@@ -167,6 +166,10 @@ class DeliveryBook(Notes, Reads, Pump):
         # partitions with noted messages due to read back (Partition.due).
         self._noted = 0
         self._due_parts: set[int] = set()
+        # Partitions with skipped scheduled messages (Partition.skipped), and those reading
+        # a skipped range again (Partition.rescan).
+        self._skipping: set[int] = set()
+        self._rescanning: set[int] = set()
 
     def _running(self) -> list[Flow]:
         return sorted(self._flows.values(), key=lambda f: f.order)
@@ -232,8 +235,8 @@ class DeliveryBook(Notes, Reads, Pump):
         if message.expire_at is not None and message.expire_at <= now and not moving:
             self._expire(part, message, prior)
             return
-        scheduled = message.deliver_at is not None and message.deliver_at > now + HOLD
-        if scheduled and self._note(part, message):
+        if message.deliver_at is not None and message.deliver_at > now + HOLD:
+            self._note(part, message)
             return
         cost = self._hold(part, message, now)
         if self._sized:
@@ -304,7 +307,8 @@ class DeliveryBook(Notes, Reads, Pump):
             return False
         if message.seq <= part.draining[key]:
             return True
-        if not part.inflight_keys[key] and not part.noted_keys[key]:
+        skipped = part.skipped is not None or part.rescan is not None
+        if not part.inflight_keys[key] and not part.noted_keys[key] and not skipped:
             del part.draining[key]  # none of those in flight or noted back then is left
         return False
 
@@ -316,6 +320,8 @@ class DeliveryBook(Notes, Reads, Pump):
             # Noted ones follow once read back (they need their bodies for the copy).
             for seq in [seq for seq, note in part.notes.items() if note[1] == key]:
                 self._note_due(part, seq)
+        if part.skipped is not None:
+            part.skipped = (*part.skipped[:2], self._now)  # and skipped ones: read them now
         waiting = [seq for seq, entry in part.retry.items() if entry.message.key == key]
         waiting += [seq for seq, message in part.buffer.items() if message.key == key]
         for seq in sorted(waiting):

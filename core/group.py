@@ -362,6 +362,8 @@ class GroupMachine(Membership):
         times += [h.deadline for p in self._paused for h in self._parts[p].handoffs.values()]
         if self._timers:
             times.append(self._timers[0][0])
+        skipped = (self._parts[p].skipped for p in self._skipping)
+        times += [at for _, _, at in filter(None, skipped)]
         return min(times, default=None)
 
     def idle(self) -> bool:
@@ -418,6 +420,8 @@ class GroupMachine(Membership):
     def _begin(self, now: float) -> None:
         self._out = []
         self._now = now
+        if self._skipping:
+            self._rescan_due(now)
         for res in [r for r in self._reservations.values() if r.deadline <= now]:
             del self._reservations[res.flow_id]
             for p in res.partitions:

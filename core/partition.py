@@ -235,9 +235,18 @@ class Partition:
         # (only admission adds them); their keys, counted; and the seqs due (or expiring)
         # to read back (a Fetch of ``fetch_seqs``).
         self.notes: dict[int, Note] = {}
+        self.notes_unsorted = False
         self.noted_keys: Counter[str] = Counter()
         self.due: set[int] = set()
         self.fetch_seqs: tuple[int, ...] = ()
+        # Scheduled messages skipped for want of note room: (lowest seq, highest seq, when
+        # the first comes due); and the range being read again for them, (after, up to).
+        self.skipped: tuple[int, int, float] | None = None
+        self.rescan: tuple[int, int] | None = None
+        self.fetch_rescan = False
+        # A page of the range was read: the next read is of what follows the cursor, if
+        # it wants one (reads alternate, so neither waits for the other to end).
+        self.rescan_yield = False
         # Sends in its current turn of its flow's queue (DeliveryBook._serve).
         self.turn = 0
         # Deliveries before a restart of buffered seqs: (count, first delivery time).
@@ -298,7 +307,8 @@ class Partition:
     def low_water(self) -> int:
         """The dispatched_seq storage gets: every unsettled seq at or below it was sent
         (it is in flight or waits for a retry) or was found sent at the restart. What is
-        buffered or noted was not sent in this run, and both are in seq order."""
+        buffered or noted was not sent in this run (both are in seq order), nor was what
+        was skipped."""
         low = self.dispatched
         if self.buffer:
             first = next(iter(self.buffer)) - 1
@@ -308,6 +318,10 @@ class Partition:
             first = next(iter(self.notes)) - 1
             if first < low:
                 low = first
+        if self.skipped is not None and self.skipped[0] - 1 < low:
+            low = self.skipped[0] - 1
+        if self.rescan is not None and self.rescan[0] < low:
+            low = self.rescan[0]
         return low if low > self.restored_dispatched else self.restored_dispatched
 
     def discard(self, seq: int) -> None:

@@ -58,6 +58,7 @@ class Reads:
     _stuck: set[int]
     _read_queue: dict[int, None]
     _due_parts: set[int]
+    _rescanning: set[int]
 
     if TYPE_CHECKING:
 
@@ -67,6 +68,7 @@ class Reads:
         def _readmit(
             self, part: Partition, seqs: Iterable[int], page: Page, now: float
         ) -> None: ...
+        def _rescanned(self, part: Partition, page: Page, now: float) -> None: ...
 
     def set_buffer_bytes(self, buffer_bytes: int) -> None:
         """The group's buffer budget: the bytes (``buffered_cost``) its partitions may hold
@@ -94,6 +96,10 @@ class Reads:
         if part.fetch_seqs:
             seqs, part.fetch_seqs = part.fetch_seqs, ()
             self._readmit(part, seqs, page, now)
+            return
+        if part.fetch_rescan:
+            part.fetch_rescan = False
+            self._rescanned(part, page, now)
             return
         budget = self._budget(part)
         full = len(page.messages) >= part.fetch_limit
@@ -128,6 +134,8 @@ class Reads:
         messages that came due are read back before all of them."""
         for p in sorted(self._due_parts):
             self._read_due(self._parts[p])
+        for p in sorted(self._rescanning):
+            self._read_skipped(self._parts[p])
         for _flow, queue in self._queues():
             while queue:
                 p = next(iter(queue))
@@ -203,6 +211,24 @@ class Reads:
             part.due.difference_update(seqs)
             self._read(part, len(seqs), cost, tuple(seqs))
 
+    def _read_skipped(self, part: Partition) -> None:
+        """Read the next page of the partition's skipped range again, as large as the
+        budgets have room for (one message at least, when they hold nothing); after a
+        page, a read of new messages goes first if the partition wants one."""
+        if part.fetching or not self._delivering(part):
+            return
+        if part.rescan_yield:
+            part.rescan_yield = False
+            if self._wants_read(part) and self._page(part) is not None:
+                return
+        assert part.rescan is not None
+        taken = self._use.bytes + self._use.reading
+        room = min(self._buffer_bytes - taken, self._budget(part) - part.owner_use.bytes)
+        limit = max(1, min(self._buffer_size, room // self._msg_cost))
+        if self._admits(part, limit * self._msg_cost):
+            self._read(part, limit, limit * self._msg_cost, after=part.rescan[0])
+            part.fetch_rescan = True
+
     def _queues(self) -> list[tuple[Flow | None, dict[int, None]]]:
         """Each flow's queue of partitions waiting for room to read; shared mode's."""
         if self._group.mode is GroupMode.SHARED:
@@ -262,7 +288,15 @@ class Reads:
         held = part.owner_use.bytes + part.owner_use.reading
         return not held or held + cost <= self._budget(part)
 
-    def _read(self, part: Partition, limit: int, cost: int, seqs: tuple[int, ...] = ()) -> None:
+    def _read(
+        self,
+        part: Partition,
+        limit: int,
+        cost: int,
+        seqs: tuple[int, ...] = (),
+        *,
+        after: int | None = None,
+    ) -> None:
         part.fetching = True
         part.fetch_seqs = seqs
         part.fetch_limit = limit
@@ -271,7 +305,8 @@ class Reads:
         part.known_at_fetch = part.known
         self._use.reading += cost
         part.owner_use.reading += cost
-        self._out.append(Fetch(part.index, part.cursor, limit, cost, seqs))
+        start = part.cursor if after is None else after
+        self._out.append(Fetch(part.index, start, limit, cost, seqs))
 
     def _unreserve(self, part: Partition) -> int:
         """Give back what the partition's read reserved; returns it."""

@@ -312,6 +312,9 @@ class GroupMachineRules(RuleBasedStateMachine):
             part = self.d.machine._parts[m.partition]
             known = m.seq in part.buffer or m.seq in part.inflight or m.seq in part.retry
             known = known or m.seq in part.notes
+            # Or skipped for want of note room, in a range read again when due.
+            for lo, hi in (part.skipped[:2] if part.skipped else (1, 0), part.rescan or (0, 0)):
+                known = known or lo <= m.seq <= hi
             assert known or m.seq > part.cursor or self.d.settled(m.partition, m.seq), m
 
     @invariant()

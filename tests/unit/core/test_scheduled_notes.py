@@ -46,16 +46,37 @@ def test_noted_messages_come_back_by_seq_within_the_groups_budget() -> None:
     assert all(sum(1512 for _ in r.seqs) <= 20 * 1024 for r in reads)
 
 
-def test_beyond_the_notes_budget_scheduled_messages_are_buffered() -> None:
+def test_beyond_the_notes_budget_scheduled_messages_are_skipped_and_read_again_when_due() -> None:
     d = make(buffer_bytes=10 * NOTE_COST)
     d.bind("a")
     for i in range(15):
         d.publish(str(i % 10), deliver_at=HOUR)
+    d.publish("now")
     part = d.machine._parts[0]
     assert list(part.notes) == list(range(1, 10))  # a key's bytes each beside NOTE_COST
-    assert next(iter(part.buffer)) == 10  # and those after it, as the buffer budget allows
+    assert part.skipped == (10, 15, HOUR) and not part.buffer
+    assert d.seqs("a") == [16]
+    assert d.dispatched[0] < 1
     d.advance(HOUR)
-    assert sorted(d.seqs("a")) == list(range(1, 16))
+    assert d.seqs("a") == [16, *range(1, 16)]
+    assert part.skipped is None and part.rescan is None and not part.notes
+
+
+def test_a_skipped_range_read_again_notes_what_is_not_due_yet() -> None:
+    d = make(buffer_bytes=2 * NOTE_COST + 2)
+    d.bind("a", window=100)
+    for i in range(1, 7):
+        d.publish("k", deliver_at=100.0 * i)
+    part = d.machine._parts[0]
+    assert list(part.notes) == [1, 2] and part.skipped == (3, 6, 300.0)
+    d.advance(200.0)
+    assert d.seqs("a") == [1, 2]
+    d.advance(100.0)  # 3 comes due: the range is read again, 4 and 5 noted, 6 skipped
+    assert d.seqs("a") == [1, 2, 3]
+    assert list(part.notes) == [4, 5] and part.skipped == (6, 6, 600.0)
+    for _ in range(3):
+        d.advance(100.0)
+    assert d.seqs("a") == [1, 2, 3, 4, 5, 6]
 
 
 def test_a_noted_message_that_expires_before_it_is_due_is_dropped_then() -> None:
