@@ -27,6 +27,10 @@ holds its part; parked keys), its empty partitions read anyway, within the flow'
 part: a flow never waits on another's blocked messages, and the group then holds up to
 twice its budget.
 
+Scheduled messages (core/notes.py): noted ones that came due are read back by seq (a
+Fetch of ``seqs``) before any page, as many as the budgets have room for; a skipped range
+is read again in pages that alternate with the partition's reads of new messages.
+
 ``Reads`` is a base of ``DeliveryBook``, which owns the state named below.
 """
 
@@ -132,10 +136,11 @@ class Reads:
         partitions waiting for room, in order; then to those the event touched; then, if
         nothing is on its way, to the waiting empty partitions of flows with room. Noted
         messages that came due are read back before all of them."""
-        for p in sorted(self._due_parts):
-            self._read_due(self._parts[p])
-        for p in sorted(self._rescanning):
-            self._read_skipped(self._parts[p])
+        if self._due_parts or self._rescanning:
+            for p in sorted(self._due_parts):
+                self._read_due(self._parts[p])
+            for p in sorted(self._rescanning):
+                self._read_skipped(self._parts[p])
         for _flow, queue in self._queues():
             while queue:
                 p = next(iter(queue))

@@ -236,3 +236,20 @@ def test_in_partition_order_a_message_behind_a_retry_is_maybe_seen() -> None:
     d = recovered(PARTITION, messages, dispatched=1, reserved=2, records=records)
     assert [x.message.payload for x in d.dead] == [b"K1"]
     assert seen(d) == {2: (1, True)}
+
+
+def test_after_a_crash_skipped_scheduled_messages_are_first_deliveries_at_their_time() -> None:
+    # A budget with no room for a note: every scheduled message is skipped (core/notes.py).
+    d = Driver(QueueConfig("q", max_deliveries=1), PARTITION, buffer_bytes=1)
+    d.bind("a")
+    for _ in range(3):
+        d.publish("s", deliver_at=50.0)
+    d.ack("a", d.publish("n"))
+    assert d.machine._parts[0].skipped == (1, 3, 50.0)
+    assert d.dispatched[0] == 0
+    again = restart(d, PARTITION, max_deliveries=1)  # a crash: nothing more is written
+    again.bind("a")
+    assert again.deliveries == []
+    again.advance(50.0)
+    assert seen(again) == {1: (1, False), 2: (1, False), 3: (1, False)}
+    assert again.dead == []
