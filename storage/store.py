@@ -31,7 +31,7 @@ from storage.migrate import LeaseClaim, migrate
 from storage.outage import detail, diagnose
 from storage.retention import Riders
 from storage.schema import LARGE_ROWS, kg_messages
-from storage.statements import json_rows
+from storage.statements import json_rows, per_dialect
 from storage.writer import WriterThread
 
 _log = logging.getLogger("keygate.storage")
@@ -127,6 +127,16 @@ _PAGES: Final = sa.text(
 )
 
 
+# Messages by (partition, seq), the pairs one JSON document (read_seqs): noted scheduled
+# messages read back when due, from any number of partitions in one statement.
+_SEQS: Final = per_dialect(
+    "SELECT " + ", ".join(f'm."{column.name}"' for column in kg_messages.c) + " FROM {rows}"
+    ' JOIN kg_messages AS m ON m.queue = :queue AND m."partition" = j."partition"'
+    " AND m.seq = j.seq",
+    {"partition": "integer", "seq": "bigint"},
+)
+
+
 def _page_statements(
     queue: str, pages: Sequence[tuple[int, int, int, int]], postgres: bool
 ) -> list[tuple[sa.TextClause, dict[str, Any]]]:
@@ -219,16 +229,14 @@ class SqlStore(InspectionOps, LeaseOps, AppendOps, ConsumerOps):
     ) -> dict[int, tuple[list[Message], frozenset[int]]]:
         """For each (partition, seqs): those of its messages still stored, in seq order, and
         the seqs of those that could not be read back whole (as ``read_for_delivery``).
-        Noted scheduled messages come due (core.actions.Fetch ``seqs``). One statement."""
-        m = kg_messages
-        query = sa.select(*m.c).where(
-            m.c.queue == queue,
-            sa.or_(*(sa.and_(m.c.partition == p, m.c.seq.in_(seqs)) for p, seqs in wanted)),
-        )
+        Noted scheduled messages come due (core.actions.Fetch ``seqs``). One statement
+        with one parameter (the seqs as a JSON document), however many seqs."""
+        document = json.dumps([{"partition": p, "seq": s} for p, seqs in wanted for s in seqs])
+        statement = _SEQS["postgresql" if self._pipelines else "sqlite"]
         found: dict[int, list[Message]] = {p: [] for p, _ in wanted}
         unreadable: dict[int, set[int]] = {p: set() for p, _ in wanted}
         async with self.transaction() as conn:
-            result = await conn.execute(query)
+            result = await conn.execute(statement, {"queue": queue, "rows": document})
             rows = result.cursor.fetchall()
             result.close()
         for row in rows:
