@@ -231,9 +231,10 @@ class Partition:
         # only through put/take, which keep ``buffered_bytes`` (their buffered_cost).
         self.buffer: dict[int, Message] = {}
         self.buffered_bytes = 0
-        # Scheduled messages not due yet, held as notes (DeliveryBook._note), ascending seq
-        # (only admission adds them); their keys, counted; and the seqs due (or expiring)
-        # to read back (a Fetch of ``fetch_seqs``).
+        # Scheduled messages not due yet, held as notes (core/notes.py), ascending seq (a
+        # skipped range read again may note some again: ``notes_unsorted`` until sorted);
+        # their keys, counted; and the seqs due (or expiring) to read back (a Fetch of
+        # ``fetch_seqs``).
         self.notes: dict[int, Note] = {}
         self.notes_unsorted = False
         self.noted_keys: Counter[str] = Counter()
@@ -301,7 +302,7 @@ class Partition:
         return message
 
     def reorder(self) -> None:
-        """Put the buffer back in seq order, after noted messages read back joined it."""
+        """Put the buffer back in seq order, after messages read again joined it."""
         self.buffer = dict(sorted(self.buffer.items()))
 
     def low_water(self) -> int:

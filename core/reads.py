@@ -135,7 +135,7 @@ class Reads:
         """Issue the Fetches this event allows (the module's docstring): first to the
         partitions waiting for room, in order; then to those the event touched; then, if
         nothing is on its way, to the waiting empty partitions of flows with room. Noted
-        messages that came due are read back before all of them."""
+        messages that came due, and skipped ranges, are read again before all of them."""
         if self._due_parts or self._rescanning:
             for p in sorted(self._due_parts):
                 self._read_due(self._parts[p])
