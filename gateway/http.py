@@ -361,7 +361,7 @@ class AdminServer:
         )
 
     async def _release_key(self, request: web.Request) -> web.Response:
-        body = await self._contract.body(request) if request.can_read_body else {}
+        body = await self._contract.body(request) if request.body_exists else {}
         self.broker.access.check_admin(_principal(request))
         name, group = self._group_of(request)
         key = request.match_info["key"]

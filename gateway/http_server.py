@@ -217,7 +217,9 @@ def read_body(timeout: float) -> Middleware:
         if request.can_read_body:
             try:
                 async with asyncio.timeout(timeout):
-                    await request.read()  # kept: the handler's read returns it
+                    # Kept: the handler's read returns it. can_read_body is False from
+                    # here on: a handler asks body_exists whether there is one.
+                    await request.read()
             except TimeoutError:
                 return await _too_late(request, timeout)
         return await handler(request)
