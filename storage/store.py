@@ -205,24 +205,9 @@ class SqlStore(InspectionOps, LeaseOps, AppendOps, ConsumerOps):
         fail the read: it comes back salvaged (the unreadable values as JSON text) and its
         seq is in the returned set, for the group to dead-letter as undeliverable. One
         transaction: one statement on PostgreSQL, one per READ_PAGES pages on SQLite."""
-        found: dict[int, list[Message]] = {page[0]: [] for page in pages}
-        unreadable: dict[int, set[int]] = {page[0]: set() for page in pages}
-        async with self.transaction() as conn:
-            for statement, params in _page_statements(queue, pages, self._pipelines):
-                result = await conn.execute(statement, params)
-                # The driver's own rows (the async adapters fetch them all at execute):
-                # no Row object per message.
-                rows = result.cursor.fetchall()
-                result.close()
-                for row in rows:
-                    message, readable = salvage_values(row, json_text=self._json_text)
-                    found[message.partition].append(message)
-                    if not readable:
-                        unreadable[message.partition].add(message.seq)
-        return {
-            p: (sorted(messages, key=_SEQ), frozenset(unreadable[p]))
-            for p, messages in found.items()
-        }
+        return await self._pages(
+            [page[0] for page in pages], _page_statements(queue, pages, self._pipelines)
+        )
 
     async def read_seqs(
         self, queue: str, wanted: Sequence[tuple[int, Sequence[int]]]
@@ -233,17 +218,30 @@ class SqlStore(InspectionOps, LeaseOps, AppendOps, ConsumerOps):
         with one parameter (the seqs as a JSON document), however many seqs."""
         document = json.dumps([{"partition": p, "seq": s} for p, seqs in wanted for s in seqs])
         statement = _SEQS["postgresql" if self._pipelines else "sqlite"]
-        found: dict[int, list[Message]] = {p: [] for p, _ in wanted}
-        unreadable: dict[int, set[int]] = {p: set() for p, _ in wanted}
+        return await self._pages(
+            [p for p, _ in wanted], [(statement, {"queue": queue, "rows": document})]
+        )
+
+    async def _pages(
+        self, partitions: Sequence[int], statements: Sequence[tuple[sa.TextClause, dict[str, Any]]]
+    ) -> dict[int, tuple[list[Message], frozenset[int]]]:
+        """Run ``statements`` (reads of whole kg_messages rows) in one transaction: per
+        partition its messages in seq order and the seqs of those that could not be read
+        back whole (salvaged, for the group to dead-letter as undeliverable)."""
+        found: dict[int, list[Message]] = {p: [] for p in partitions}
+        unreadable: dict[int, set[int]] = {p: set() for p in partitions}
         async with self.transaction() as conn:
-            result = await conn.execute(statement, {"queue": queue, "rows": document})
-            rows = result.cursor.fetchall()
-            result.close()
-        for row in rows:
-            message, readable = salvage_values(row, json_text=self._json_text)
-            found[message.partition].append(message)
-            if not readable:
-                unreadable[message.partition].add(message.seq)
+            for statement, params in statements:
+                result = await conn.execute(statement, params)
+                # The driver's own rows (the async adapters fetch them all at execute):
+                # no Row object per message.
+                rows = result.cursor.fetchall()
+                result.close()
+                for row in rows:
+                    message, readable = salvage_values(row, json_text=self._json_text)
+                    found[message.partition].append(message)
+                    if not readable:
+                        unreadable[message.partition].add(message.seq)
         return {
             p: (sorted(messages, key=_SEQ), frozenset(unreadable[p]))
             for p, messages in found.items()
